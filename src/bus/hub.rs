@@ -1,0 +1,227 @@
+//! The hub task: owns every subscriber slot and fans committed batches out, in order.
+//!
+//! Invariants:
+//! - batches are handled strictly in the order the ingest task sent them, and a batch's
+//!   brackets are offered only after their commit reply arrived;
+//! - `last_fanned` is the `sequence_id` of the last bracket fanned out; a delta carries it;
+//! - the hub never awaits a subscriber: it uses `try_send`, and one queue slot is kept free for
+//!   the `Lagged` marker, so a subscriber that falls behind is told so in band, after the last
+//!   event it did get;
+//! - a slot's `floor` is the highest bracket it has (or will read from SQLite): brackets at or
+//!   below it are never sent to it again, which is what makes catch-up duplicate-free.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use tokio::sync::{mpsc, oneshot};
+
+use super::{BusError, Delivery, Prepared};
+use crate::store::{SessionFilter, StoreResult};
+
+pub(super) type SlotId = u64;
+
+/// What flows through a subscriber's queue.
+#[derive(Debug)]
+pub(super) enum QueueItem {
+    Event(Arc<Delivery>),
+    /// The queue overflowed on a bracket: nothing more comes live until the subscriber has
+    /// caught up from SQLite and rejoined.
+    Lagged,
+}
+
+pub(super) enum HubCmd {
+    Batch {
+        batch: Vec<Prepared>,
+        commit: Option<StoreResult<oneshot::Receiver<StoreResult<Vec<i64>>>>>,
+    },
+    Register {
+        tx: mpsc::Sender<QueueItem>,
+        filter: SessionFilter,
+        forward_deltas: bool,
+        reply: oneshot::Sender<Registered>,
+    },
+    /// The subscriber has read SQLite up to `position` and wants live delivery again.
+    Rejoin {
+        slot: SlotId,
+        position: i64,
+        reply: oneshot::Sender<i64>,
+    },
+    IngestClosed,
+}
+
+/// A new slot: its id and its dropped-delta counter, shared with the subscription.
+pub(super) struct Registered {
+    pub id: SlotId,
+    pub dropped: Arc<AtomicU64>,
+}
+
+struct Slot {
+    tx: mpsc::Sender<QueueItem>,
+    filter: SessionFilter,
+    forward_deltas: bool,
+    live: bool,
+    floor: i64,
+    dropped: Arc<AtomicU64>,
+}
+
+enum Offer {
+    Kept,
+    Gone,
+}
+
+impl Slot {
+    fn offer(&mut self, item: &Arc<Delivery>) -> Offer {
+        if !self.live || !self.filter.matches(&item.session_id) {
+            return Offer::Kept;
+        }
+        if item.is_delta {
+            // A delta older than the floor precedes brackets this subscriber already has.
+            if !self.forward_deltas || item.sequence_id < self.floor {
+                return Offer::Kept;
+            }
+            if self.tx.capacity() <= 1 {
+                self.dropped.fetch_add(1, Ordering::Relaxed);
+                return Offer::Kept;
+            }
+        } else {
+            if item.sequence_id <= self.floor {
+                return Offer::Kept;
+            }
+            if self.tx.capacity() <= 1 {
+                self.live = false;
+                return match self.tx.try_send(QueueItem::Lagged) {
+                    Err(mpsc::error::TrySendError::Closed(_)) => Offer::Gone,
+                    _ => Offer::Kept,
+                };
+            }
+            self.floor = item.sequence_id;
+        }
+        match self.tx.try_send(QueueItem::Event(item.clone())) {
+            Ok(()) => Offer::Kept,
+            Err(mpsc::error::TrySendError::Closed(_)) => Offer::Gone,
+            Err(mpsc::error::TrySendError::Full(_)) => {
+                // Unreachable while the hub is the only sender, which it is; count it anyway.
+                self.dropped.fetch_add(1, Ordering::Relaxed);
+                Offer::Kept
+            }
+        }
+    }
+}
+
+struct Hub {
+    slots: HashMap<SlotId, Slot>,
+    next_id: SlotId,
+    last_fanned: i64,
+}
+
+pub(super) async fn run(mut rx: mpsc::Receiver<HubCmd>, last_seq: i64) {
+    let mut hub = Hub {
+        slots: HashMap::new(),
+        next_id: 1,
+        last_fanned: last_seq,
+    };
+    while let Some(cmd) = rx.recv().await {
+        match cmd {
+            HubCmd::Batch { batch, commit } => hub.fan_out(batch, commit).await,
+            HubCmd::Register {
+                tx,
+                filter,
+                forward_deltas,
+                reply,
+            } => {
+                hub.slots.retain(|_, s| !s.tx.is_closed());
+                let id = hub.next_id;
+                hub.next_id += 1;
+                let dropped = Arc::new(AtomicU64::new(0));
+                hub.slots.insert(
+                    id,
+                    Slot {
+                        tx,
+                        filter,
+                        forward_deltas,
+                        live: false,
+                        floor: 0,
+                        dropped: dropped.clone(),
+                    },
+                );
+                let _subscriber_gone = reply.send(Registered { id, dropped });
+            }
+            HubCmd::Rejoin {
+                slot,
+                position,
+                reply,
+            } => {
+                // Everything up to `last_fanned` is committed: the subscriber reads the gap
+                // (position, last_fanned] from SQLite, and gets everything after it live.
+                if let Some(s) = hub.slots.get_mut(&slot) {
+                    s.live = true;
+                    s.floor = position.max(hub.last_fanned);
+                }
+                let _subscriber_gone = reply.send(hub.last_fanned);
+            }
+            HubCmd::IngestClosed => break,
+        }
+    }
+    tracing::debug!(slots = hub.slots.len(), "bus hub stopped");
+}
+
+impl Hub {
+    async fn fan_out(
+        &mut self,
+        batch: Vec<Prepared>,
+        commit: Option<StoreResult<oneshot::Receiver<StoreResult<Vec<i64>>>>>,
+    ) {
+        let seqs = match commit {
+            None => Ok(Vec::new()),
+            Some(Err(e)) => Err(e.to_string()),
+            Some(Ok(rx)) => match rx.await {
+                Ok(Ok(seqs)) => Ok(seqs),
+                Ok(Err(e)) => Err(e.to_string()),
+                Err(_) => Err("store stopped before replying".to_owned()),
+            },
+        };
+        let mut seqs = match seqs {
+            Ok(seqs) => seqs.into_iter(),
+            Err(message) => {
+                // Not durable, so not published: fail every bracket's receipt, drop the batch.
+                for p in batch {
+                    if let Some(ack) = p.ack {
+                        let _publisher_gone = ack.send(Err(BusError::CommitFailed(message.clone())));
+                    }
+                }
+                return;
+            }
+        };
+        let mut gone = Vec::new();
+        for p in batch {
+            let mut delivery = p.delivery;
+            if delivery.is_delta {
+                delivery.sequence_id = self.last_fanned;
+            } else {
+                let Some(seq) = seqs.next() else {
+                    tracing::error!("store returned fewer ids than brackets; batch tail dropped");
+                    if let Some(ack) = p.ack {
+                        let _publisher_gone =
+                            ack.send(Err(BusError::CommitFailed("missing sequence id".into())));
+                    }
+                    continue;
+                };
+                delivery.sequence_id = seq;
+                self.last_fanned = seq;
+            }
+            let item = Arc::new(delivery);
+            for (id, slot) in &mut self.slots {
+                if let Offer::Gone = slot.offer(&item) {
+                    gone.push(*id);
+                }
+            }
+            if let Some(ack) = p.ack {
+                let _publisher_gone = ack.send(Ok(item.sequence_id));
+            }
+        }
+        for id in gone {
+            self.slots.remove(&id);
+        }
+    }
+}

@@ -1,0 +1,332 @@
+//! The event bus (design §6): persist, then publish.
+//!
+//! ```text
+//!  publish() ──► ingest task ──append──► store writer (group commit)
+//!                    │                        │ seqs
+//!                    └──batch + commit rx──► hub task ──try_send──► subscriber queues (1024)
+//! ```
+//! - **One ordered pipeline.** Every event enters one FIFO (the ingest queue) and leaves the hub
+//!   in that order, so a session's events reach every subscriber in emission order, and
+//!   brackets of all sessions in `sequence_id` order. One global order (rather than one
+//!   pipeline per session merged later) is what lets a single integer cursor mean "everything up
+//!   to here" for a subscriber of many sessions. Each session is still serial: its actor is its
+//!   only publisher.
+//! - **Persist then publish.** The ingest task hands the brackets of each batch to the store
+//!   without waiting for the commit, so batches pipeline; the hub awaits each batch's commit in
+//!   order and only then fans it out. A delta is never stored: it carries the `sequence_id` of
+//!   the latest bracket fanned out before it.
+//! - **Overload policy.** `publish` awaits queue room (back-pressure on the agent); brackets are
+//!   never dropped. A subscriber queue holds 1024 events: when full, deltas for it are dropped
+//!   and counted; a bracket that does not fit sends the subscriber to catch up from SQLite (see
+//!   [`subscription`]) and it rejoins live with no gap and no duplicate.
+//! - **Built once.** The canonical JSON of an event is serialized once in `publish`, stored as
+//!   is, and shared by every subscriber as one `Arc<Delivery>`.
+
+mod cursors;
+mod hub;
+pub mod subscription;
+
+use std::sync::Arc;
+
+use tokio::sync::{mpsc, oneshot};
+use tokio::task::JoinHandle;
+
+use crate::protocol::events::Event;
+use crate::store::{SessionFilter, Store, StoreError, StoredEvent, now_ms};
+
+pub use subscription::Subscription;
+
+/// The bound of each subscriber's live queue (design §6).
+pub const SUBSCRIBER_QUEUE: usize = 1024;
+/// The bound of the ingest queue: publishers wait when this many events are in flight.
+const INGEST_QUEUE: usize = 8192;
+/// The most events the ingest task takes into one batch.
+const MAX_BATCH: usize = 4096;
+/// Batches between ingest and hub whose commit is pending.
+const IN_FLIGHT_BATCHES: usize = 64;
+
+/// Bus failures.
+#[derive(Debug, thiserror::Error)]
+pub enum BusError {
+    #[error("the bus has shut down")]
+    Closed,
+    #[error("store: {0}")]
+    Store(#[from] StoreError),
+    #[error("event could not be encoded: {0}")]
+    Encode(#[from] serde_json::Error),
+    #[error("the commit of this event failed: {0}")]
+    CommitFailed(String),
+}
+
+/// One event as subscribers receive it, shared by all of them.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Delivery {
+    /// For a bracket its own `sequence_id`; for a delta the latest bracket's before it.
+    pub sequence_id: i64,
+    pub message_id: Arc<str>,
+    pub session_id: Arc<str>,
+    pub run_id: Option<Arc<str>>,
+    pub kind: Arc<str>,
+    pub is_delta: bool,
+    /// The canonical event JSON, exactly as stored.
+    pub json: Arc<str>,
+}
+
+impl Delivery {
+    fn from_stored(e: StoredEvent) -> Delivery {
+        Delivery {
+            sequence_id: e.sequence_id,
+            message_id: e.message_id.into(),
+            session_id: e.session_id.into(),
+            run_id: e.run_id.map(Into::into),
+            kind: e.kind.into(),
+            is_delta: false,
+            json: e.payload.into(),
+        }
+    }
+}
+
+/// Where a new subscription starts (design §6).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Replay {
+    /// Only events published from now on.
+    None,
+    /// Every bracket after this cursor, then live.
+    SinceCursor(i64),
+    /// The newest N brackets, then live.
+    MaxCount(u32),
+}
+
+/// The default N of `max_count`.
+pub const DEFAULT_MAX_COUNT: u32 = 200;
+
+/// What a subscriber wants.
+#[derive(Debug, Clone)]
+pub struct SubscribeOptions {
+    pub filter: SessionFilter,
+    pub forward_deltas: bool,
+    pub replay: Replay,
+    /// The `subscribers` row whose cursor [`Subscription::ack`] advances, if durable.
+    pub subscriber_id: Option<String>,
+}
+
+/// An event ready for the pipeline: encoded once, with its routing fields.
+struct Prepared {
+    delivery: Delivery,
+    kind: &'static str,
+    created_at: i64,
+    ack: Option<oneshot::Sender<Result<i64, BusError>>>,
+}
+
+/// Resolves when a published event has been handled: for a bracket, once it is committed
+/// (and offered to subscribers) with its `sequence_id`.
+pub enum Receipt {
+    Delta,
+    Bracket(oneshot::Receiver<Result<i64, BusError>>),
+}
+
+impl Receipt {
+    /// `Some(sequence_id)` for a committed bracket, `None` for a delta.
+    pub async fn committed(self) -> Result<Option<i64>, BusError> {
+        match self {
+            Receipt::Delta => Ok(None),
+            Receipt::Bracket(rx) => rx.await.map_err(|_| BusError::Closed)?.map(Some),
+        }
+    }
+}
+
+/// A cloneable handle to the bus.
+#[derive(Clone)]
+pub struct Bus {
+    ingest: mpsc::Sender<Prepared>,
+    hub: mpsc::Sender<hub::HubCmd>,
+    cursors: mpsc::Sender<cursors::CursorCmd>,
+    store: Store,
+}
+
+/// The bus's tasks; [`BusTasks::shutdown`] drains them in order.
+pub struct BusTasks {
+    close_ingest: oneshot::Sender<()>,
+    ingest: JoinHandle<()>,
+    hub: JoinHandle<()>,
+    cursors: JoinHandle<()>,
+    cursors_tx: mpsc::Sender<cursors::CursorCmd>,
+}
+
+impl BusTasks {
+    /// Stop taking events, commit and fan out everything already queued, flush cursors.
+    pub async fn shutdown(self) {
+        let _already_closed = self.close_ingest.send(());
+        if let Err(e) = self.ingest.await {
+            tracing::error!(error = %e, "bus ingest task failed");
+        }
+        if let Err(e) = self.hub.await {
+            tracing::error!(error = %e, "bus hub task failed");
+        }
+        let (done, wait) = oneshot::channel();
+        if self.cursors_tx.send(cursors::CursorCmd::Stop(done)).await.is_ok() {
+            let _stopped = wait.await;
+        }
+        if let Err(e) = self.cursors.await {
+            tracing::error!(error = %e, "bus cursor task failed");
+        }
+    }
+}
+
+impl Bus {
+    /// Start the bus on an open store.
+    pub async fn start(store: Store) -> Result<(Bus, BusTasks), BusError> {
+        let last_seq = store.max_sequence_id().await?;
+        let (ingest_tx, ingest_rx) = mpsc::channel(INGEST_QUEUE);
+        let (hub_tx, hub_rx) = mpsc::channel(IN_FLIGHT_BATCHES);
+        let (close_tx, close_rx) = oneshot::channel();
+        let (cursors_tx, cursors_rx) = mpsc::channel(1024);
+        let ingest = tokio::spawn(ingest_loop(ingest_rx, close_rx, store.clone(), hub_tx.clone()));
+        let hub = tokio::spawn(hub::run(hub_rx, last_seq));
+        let cursors = tokio::spawn(cursors::run(cursors_rx, store.clone()));
+        Ok((
+            Bus {
+                ingest: ingest_tx,
+                hub: hub_tx,
+                cursors: cursors_tx.clone(),
+                store,
+            },
+            BusTasks {
+                close_ingest: close_tx,
+                ingest,
+                hub,
+                cursors,
+                cursors_tx,
+            },
+        ))
+    }
+
+    /// Publish one event. Awaits queue room only; await the [`Receipt`] for the commit.
+    pub async fn publish(&self, event: &Event) -> Result<Receipt, BusError> {
+        let json: Arc<str> = serde_json::to_string(event)?.into();
+        let is_delta = !event.is_bracket();
+        let (ack, receipt) = if is_delta {
+            (None, Receipt::Delta)
+        } else {
+            let (tx, rx) = oneshot::channel();
+            (Some(tx), Receipt::Bracket(rx))
+        };
+        let prepared = Prepared {
+            delivery: Delivery {
+                sequence_id: 0,
+                message_id: uuid::Uuid::new_v4().to_string().into(),
+                session_id: event.session_id.as_str().into(),
+                run_id: event.run_id.as_deref().map(Into::into),
+                kind: event.kind().into(),
+                is_delta,
+                json,
+            },
+            kind: event.kind(),
+            created_at: now_ms(),
+            ack,
+        };
+        self.ingest
+            .send(prepared)
+            .await
+            .map_err(|_| BusError::Closed)?;
+        Ok(receipt)
+    }
+
+    /// Attach a subscriber. It first replays per `options.replay` from SQLite, then follows
+    /// live; [`Subscription::recv`] hides the switch.
+    pub async fn subscribe(&self, options: SubscribeOptions) -> Result<Subscription, BusError> {
+        let start = match options.replay {
+            Replay::SinceCursor(cursor) => cursor.max(0),
+            Replay::MaxCount(n) => {
+                self.store
+                    .cursor_before_last(options.filter.clone(), n)
+                    .await?
+            }
+            Replay::None => self.store.max_sequence_id().await?,
+        };
+        let (tx, rx) = mpsc::channel(SUBSCRIBER_QUEUE + 1);
+        let (reply, registered) = oneshot::channel();
+        self.hub
+            .send(hub::HubCmd::Register {
+                tx,
+                filter: options.filter.clone(),
+                forward_deltas: options.forward_deltas,
+                reply,
+            })
+            .await
+            .map_err(|_| BusError::Closed)?;
+        let slot = registered.await.map_err(|_| BusError::Closed)?;
+        Ok(Subscription::new(
+            slot,
+            rx,
+            start,
+            options,
+            self.hub.clone(),
+            self.cursors.clone(),
+            self.store.clone(),
+        ))
+    }
+}
+
+/// Take events off the ingest queue in batches, hand each batch's brackets to the store, and
+/// pass the batch on to the hub with the pending commit. Never waits for a commit itself.
+async fn ingest_loop(
+    mut rx: mpsc::Receiver<Prepared>,
+    mut close: oneshot::Receiver<()>,
+    store: Store,
+    hub: mpsc::Sender<hub::HubCmd>,
+) {
+    let mut closing = false;
+    loop {
+        let first = if closing {
+            rx.recv().await
+        } else {
+            tokio::select! {
+                biased;
+                item = rx.recv() => item,
+                _ = &mut close => {
+                    // Refuse new events; what is queued still goes through.
+                    closing = true;
+                    rx.close();
+                    continue;
+                }
+            }
+        };
+        let Some(first) = first else { break };
+        let mut batch = Vec::with_capacity(64);
+        batch.push(first);
+        while batch.len() < MAX_BATCH {
+            match rx.try_recv() {
+                Ok(item) => batch.push(item),
+                Err(_) => break,
+            }
+        }
+        let brackets: Vec<_> = batch
+            .iter()
+            .filter(|p| !p.delivery.is_delta)
+            .map(|p| crate::store::NewEvent {
+                message_id: p.delivery.message_id.clone(),
+                session_id: p.delivery.session_id.clone(),
+                run_id: p.delivery.run_id.clone(),
+                kind: p.kind,
+                payload: p.delivery.json.clone(),
+                created_at: p.created_at,
+            })
+            .collect();
+        let commit = if brackets.is_empty() {
+            None
+        } else {
+            Some(store.append(brackets).await)
+        };
+        if hub
+            .send(hub::HubCmd::Batch { batch, commit })
+            .await
+            .is_err()
+        {
+            tracing::error!("bus hub stopped before ingest; events dropped");
+            break;
+        }
+    }
+    // The hub finishes what it has and stops once it sees this.
+    let _hub_gone = hub.send(hub::HubCmd::IngestClosed).await;
+}

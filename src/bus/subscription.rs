@@ -1,0 +1,193 @@
+//! The consumer side of one subscriber: replay, live delivery, and catch-up, behind one
+//! [`Subscription::recv`].
+//!
+//! States:
+//! - **catching up** from `position`: read SQLite pages after `position`; when a page comes back
+//!   short, ask the hub to go live. The hub answers with `fill_to`, the last bracket it fanned
+//!   out; whatever lies in `(position, fill_to]` is read from SQLite before the live queue.
+//!   Because the hub fans out only committed brackets, and never sends this slot a bracket at
+//!   or below `fill_to` again, the switch has no gap and no duplicate.
+//! - **live**: read the queue. A `Lagged` marker in it means the hub stopped sending after the
+//!   previous item; go back to catching up from the last bracket received.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use tokio::sync::{mpsc, oneshot};
+
+use super::cursors::CursorCmd;
+use super::hub::{HubCmd, QueueItem, Registered, SlotId};
+use super::{BusError, Delivery, SubscribeOptions};
+use crate::store::{SessionFilter, Store};
+
+/// Rows read from SQLite per catch-up page.
+const PAGE: u32 = 512;
+
+enum Mode {
+    CatchingUp {
+        /// Everything matching up to here has been read (or was never there).
+        position: i64,
+        /// Read up to here before going live (`None`: until a short page).
+        fill_to: Option<i64>,
+    },
+    Live,
+}
+
+/// A live subscriber. Drop it to unsubscribe.
+pub struct Subscription {
+    slot: SlotId,
+    rx: mpsc::Receiver<QueueItem>,
+    mode: Mode,
+    buffer: VecDeque<Arc<Delivery>>,
+    /// The `sequence_id` of the last bracket handed out by `recv`.
+    last_bracket: i64,
+    filter: SessionFilter,
+    subscriber_id: Option<String>,
+    dropped: Arc<AtomicU64>,
+    catch_ups: u64,
+    hub: mpsc::Sender<HubCmd>,
+    cursors: mpsc::Sender<CursorCmd>,
+    store: Store,
+}
+
+impl Subscription {
+    pub(super) fn new(
+        registered: Registered,
+        rx: mpsc::Receiver<QueueItem>,
+        start: i64,
+        options: SubscribeOptions,
+        hub: mpsc::Sender<HubCmd>,
+        cursors: mpsc::Sender<CursorCmd>,
+        store: Store,
+    ) -> Subscription {
+        Subscription {
+            slot: registered.id,
+            rx,
+            mode: Mode::CatchingUp {
+                position: start,
+                fill_to: None,
+            },
+            buffer: VecDeque::new(),
+            last_bracket: start,
+            filter: options.filter,
+            subscriber_id: options.subscriber_id,
+            dropped: registered.dropped,
+            catch_ups: 0,
+            hub,
+            cursors,
+            store,
+        }
+    }
+
+    /// The next event, in order. `Ok(None)` once the bus has shut down.
+    pub async fn recv(&mut self) -> Result<Option<Arc<Delivery>>, BusError> {
+        loop {
+            if let Some(item) = self.buffer.pop_front() {
+                self.last_bracket = self.last_bracket.max(item.sequence_id);
+                return Ok(Some(item));
+            }
+            match self.mode {
+                Mode::Live => match self.rx.recv().await {
+                    Some(QueueItem::Event(item)) => {
+                        if !item.is_delta {
+                            self.last_bracket = item.sequence_id;
+                        }
+                        return Ok(Some(item));
+                    }
+                    Some(QueueItem::Lagged) => {
+                        self.catch_ups += 1;
+                        tracing::debug!(slot = self.slot, from = self.last_bracket, "subscriber lagged; catching up from the store");
+                        self.mode = Mode::CatchingUp {
+                            position: self.last_bracket,
+                            fill_to: None,
+                        };
+                    }
+                    None => return Ok(None),
+                },
+                Mode::CatchingUp { position, fill_to } => {
+                    let page = self
+                        .store
+                        .page_after(self.filter.clone(), position, fill_to, PAGE)
+                        .await?;
+                    let short = page.events.len() < PAGE as usize;
+                    let mut next = page.events.last().map_or(position, |e| e.sequence_id);
+                    if short {
+                        // Nothing else matches up to the snapshot (or up to `fill_to`).
+                        next = next.max(fill_to.unwrap_or(page.snapshot_max));
+                    }
+                    self.buffer
+                        .extend(page.events.into_iter().map(|e| Arc::new(Delivery::from_stored(e))));
+                    self.mode = match (short, fill_to) {
+                        (false, _) => Mode::CatchingUp {
+                            position: next,
+                            fill_to,
+                        },
+                        (true, Some(_)) => Mode::Live,
+                        (true, None) => {
+                            let hub_last = self.rejoin(next).await?;
+                            if hub_last > next {
+                                Mode::CatchingUp {
+                                    position: next,
+                                    fill_to: Some(hub_last),
+                                }
+                            } else {
+                                Mode::Live
+                            }
+                        }
+                    };
+                }
+            }
+        }
+    }
+
+    async fn rejoin(&self, position: i64) -> Result<i64, BusError> {
+        let (reply, answer) = oneshot::channel();
+        self.hub
+            .send(HubCmd::Rejoin {
+                slot: self.slot,
+                position,
+                reply,
+            })
+            .await
+            .map_err(|_| BusError::Closed)?;
+        answer.await.map_err(|_| BusError::Closed)
+    }
+
+    /// Record that everything up to `sequence_id` was handled; durable subscribers have their
+    /// cursor saved in the next batched write (not one write per event).
+    pub async fn ack(&self, sequence_id: i64) -> Result<(), BusError> {
+        let Some(id) = &self.subscriber_id else {
+            return Ok(());
+        };
+        let dropped = self.dropped.swap(0, Ordering::Relaxed);
+        self.cursors
+            .send(CursorCmd::Ack {
+                subscriber_id: id.clone(),
+                sequence_id,
+                deltas_dropped: i64::try_from(dropped).unwrap_or(i64::MAX),
+            })
+            .await
+            .map_err(|_| BusError::Closed)
+    }
+
+    /// Deltas dropped for this subscriber because its queue was full (since the last ack).
+    pub fn deltas_dropped(&self) -> u64 {
+        self.dropped.load(Ordering::Relaxed)
+    }
+
+    /// How often this subscriber fell behind and caught up from SQLite.
+    pub fn catch_ups(&self) -> u64 {
+        self.catch_ups
+    }
+
+    /// The `sequence_id` of the last bracket received.
+    pub fn position(&self) -> i64 {
+        self.last_bracket
+    }
+
+    /// Whether the subscription is currently fed live by the hub.
+    pub fn is_live(&self) -> bool {
+        matches!(self.mode, Mode::Live) && self.buffer.is_empty()
+    }
+}

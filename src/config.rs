@@ -1,0 +1,180 @@
+//! Paths and settings. Environment variables are read here and only here, once, when a
+//! [`Config`] is built; every other module receives the values it needs.
+//!
+//! Variables: `AGENT_HOST_HOME`, `AGENT_HOST_LOG` (log filter), `AGENT_HOST_IPC_TIMEOUT_MS`.
+//!
+//! `$AGENT_HOST_HOME` (default `~/.agent-host`) holds `host.lock`, `host.sock`, `host.db`,
+//! `config.toml` and `logs/` (design §3). The directory is created with mode 0700.
+
+use std::fs;
+use std::io;
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+
+/// Why the configuration could not be built.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot find a home directory: set AGENT_HOST_HOME or HOME")]
+    NoHome,
+    #[error("cannot create or secure {path}: {source}")]
+    Home {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("cannot read {path}: {source}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("{path} is not valid: {source}")]
+    Parse {
+        path: PathBuf,
+        #[source]
+        source: Box<toml::de::Error>,
+    },
+}
+
+/// The optional `config.toml`. Unknown keys are refused so a typo is not silently ignored.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileConfig {
+    /// `tracing` filter for the host's log, e.g. `info` or `agent_host=debug`.
+    #[serde(default)]
+    pub log_level: Option<String>,
+}
+
+/// Everything the host and the CLI need to know about where things live.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub home: PathBuf,
+    pub log_level: String,
+    /// How long an IPC client may take to send its request line.
+    pub ipc_read_timeout: Duration,
+}
+
+impl Config {
+    /// Build from the environment: `AGENT_HOST_HOME`, else `$HOME/.agent-host`;
+    /// `AGENT_HOST_LOG` overrides the log level.
+    pub fn from_env() -> Result<Config, ConfigError> {
+        let home = match std::env::var_os("AGENT_HOST_HOME") {
+            Some(home) if !home.is_empty() => PathBuf::from(home),
+            _ => {
+                let user_home = std::env::var_os("HOME").ok_or(ConfigError::NoHome)?;
+                PathBuf::from(user_home).join(".agent-host")
+            }
+        };
+        let mut config = Config::with_home(home)?;
+        if let Ok(level) = std::env::var("AGENT_HOST_LOG") {
+            config.log_level = level;
+        }
+        if let Some(ms) = std::env::var("AGENT_HOST_IPC_TIMEOUT_MS")
+            .ok()
+            .and_then(|v| v.parse::<u64>().ok())
+        {
+            config.ipc_read_timeout = Duration::from_millis(ms.clamp(10, 600_000));
+        }
+        Ok(config)
+    }
+
+    /// Build for an explicit home directory (tests, embedding), reading its `config.toml`.
+    pub fn with_home(home: impl Into<PathBuf>) -> Result<Config, ConfigError> {
+        let home = home.into();
+        let file = read_file_config(&home.join("config.toml"))?;
+        Ok(Config {
+            home,
+            log_level: file.log_level.unwrap_or_else(|| "info".to_owned()),
+            ipc_read_timeout: Duration::from_secs(5),
+        })
+    }
+
+    pub fn lock_path(&self) -> PathBuf {
+        self.home.join("host.lock")
+    }
+
+    pub fn ipc_path(&self) -> PathBuf {
+        self.home.join("host.sock")
+    }
+
+    pub fn db_path(&self) -> PathBuf {
+        self.home.join("host.db")
+    }
+
+    pub fn logs_dir(&self) -> PathBuf {
+        self.home.join("logs")
+    }
+
+    /// Create the home (0700) and `logs/` if missing, and tighten an existing home to 0700.
+    pub fn ensure_home(&self) -> Result<(), ConfigError> {
+        for dir in [self.home.clone(), self.logs_dir()] {
+            create_private_dir(&dir).map_err(|source| ConfigError::Home { path: dir, source })?;
+        }
+        Ok(())
+    }
+}
+
+fn create_private_dir(dir: &Path) -> io::Result<()> {
+    match fs::DirBuilder::new().recursive(true).mode(0o700).create(dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(e),
+    }
+    let meta = fs::metadata(dir)?;
+    if !meta.is_dir() {
+        return Err(io::Error::other("exists and is not a directory"));
+    }
+    if meta.permissions().mode() & 0o777 != 0o700 {
+        fs::set_permissions(dir, fs::Permissions::from_mode(0o700))?;
+    }
+    Ok(())
+}
+
+fn read_file_config(path: &Path) -> Result<FileConfig, ConfigError> {
+    let text = match fs::read_to_string(path) {
+        Ok(text) => text,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(FileConfig::default()),
+        Err(source) => {
+            return Err(ConfigError::Read {
+                path: path.to_owned(),
+                source,
+            });
+        }
+    };
+    toml::from_str(&text).map_err(|source| ConfigError::Parse {
+        path: path.to_owned(),
+        source: Box::new(source),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn home_is_created_private_and_tightened() {
+        let dir = tempfile::tempdir().unwrap();
+        let home = dir.path().join("h");
+        fs::create_dir(&home).unwrap();
+        fs::set_permissions(&home, fs::Permissions::from_mode(0o755)).unwrap();
+        let config = Config::with_home(&home).unwrap();
+        config.ensure_home().unwrap();
+        assert_eq!(fs::metadata(&home).unwrap().permissions().mode() & 0o777, 0o700);
+        assert!(config.logs_dir().is_dir());
+    }
+
+    #[test]
+    fn config_toml_is_read_and_typos_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        fs::write(dir.path().join("config.toml"), "log_level = \"debug\"\n").unwrap();
+        assert_eq!(Config::with_home(dir.path()).unwrap().log_level, "debug");
+        fs::write(dir.path().join("config.toml"), "log_levle = \"debug\"\n").unwrap();
+        assert!(matches!(
+            Config::with_home(dir.path()),
+            Err(ConfigError::Parse { .. })
+        ));
+    }
+}

@@ -1,0 +1,136 @@
+//! Wiring only: builds every part of the host, reports readiness, and tears it down in order.
+//!
+//! Start: home → instance lock → store → bus → sessions → IPC socket → lock file filled →
+//! `ready`. Shutdown (on the caller's `shutdown` future or `host.shutdown`) is a tree, leaves
+//! first: stop accepting IPC and finish in-flight requests → (adapters, later) → drain the bus
+//! (queued brackets are committed and fanned out) → flush and join the store threads →
+//! release the lock. The socket file goes with the listener, the lock with the last line.
+
+use std::future::Future;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use tokio::sync::oneshot;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::Instrument;
+
+use crate::bus::{Bus, BusError};
+use crate::config::{Config, ConfigError};
+use crate::dispatch::Dispatcher;
+use crate::instance::{InstanceError, InstanceLock, LockInfo};
+use crate::ipc::{self, IpcError};
+use crate::session::SessionManager;
+use crate::store::{Store, StoreError};
+
+/// What a started host reports to whoever started it.
+#[derive(Debug, Clone)]
+pub struct Ready {
+    pub info: LockInfo,
+    pub ipc_path: PathBuf,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum DaemonError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error(transparent)]
+    Instance(#[from] InstanceError),
+    #[error("store: {0}")]
+    Store(#[from] StoreError),
+    #[error("bus: {0}")]
+    Bus(#[from] BusError),
+    #[error(transparent)]
+    Ipc(#[from] IpcError),
+    #[error("lock file: {0}")]
+    Lock(std::io::Error),
+}
+
+/// How long in-flight IPC requests get to finish at shutdown.
+const DRAIN_GRACE: Duration = Duration::from_secs(5);
+
+/// Run the host until `shutdown` resolves or a client sends `host.shutdown`.
+pub async fn run(
+    config: Config,
+    shutdown: impl Future<Output = ()>,
+    ready: oneshot::Sender<Ready>,
+) -> Result<(), DaemonError> {
+    config.ensure_home()?;
+    let ipc_path = config.ipc_path();
+    let info = LockInfo {
+        pid: std::process::id(),
+        version: crate::VERSION.to_owned(),
+        ipc_path: ipc_path.display().to_string(),
+        ws_port: None,
+        started_at: humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string(),
+    };
+    let lock = InstanceLock::acquire(&config.lock_path(), info)?;
+    let span = tracing::info_span!("host", pid = lock.info().pid);
+    serve(config, lock, shutdown, ready).instrument(span).await
+}
+
+async fn serve(
+    config: Config,
+    lock: InstanceLock,
+    shutdown: impl Future<Output = ()>,
+    ready: oneshot::Sender<Ready>,
+) -> Result<(), DaemonError> {
+    let ipc_path = config.ipc_path();
+    tracing::info!(home = %config.home.display(), version = crate::VERSION, "host starting");
+
+    let (store, store_threads) = Store::open(&config.db_path())?;
+    let (bus, bus_tasks) = Bus::start(store.clone()).await?;
+    let sessions = SessionManager::new(store.clone(), bus.clone());
+
+    let root = CancellationToken::new();
+    let listener = ipc::bind(&ipc_path)?;
+    let dispatcher = Dispatcher::new(sessions, lock.info().clone(), root.clone());
+    let tracker = TaskTracker::new();
+    let ipc_task = tokio::spawn(ipc::serve(
+        listener,
+        dispatcher,
+        ipc::Limits {
+            read_timeout: config.ipc_read_timeout,
+            ..ipc::Limits::default()
+        },
+        root.child_token(),
+        tracker.clone(),
+    ));
+
+    let _receiver_gone = ready.send(Ready {
+        info: lock.info().clone(),
+        ipc_path: ipc_path.clone(),
+    });
+    tracing::info!(ipc = %ipc_path.display(), "host ready");
+
+    tokio::select! {
+        () = shutdown => tracing::info!("shutdown signal received"),
+        () = root.cancelled() => {}
+    }
+    root.cancel();
+
+    // 1. Transports: stop accepting, let in-flight requests answer.
+    if let Err(e) = ipc_task.await {
+        tracing::error!(error = %e, "IPC task failed");
+    }
+    tracker.close();
+    if tokio::time::timeout(DRAIN_GRACE, tracker.wait()).await.is_err() {
+        tracing::warn!("IPC requests still running after the grace period; abandoning them");
+    }
+    // 2. Adapters: none yet.
+    // 3. Bus: everything queued is committed and fanned out.
+    drop(bus);
+    bus_tasks.shutdown().await;
+    // 4. Store: the writer drains and commits, then both threads exit.
+    drop(store);
+    if tokio::task::spawn_blocking(move || store_threads.join())
+        .await
+        .is_err()
+    {
+        tracing::error!("joining the store threads failed");
+    }
+    tracing::info!("host stopped");
+    // 5. The lock goes last: a new host can start only once this one has fully let go.
+    drop(lock);
+    Ok(())
+}

@@ -1,0 +1,152 @@
+//! The host side of the command envelope: a typed [`Command`] in, a [`Reply`] out.
+//!
+//! This is the one place where module errors become wire codes (`SessionError::NotFound` →
+//! `session_not_found`, …). Transports (IPC now, WebSocket and relay later) call
+//! [`Dispatcher::handle`] and never build error replies of their own beyond request errors.
+
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+use crate::instance::LockInfo;
+use crate::protocol::envelope::{Command, ErrorCode, Reply, SessionHistoryParams};
+use crate::session::{
+    DEFAULT_HISTORY_LIMIT, NewSession, SessionError, SessionManager,
+};
+use crate::store::StoredEvent;
+
+/// Serves commands inside the live host.
+#[derive(Clone)]
+pub struct Dispatcher {
+    sessions: SessionManager,
+    info: LockInfo,
+    shutdown: CancellationToken,
+}
+
+impl Dispatcher {
+    pub fn new(sessions: SessionManager, info: LockInfo, shutdown: CancellationToken) -> Self {
+        Dispatcher {
+            sessions,
+            info,
+            shutdown,
+        }
+    }
+
+    pub async fn handle(&self, command: Command) -> Reply {
+        if self.shutdown.is_cancelled() && !matches!(command, Command::HostStatus) {
+            return Reply::error(ErrorCode::ShuttingDown, "the host is shutting down", Value::Null);
+        }
+        match command {
+            Command::HostStart(_) => Reply::error(
+                ErrorCode::AlreadyRunning,
+                format!("a host is already running (pid {})", self.info.pid),
+                json!({"pid": self.info.pid}),
+            ),
+            Command::Version | Command::AgentList => Reply::error(
+                ErrorCode::WrongRoute,
+                "this command runs locally in the CLI, not in the host",
+                Value::Null,
+            ),
+            Command::HostStatus => match self.sessions.count().await {
+                Ok(sessions) => Reply::ok(status_json(&self.info, Some(sessions))),
+                Err(e) => session_error(e),
+            },
+            Command::HostShutdown => {
+                tracing::info!("shutdown requested over IPC");
+                self.shutdown.cancel();
+                Reply::ok(json!({"stopping": true, "pid": self.info.pid}))
+            }
+            Command::SessionCreate(p) => match self
+                .sessions
+                .create(NewSession {
+                    agent_type: p.agent_type,
+                    cwd: p.cwd,
+                    title: p.title,
+                })
+                .await
+            {
+                Ok(row) => Reply::ok(json!({"session_id": row.session_id, "session": row})),
+                Err(e) => session_error(e),
+            },
+            Command::SessionList => match self.sessions.list().await {
+                Ok(rows) => Reply::ok(json!({"sessions": rows})),
+                Err(e) => session_error(e),
+            },
+            Command::SessionGet(p) => match self.sessions.get(&p.session_id).await {
+                Ok(row) => Reply::ok(row),
+                Err(e) => session_error(e),
+            },
+            Command::SessionDelete(p) => match self.sessions.delete(&p.session_id).await {
+                Ok(()) => Reply::ok(json!({"deleted": p.session_id})),
+                Err(e) => session_error(e),
+            },
+            Command::SessionHistory(p) => self.history(p).await,
+        }
+    }
+
+    async fn history(&self, p: SessionHistoryParams) -> Reply {
+        let after = p.after_seq.unwrap_or(0);
+        let limit = p.limit.unwrap_or(DEFAULT_HISTORY_LIMIT);
+        match self.sessions.history(&p.session_id, after, limit).await {
+            Ok(events) => {
+                let next = events.last().map_or(after, |e| e.sequence_id);
+                let count = events.len();
+                let events: Vec<Value> = events.into_iter().map(history_entry).collect();
+                Reply::ok(json!({
+                    "session_id": p.session_id,
+                    "events": events,
+                    "count": count,
+                    "next_after_seq": next,
+                }))
+            }
+            Err(e) => session_error(e),
+        }
+    }
+}
+
+/// `host.status` data; `sessions` is absent when answered from the lock file.
+pub fn status_json(info: &LockInfo, sessions: Option<i64>) -> Value {
+    json!({
+        "running": true,
+        "pid": info.pid,
+        "version": info.version,
+        "ipc_path": info.ipc_path,
+        "ws_port": info.ws_port,
+        "started_at": info.started_at,
+        "sessions": sessions,
+    })
+}
+
+fn history_entry(e: StoredEvent) -> Value {
+    // The payload is the canonical JSON as published; pass it through untouched, whatever its
+    // kind, so history written by a newer host still reads.
+    let event = serde_json::from_str::<Value>(&e.payload).unwrap_or(Value::Null);
+    json!({
+        "sequence_id": e.sequence_id,
+        "message_id": e.message_id,
+        "run_id": e.run_id,
+        "kind": e.kind,
+        "created_at_ms": e.created_at,
+        "event": event,
+    })
+}
+
+fn session_error(e: SessionError) -> Reply {
+    let message = e.to_string();
+    match e {
+        SessionError::NotFound(id) => {
+            Reply::error(ErrorCode::SessionNotFound, message, json!({"session_id": id}))
+        }
+        SessionError::CwdNotFound { path, .. } => {
+            Reply::error(ErrorCode::CwdNotFound, message, json!({"cwd": path}))
+        }
+        SessionError::UnknownAgentType(agent_type) => Reply::error(
+            ErrorCode::UnknownAgentType,
+            message,
+            json!({"agent_type": agent_type}),
+        ),
+        SessionError::Store(_) => {
+            tracing::error!(error = %message, "store failure while serving a command");
+            Reply::error(ErrorCode::StoreFailed, message, Value::Null)
+        }
+    }
+}

@@ -1,0 +1,213 @@
+//! The IPC transport (design §4): a Unix socket, `host.sock`, mode 0600. One JSON request line
+//! per connection, one JSON reply line, close.
+//!
+//! - [`serve_connection`] is generic over `AsyncRead + AsyncWrite`, so it is tested over
+//!   `tokio::io::duplex` and served over the real socket alike.
+//! - Every request is bounded: at most [`Limits::max_request`] bytes and [`Limits::read_timeout`]
+//!   to arrive. Anything malformed gets a request-error reply, never a silent close.
+//! - At most [`MAX_CONNECTIONS`] requests are served at once; more wait in the kernel backlog.
+//! - `interprocess` is imported here only.
+
+use std::io;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use interprocess::local_socket::tokio::{Listener, Stream, prelude::*};
+use interprocess::local_socket::{GenericFilePath, ListenerOptions};
+use interprocess::os::unix::local_socket::ListenerOptionsExt;
+use serde_json::Value;
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::dispatch::Dispatcher;
+use crate::protocol::envelope::{Command, ErrorCode, MAX_REQUEST_BYTES, Reply, RequestError};
+
+/// Requests served concurrently.
+pub const MAX_CONNECTIONS: usize = 64;
+
+/// Bounds on one request.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    pub max_request: usize,
+    pub read_timeout: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_request: MAX_REQUEST_BYTES,
+            read_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum IpcError {
+    #[error("cannot listen on {path}: {source}")]
+    Bind {
+        path: String,
+        #[source]
+        source: io::Error,
+    },
+    #[error("no host answers on {path}: {source}")]
+    Connect {
+        path: String,
+        #[source]
+        source: io::Error,
+    },
+    #[error("IPC with the host failed: {0}")]
+    Io(#[from] io::Error),
+    #[error("the host did not answer within {0:?}")]
+    Timeout(Duration),
+    #[error("the host's reply is not a valid reply line: {0}")]
+    BadReply(String),
+}
+
+/// Bind the socket with mode 0600. The caller holds the instance lock, so a leftover socket
+/// file is a dead host's and may be removed; the listener removes its own file on drop.
+pub fn bind(path: &Path) -> Result<Listener, IpcError> {
+    let bind_err = |source| IpcError::Bind {
+        path: path.display().to_string(),
+        source,
+    };
+    match std::fs::remove_file(path) {
+        Ok(()) => tracing::info!(path = %path.display(), "removed a stale socket file"),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(bind_err(e)),
+    }
+    let name = path.to_fs_name::<GenericFilePath>().map_err(bind_err)?;
+    ListenerOptions::new()
+        .name(name)
+        .mode(0o600)
+        .reclaim_name(true)
+        .create_tokio()
+        .map_err(bind_err)
+}
+
+/// Accept until `cancel`, serving each connection on `tracker`.
+pub async fn serve(
+    listener: Listener,
+    dispatcher: Dispatcher,
+    limits: Limits,
+    cancel: CancellationToken,
+    tracker: TaskTracker,
+) {
+    let permits = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    loop {
+        let permit = tokio::select! {
+            _ = cancel.cancelled() => break,
+            permit = permits.clone().acquire_owned() => match permit {
+                Ok(p) => p,
+                Err(_) => break,
+            },
+        };
+        let stream = tokio::select! {
+            _ = cancel.cancelled() => break,
+            accepted = listener.accept() => match accepted {
+                Ok(stream) => stream,
+                Err(e) => {
+                    tracing::warn!(error = %e, "IPC accept failed");
+                    continue;
+                }
+            },
+        };
+        let dispatcher = dispatcher.clone();
+        tracker.spawn(async move {
+            if let Err(e) = serve_connection(stream, &dispatcher, limits).await {
+                tracing::debug!(error = %e, "IPC connection ended with an error");
+            }
+            drop(permit);
+        });
+    }
+    tracing::debug!("IPC listener stopped");
+    // Dropping the listener removes the socket file (name reclamation).
+    drop(listener);
+}
+
+/// Serve one request on one connection: read a line, dispatch, write a line.
+pub async fn serve_connection<S>(stream: S, dispatcher: &Dispatcher, limits: Limits) -> io::Result<()>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    let (read, mut write) = tokio::io::split(stream);
+    let reply = match read_request(read, limits).await {
+        Ok(bytes) => match Command::parse_bytes(&bytes) {
+            Ok(command) => {
+                tracing::debug!(command = command.name(), "IPC request");
+                dispatcher.handle(command).await
+            }
+            Err(e) => e.into_reply(),
+        },
+        Err(e) => e.into_reply(),
+    };
+    let mut line = reply.to_line();
+    line.push('\n');
+    write.write_all(line.as_bytes()).await?;
+    write.shutdown().await
+}
+
+/// Read one request line (without its newline) within the limits.
+pub async fn read_request<R: AsyncRead + Unpin>(read: R, limits: Limits) -> Result<Vec<u8>, RequestError> {
+    let mut reader = BufReader::new(read.take(limits.max_request as u64 + 1));
+    let mut buf = Vec::new();
+    let read = tokio::time::timeout(limits.read_timeout, reader.read_until(b'\n', &mut buf)).await;
+    match read {
+        Err(_) => Err(RequestError::new(
+            ErrorCode::RequestTimeout,
+            format!("no complete request line within {:?}", limits.read_timeout),
+        )),
+        Ok(Err(e)) => Err(RequestError::new(
+            ErrorCode::EmptyRequest,
+            format!("reading the request failed: {e}"),
+        )),
+        Ok(Ok(_)) => {
+            if buf.last() == Some(&b'\n') {
+                buf.pop();
+            } else if buf.len() > limits.max_request {
+                return Err(RequestError::new(
+                    ErrorCode::RequestTooLarge,
+                    format!("request exceeds {} bytes", limits.max_request),
+                ));
+            }
+            if buf.is_empty() {
+                return Err(RequestError::new(
+                    ErrorCode::EmptyRequest,
+                    "the connection sent no request",
+                ));
+            }
+            Ok(buf)
+        }
+    }
+}
+
+/// Client side: send one envelope, read one reply.
+pub async fn request(path: &Path, envelope: &Value, timeout: Duration) -> Result<Reply, IpcError> {
+    let name = path
+        .to_fs_name::<GenericFilePath>()
+        .map_err(|source| IpcError::Connect {
+            path: path.display().to_string(),
+            source,
+        })?;
+    let stream = Stream::connect(name)
+        .await
+        .map_err(|source| IpcError::Connect {
+            path: path.display().to_string(),
+            source,
+        })?;
+    let exchange = async {
+        let (read, mut write) = tokio::io::split(stream);
+        let mut line = serde_json::to_string(envelope).map_err(|e| IpcError::BadReply(e.to_string()))?;
+        line.push('\n');
+        write.write_all(line.as_bytes()).await?;
+        let mut reader = BufReader::new(read.take(64 * 1024 * 1024));
+        let mut reply = String::new();
+        reader.read_line(&mut reply).await?;
+        serde_json::from_str::<Reply>(reply.trim_end()).map_err(|e| IpcError::BadReply(e.to_string()))
+    };
+    tokio::time::timeout(timeout, exchange)
+        .await
+        .map_err(|_| IpcError::Timeout(timeout))?
+}

@@ -1,0 +1,33 @@
+//! agent-host: a single-instance daemon that runs coding-agent CLIs and lets many clients drive
+//! and follow the same session, with every event durable in SQLite, ordered per session, and
+//! resumable from a cursor.
+//!
+//! Code map, bottom layer first (dependencies point up this list, never down):
+//! - [`protocol`] — pure contracts: the command envelope and its error codes, canonical events.
+//! - [`store`] — SQLite on its own threads; group commit; the only user of `rusqlite`.
+//! - [`bus`] — persist-then-publish pipeline, subscriber queues, replay and catch-up.
+//! - [`session`] — sessions (and, with the adapters, one actor per live session).
+//! - [`dispatch`] — typed command → reply inside the host; module errors → wire codes.
+//! - [`ipc`] — the Unix-socket transport.
+//! - [`instance`], [`config`] — the lock file and where things live.
+//! - [`daemon`] — wiring and ordered shutdown; [`run`] is its entry point.
+//! - [`client`] — the CLI's routing: local, IPC or hybrid.
+//!
+//! `docs/architecture.md` has the picture; `../shared/design.md` the contracts.
+
+pub mod bus;
+pub mod client;
+pub mod config;
+pub mod daemon;
+pub mod dispatch;
+pub mod instance;
+pub mod ipc;
+pub mod logging;
+pub mod protocol;
+pub mod session;
+pub mod store;
+
+pub use daemon::{Ready, run};
+
+/// This build's version, as reported by `version`, `host.status` and the lock file.
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");

@@ -1,0 +1,95 @@
+//! The `agent-host` binary: argv → command envelope → route → one JSON reply line on stdout.
+//! Exit status 0 exactly when the reply's code is 0. Thin on purpose: routing lives in
+//! `agent_host::client`, the host in `agent_host::daemon`.
+
+use std::io::Write;
+use std::process::ExitCode;
+
+use agent_host::client;
+use agent_host::config::Config;
+use agent_host::protocol::envelope::{COMMANDS, Command, ErrorCode, Reply};
+use clap::{CommandFactory, FromArgMatches, Parser};
+
+/// Runs coding-agent CLIs and lets many clients drive and follow the same session.
+#[derive(Parser, Debug)]
+#[command(name = "agent-host", version, arg_required_else_help = true)]
+struct Cli {
+    /// A whole envelope `{"command":…,"params":…}`, or a command name.
+    input: String,
+    /// The params JSON, when INPUT is a command name.
+    params: Option<String>,
+}
+
+fn commands_help() -> String {
+    let mut text = String::from("Commands (route: local runs here, ipc needs the host, hybrid falls back to the lock file):\n");
+    for spec in COMMANDS {
+        text.push_str(&format!(
+            "  {:<16} [{}] {}\n  {:<16}        params {}\n",
+            spec.name,
+            spec.route.name(),
+            spec.summary,
+            "",
+            spec.params
+        ));
+    }
+    text.push_str(
+        "\nExamples:\n  agent-host host.start\n  agent-host '{\"command\":\"session.create\",\"params\":{\"agent_type\":\"claude\",\"cwd\":\"/some/dir\"}}'\n  agent-host session.history '{\"session_id\":\"…\",\"after_seq\":0}'\n\nEnvironment: AGENT_HOST_HOME (default ~/.agent-host), AGENT_HOST_LOG (log filter).\nReply codes: docs/commands.md.",
+    );
+    text
+}
+
+fn print_reply(reply: &Reply) {
+    // The reader may be gone (a detached host's parent exits after the ready line): ignore.
+    let mut out = std::io::stdout().lock();
+    let _gone = writeln!(out, "{}", reply.to_line()).and_then(|()| out.flush());
+}
+
+fn exit_code(reply: &Reply) -> ExitCode {
+    if reply.is_ok() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
+
+fn main() -> anyhow::Result<ExitCode> {
+    let matches = Cli::command().after_help(commands_help()).get_matches();
+    let cli = Cli::from_arg_matches(&matches)?;
+    let (command, envelope) = match client::parse_argv(&cli.input, cli.params.as_deref()) {
+        Ok(parsed) => parsed,
+        Err(e) => {
+            let reply = e.into_reply();
+            print_reply(&reply);
+            return Ok(exit_code(&reply));
+        }
+    };
+    let config = match Config::from_env() {
+        Ok(config) => config,
+        Err(e) => {
+            let reply = Reply::error(ErrorCode::HomeUnusable, e.to_string(), serde_json::Value::Null);
+            print_reply(&reply);
+            return Ok(exit_code(&reply));
+        }
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    let reply = match command {
+        Command::HostStart(params) if params.foreground => {
+            let _guard = agent_host::logging::init_host_logging(&config, !client::is_detached_host());
+            let reply = runtime.block_on(client::run_foreground(config, |ready| print_reply(&ready)));
+            // Success was announced when the host became ready; only a failure is printed now.
+            if !reply.is_ok() {
+                print_reply(&reply);
+            }
+            reply
+        }
+        command => {
+            agent_host::logging::init_cli_logging();
+            let reply = runtime.block_on(client::execute(command, envelope, &config));
+            print_reply(&reply);
+            reply
+        }
+    };
+    Ok(exit_code(&reply))
+}

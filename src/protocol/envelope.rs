@@ -1,0 +1,577 @@
+//! The command envelope (design §4): `{"command": "<noun.verb>", "params": {…}}` in, one line of
+//! `{"code", "message", "data"}` out.
+//!
+//! Parsing happens here, once: raw bytes become a typed [`Command`] or a [`RequestError`] with
+//! a stable [`ErrorCode`]. Nothing after this file matches on command strings. The command table
+//! ([`COMMANDS`]) is the one place that says which commands exist, how each is routed and what
+//! its params are; `--help` and `docs/commands.md` are written from it.
+
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value, json};
+
+/// Every non-zero reply code. Numbers are stable and grouped by the hundreds digit block:
+/// 1xxx request, 2xxx host state, 3xxx session, 4xxx agent, 5xxx subscriber.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorCode {
+    InvalidJson,
+    InvalidEnvelope,
+    MissingCommand,
+    UnknownCommand,
+    InvalidParams,
+    RequestTooLarge,
+    RequestTimeout,
+    EmptyRequest,
+    InvalidEncoding,
+    WrongRoute,
+    AlreadyRunning,
+    HostNotRunning,
+    HostStartFailed,
+    ShuttingDown,
+    HostUnresponsive,
+    StoreFailed,
+    Internal,
+    HomeUnusable,
+    SessionNotFound,
+    CwdNotFound,
+    UnknownAgentType,
+    SubscriberNotFound,
+}
+
+impl ErrorCode {
+    /// Every code, in table order.
+    pub const ALL: &'static [ErrorCode] = &[
+        ErrorCode::InvalidJson,
+        ErrorCode::InvalidEnvelope,
+        ErrorCode::MissingCommand,
+        ErrorCode::UnknownCommand,
+        ErrorCode::InvalidParams,
+        ErrorCode::RequestTooLarge,
+        ErrorCode::RequestTimeout,
+        ErrorCode::EmptyRequest,
+        ErrorCode::InvalidEncoding,
+        ErrorCode::WrongRoute,
+        ErrorCode::AlreadyRunning,
+        ErrorCode::HostNotRunning,
+        ErrorCode::HostStartFailed,
+        ErrorCode::ShuttingDown,
+        ErrorCode::HostUnresponsive,
+        ErrorCode::StoreFailed,
+        ErrorCode::Internal,
+        ErrorCode::HomeUnusable,
+        ErrorCode::SessionNotFound,
+        ErrorCode::CwdNotFound,
+        ErrorCode::UnknownAgentType,
+        ErrorCode::SubscriberNotFound,
+    ];
+
+    /// The stable number carried in `code`.
+    pub fn number(self) -> i32 {
+        match self {
+            ErrorCode::InvalidJson => 1001,
+            ErrorCode::InvalidEnvelope => 1002,
+            ErrorCode::MissingCommand => 1003,
+            ErrorCode::UnknownCommand => 1004,
+            ErrorCode::InvalidParams => 1005,
+            ErrorCode::RequestTooLarge => 1006,
+            ErrorCode::RequestTimeout => 1007,
+            ErrorCode::EmptyRequest => 1008,
+            ErrorCode::InvalidEncoding => 1009,
+            ErrorCode::WrongRoute => 1010,
+            ErrorCode::AlreadyRunning => 2001,
+            ErrorCode::HostNotRunning => 2002,
+            ErrorCode::HostStartFailed => 2003,
+            ErrorCode::ShuttingDown => 2004,
+            ErrorCode::HostUnresponsive => 2005,
+            ErrorCode::StoreFailed => 2006,
+            ErrorCode::Internal => 2007,
+            ErrorCode::HomeUnusable => 2008,
+            ErrorCode::SessionNotFound => 3001,
+            ErrorCode::CwdNotFound => 3002,
+            ErrorCode::UnknownAgentType => 4001,
+            ErrorCode::SubscriberNotFound => 5001,
+        }
+    }
+
+    /// The stable name carried in `data.error`.
+    pub fn name(self) -> &'static str {
+        match self {
+            ErrorCode::InvalidJson => "invalid_json",
+            ErrorCode::InvalidEnvelope => "invalid_envelope",
+            ErrorCode::MissingCommand => "missing_command",
+            ErrorCode::UnknownCommand => "unknown_command",
+            ErrorCode::InvalidParams => "invalid_params",
+            ErrorCode::RequestTooLarge => "request_too_large",
+            ErrorCode::RequestTimeout => "request_timeout",
+            ErrorCode::EmptyRequest => "empty_request",
+            ErrorCode::InvalidEncoding => "invalid_encoding",
+            ErrorCode::WrongRoute => "wrong_route",
+            ErrorCode::AlreadyRunning => "already_running",
+            ErrorCode::HostNotRunning => "host_not_running",
+            ErrorCode::HostStartFailed => "host_start_failed",
+            ErrorCode::ShuttingDown => "shutting_down",
+            ErrorCode::HostUnresponsive => "host_unresponsive",
+            ErrorCode::StoreFailed => "store_failed",
+            ErrorCode::Internal => "internal",
+            ErrorCode::HomeUnusable => "home_unusable",
+            ErrorCode::SessionNotFound => "session_not_found",
+            ErrorCode::CwdNotFound => "cwd_not_found",
+            ErrorCode::UnknownAgentType => "unknown_agent_type",
+            ErrorCode::SubscriberNotFound => "subscriber_not_found",
+        }
+    }
+
+    /// One sentence for the docs table.
+    pub fn meaning(self) -> &'static str {
+        match self {
+            ErrorCode::InvalidJson => "the request is not one valid JSON value",
+            ErrorCode::InvalidEnvelope => {
+                "the JSON is not an object of `command` and `params` (wrong type or extra keys)"
+            }
+            ErrorCode::MissingCommand => "the object has no `command`",
+            ErrorCode::UnknownCommand => "no command of that name",
+            ErrorCode::InvalidParams => "params missing, of the wrong type, or with unknown fields",
+            ErrorCode::RequestTooLarge => "the request line exceeds the size limit (1 MiB)",
+            ErrorCode::RequestTimeout => "no complete request line within the time limit (5 s)",
+            ErrorCode::EmptyRequest => "the connection sent an empty line or closed without one",
+            ErrorCode::InvalidEncoding => "the request is not UTF-8",
+            ErrorCode::WrongRoute => "the command is not served on this route (e.g. `host.start` over IPC)",
+            ErrorCode::AlreadyRunning => "a host already holds the lock; `data.pid` is its pid",
+            ErrorCode::HostNotRunning => "the command needs a live host and none answers",
+            ErrorCode::HostStartFailed => "the host process did not come up; see `logs/`",
+            ErrorCode::ShuttingDown => "the host is shutting down and takes no new work",
+            ErrorCode::HostUnresponsive => "a host holds the lock but does not answer on IPC",
+            ErrorCode::StoreFailed => "the SQLite store failed; nothing was half-applied",
+            ErrorCode::Internal => "a bug: an invariant of the host broke",
+            ErrorCode::HomeUnusable => "`$AGENT_HOST_HOME` cannot be created or used",
+            ErrorCode::SessionNotFound => "no session with that id",
+            ErrorCode::CwdNotFound => "the `cwd` given does not exist or is not a directory",
+            ErrorCode::UnknownAgentType => "no adapter family or registered agent of that name",
+            ErrorCode::SubscriberNotFound => "no subscriber with that id",
+        }
+    }
+
+    pub fn from_number(number: i32) -> Option<ErrorCode> {
+        ErrorCode::ALL.iter().copied().find(|c| c.number() == number)
+    }
+}
+
+/// The one reply shape. `code` 0 is success.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Reply {
+    pub code: i32,
+    pub message: String,
+    #[serde(default)]
+    pub data: Value,
+}
+
+impl Reply {
+    pub fn ok(data: impl Serialize) -> Reply {
+        Reply {
+            code: 0,
+            message: "ok".to_owned(),
+            data: serde_json::to_value(data).unwrap_or(Value::Null),
+        }
+    }
+
+    /// An error reply: `data` is `{"error": <name>, …details}`.
+    pub fn error(code: ErrorCode, message: impl Into<String>, details: Value) -> Reply {
+        let mut data = Map::new();
+        data.insert("error".to_owned(), Value::String(code.name().to_owned()));
+        if let Value::Object(extra) = details {
+            data.extend(extra);
+        }
+        Reply {
+            code: code.number(),
+            message: message.into(),
+            data: Value::Object(data),
+        }
+    }
+
+    pub fn is_ok(&self) -> bool {
+        self.code == 0
+    }
+
+    /// The error code, if this is a known error reply.
+    pub fn error_code(&self) -> Option<ErrorCode> {
+        ErrorCode::from_number(self.code)
+    }
+
+    /// Serialize as one line without the trailing newline.
+    pub fn to_line(&self) -> String {
+        // A Reply holds only strings, numbers and a Value: serializing it cannot fail.
+        serde_json::to_string(self).unwrap_or_else(|_| {
+            format!(
+                r#"{{"code":{},"message":"reply not serializable","data":null}}"#,
+                ErrorCode::Internal.number()
+            )
+        })
+    }
+}
+
+/// A request that was refused before it reached any handler.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("{message}")]
+pub struct RequestError {
+    pub code: ErrorCode,
+    pub message: String,
+}
+
+impl RequestError {
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
+        RequestError {
+            code,
+            message: message.into(),
+        }
+    }
+
+    pub fn into_reply(self) -> Reply {
+        Reply::error(self.code, self.message, Value::Null)
+    }
+}
+
+/// Where a command runs (design §4).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Route {
+    /// Runs in the CLI process without a live host.
+    Local,
+    /// Forwarded over the Unix socket to the live host.
+    Ipc,
+    /// IPC when the host answers, else answered from the lock file.
+    Hybrid,
+}
+
+impl Route {
+    pub fn name(self) -> &'static str {
+        match self {
+            Route::Local => "local",
+            Route::Ipc => "ipc",
+            Route::Hybrid => "hybrid",
+        }
+    }
+}
+
+/// One row of the command table.
+#[derive(Debug)]
+pub struct CommandSpec {
+    pub name: &'static str,
+    pub route: Route,
+    /// The params, as a short signature.
+    pub params: &'static str,
+    pub summary: &'static str,
+}
+
+/// The command table: every command, its route, its params. Keep in step with
+/// [`Command::parse_named`] (a unit test checks both directions).
+pub const COMMANDS: &[CommandSpec] = &[
+    CommandSpec {
+        name: "host.start",
+        route: Route::Local,
+        params: "{foreground?: bool}",
+        summary: "start the host; detaches unless foreground, returns once it answers on IPC",
+    },
+    CommandSpec {
+        name: "host.status",
+        route: Route::Hybrid,
+        params: "{}",
+        summary: "{running, pid, version, ipc_path, ws_port, started_at, sessions}",
+    },
+    CommandSpec {
+        name: "host.shutdown",
+        route: Route::Hybrid,
+        params: "{}",
+        summary: "stop the host gracefully and wait until its lock is released",
+    },
+    CommandSpec {
+        name: "version",
+        route: Route::Local,
+        params: "{}",
+        summary: "this binary's version and the store schema version",
+    },
+    CommandSpec {
+        name: "agent.list",
+        route: Route::Local,
+        params: "{}",
+        summary: "the agent families this build knows",
+    },
+    CommandSpec {
+        name: "session.create",
+        route: Route::Ipc,
+        params: "{agent_type: string, cwd: string, title?: string}",
+        summary: "create a session; returns {session_id}",
+    },
+    CommandSpec {
+        name: "session.list",
+        route: Route::Ipc,
+        params: "{}",
+        summary: "every session, newest first",
+    },
+    CommandSpec {
+        name: "session.get",
+        route: Route::Ipc,
+        params: "{session_id: string}",
+        summary: "one session's row",
+    },
+    CommandSpec {
+        name: "session.delete",
+        route: Route::Ipc,
+        params: "{session_id: string}",
+        summary: "delete a session and its stored events",
+    },
+    CommandSpec {
+        name: "session.history",
+        route: Route::Ipc,
+        params: "{session_id: string, after_seq?: int, limit?: int (default 200, max 5000)}",
+        summary: "bracket events after a cursor, each with its sequence_id",
+    },
+];
+
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EmptyParams {}
+
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HostStartParams {
+    #[serde(default)]
+    pub foreground: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SessionCreateParams {
+    pub agent_type: String,
+    pub cwd: String,
+    #[serde(default)]
+    pub title: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SessionIdParams {
+    pub session_id: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SessionHistoryParams {
+    pub session_id: String,
+    #[serde(default)]
+    pub after_seq: Option<i64>,
+    #[serde(default)]
+    pub limit: Option<u32>,
+}
+
+/// A parsed, typed command. After this, nothing matches on strings.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Command {
+    HostStart(HostStartParams),
+    HostStatus,
+    HostShutdown,
+    Version,
+    AgentList,
+    SessionCreate(SessionCreateParams),
+    SessionList,
+    SessionGet(SessionIdParams),
+    SessionDelete(SessionIdParams),
+    SessionHistory(SessionHistoryParams),
+}
+
+/// The most a request line may hold, for IPC and argv alike.
+pub const MAX_REQUEST_BYTES: usize = 1024 * 1024;
+
+impl Command {
+    /// Parse a whole envelope from bytes (one IPC line or one argv JSON).
+    pub fn parse_bytes(bytes: &[u8]) -> Result<Command, RequestError> {
+        if bytes.len() > MAX_REQUEST_BYTES {
+            return Err(RequestError::new(
+                ErrorCode::RequestTooLarge,
+                format!("request is {} bytes, the limit is {MAX_REQUEST_BYTES}", bytes.len()),
+            ));
+        }
+        let text = std::str::from_utf8(bytes)
+            .map_err(|e| RequestError::new(ErrorCode::InvalidEncoding, format!("request is not UTF-8: {e}")))?;
+        if text.trim().is_empty() {
+            return Err(RequestError::new(ErrorCode::EmptyRequest, "empty request"));
+        }
+        let value: Value = serde_json::from_str(text)
+            .map_err(|e| RequestError::new(ErrorCode::InvalidJson, format!("request is not valid JSON: {e}")))?;
+        Command::parse_value(value)
+    }
+
+    /// Parse an envelope that is already JSON.
+    pub fn parse_value(value: Value) -> Result<Command, RequestError> {
+        let Value::Object(mut object) = value else {
+            return Err(RequestError::new(
+                ErrorCode::InvalidEnvelope,
+                format!("request must be a JSON object, got {}", json_type(&value)),
+            ));
+        };
+        if let Some(extra) = object.keys().find(|k| *k != "command" && *k != "params") {
+            return Err(RequestError::new(
+                ErrorCode::InvalidEnvelope,
+                format!("unknown envelope field {extra:?}: only \"command\" and \"params\" are allowed"),
+            ));
+        }
+        let name = match object.remove("command") {
+            None | Some(Value::Null) => {
+                return Err(RequestError::new(ErrorCode::MissingCommand, "request has no \"command\""));
+            }
+            Some(Value::String(name)) => name,
+            Some(other) => {
+                return Err(RequestError::new(
+                    ErrorCode::InvalidEnvelope,
+                    format!("\"command\" must be a string, got {}", json_type(&other)),
+                ));
+            }
+        };
+        let params = object.remove("params").unwrap_or(Value::Null);
+        Command::parse_named(&name, params)
+    }
+
+    /// Parse params for a command given by name (argv form `agent-host <command> [params]`).
+    pub fn parse_named(name: &str, params: Value) -> Result<Command, RequestError> {
+        let params = match params {
+            Value::Null => Value::Object(Map::new()),
+            Value::Object(map) => Value::Object(map),
+            other => {
+                return Err(RequestError::new(
+                    ErrorCode::InvalidParams,
+                    format!("\"params\" must be an object, got {}", json_type(&other)),
+                ));
+            }
+        };
+        let command = match name {
+            "host.start" => Command::HostStart(typed(name, params)?),
+            "host.status" => typed::<EmptyParams>(name, params).map(|_| Command::HostStatus)?,
+            "host.shutdown" => typed::<EmptyParams>(name, params).map(|_| Command::HostShutdown)?,
+            "version" => typed::<EmptyParams>(name, params).map(|_| Command::Version)?,
+            "agent.list" => typed::<EmptyParams>(name, params).map(|_| Command::AgentList)?,
+            "session.create" => Command::SessionCreate(typed(name, params)?),
+            "session.list" => typed::<EmptyParams>(name, params).map(|_| Command::SessionList)?,
+            "session.get" => Command::SessionGet(typed(name, params)?),
+            "session.delete" => Command::SessionDelete(typed(name, params)?),
+            "session.history" => Command::SessionHistory(typed(name, params)?),
+            _ => {
+                return Err(RequestError::new(
+                    ErrorCode::UnknownCommand,
+                    format!("unknown command {name:?}; `agent-host --help` lists them"),
+                ));
+            }
+        };
+        Ok(command)
+    }
+
+    /// The table name of this command.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Command::HostStart(_) => "host.start",
+            Command::HostStatus => "host.status",
+            Command::HostShutdown => "host.shutdown",
+            Command::Version => "version",
+            Command::AgentList => "agent.list",
+            Command::SessionCreate(_) => "session.create",
+            Command::SessionList => "session.list",
+            Command::SessionGet(_) => "session.get",
+            Command::SessionDelete(_) => "session.delete",
+            Command::SessionHistory(_) => "session.history",
+        }
+    }
+
+    pub fn route(&self) -> Route {
+        spec(self.name()).map_or(Route::Ipc, |s| s.route)
+    }
+}
+
+/// The table row of a command name.
+pub fn spec(name: &str) -> Option<&'static CommandSpec> {
+    COMMANDS.iter().find(|s| s.name == name)
+}
+
+fn typed<T: DeserializeOwned>(name: &str, params: Value) -> Result<T, RequestError> {
+    serde_json::from_value(params).map_err(|e| {
+        let signature = spec(name).map_or("", |s| s.params);
+        RequestError::new(
+            ErrorCode::InvalidParams,
+            format!("invalid params for {name}: {e}; expected {signature}"),
+        )
+    })
+}
+
+fn json_type(value: &Value) -> &'static str {
+    match value {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+/// Serialize a command back to its envelope, for forwarding over IPC.
+pub fn envelope(name: &str, params: Value) -> Value {
+    json!({"command": name, "params": params})
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn code_of(input: &str) -> ErrorCode {
+        Command::parse_bytes(input.as_bytes()).unwrap_err().code
+    }
+
+    #[test]
+    fn parses_every_table_command_and_nothing_else() {
+        for spec in COMMANDS {
+            let params = match spec.name {
+                "session.create" => json!({"agent_type": "claude", "cwd": "/"}),
+                "session.get" | "session.delete" | "session.history" => json!({"session_id": "x"}),
+                _ => json!({}),
+            };
+            let cmd = Command::parse_named(spec.name, params).unwrap();
+            assert_eq!(cmd.name(), spec.name);
+            assert_eq!(cmd.route(), spec.route);
+        }
+        assert_eq!(
+            Command::parse_named("session.explode", Value::Null).unwrap_err().code,
+            ErrorCode::UnknownCommand
+        );
+    }
+
+    #[test]
+    fn envelope_errors_have_specific_codes() {
+        assert_eq!(code_of("nope"), ErrorCode::InvalidJson);
+        assert_eq!(code_of("[1]"), ErrorCode::InvalidEnvelope);
+        assert_eq!(code_of("{}"), ErrorCode::MissingCommand);
+        assert_eq!(code_of(r#"{"command":7}"#), ErrorCode::InvalidEnvelope);
+        assert_eq!(code_of(r#"{"command":"x.y"}"#), ErrorCode::UnknownCommand);
+        assert_eq!(code_of(r#"{"command":"session.get","params":[]}"#), ErrorCode::InvalidParams);
+        assert_eq!(code_of(r#"{"command":"session.get","params":{"session_id":1}}"#), ErrorCode::InvalidParams);
+        assert_eq!(code_of(r#"{"command":"session.list","params":{"x":1}}"#), ErrorCode::InvalidParams);
+        assert_eq!(code_of(r#"{"command":"session.list","extra":1}"#), ErrorCode::InvalidEnvelope);
+        assert_eq!(code_of(""), ErrorCode::EmptyRequest);
+        assert_eq!(Command::parse_bytes(&[0xff, 0xfe]).unwrap_err().code, ErrorCode::InvalidEncoding);
+    }
+
+    #[test]
+    fn codes_are_unique_and_grouped() {
+        let mut numbers: Vec<i32> = ErrorCode::ALL.iter().map(|c| c.number()).collect();
+        numbers.sort_unstable();
+        numbers.dedup();
+        assert_eq!(numbers.len(), ErrorCode::ALL.len());
+        for code in ErrorCode::ALL {
+            assert_eq!(ErrorCode::from_number(code.number()), Some(*code));
+            assert!((1000..6000).contains(&code.number()));
+        }
+    }
+
+    #[test]
+    fn error_reply_carries_name() {
+        let reply = Reply::error(ErrorCode::AlreadyRunning, "busy", json!({"pid": 7}));
+        assert_eq!(reply.data, json!({"error": "already_running", "pid": 7}));
+        assert_eq!(reply.code, 2001);
+        assert_eq!(reply.error_code(), Some(ErrorCode::AlreadyRunning));
+    }
+}

@@ -1,0 +1,630 @@
+//! The canonical event vocabulary (design §5): what every adapter produces and every client
+//! renders. Pure data: no I/O, no tokio.
+//!
+//! An [`Event`] is a flat JSON object discriminated by `"k"`, with camelCase fields, carrying
+//! `sessionId` and, inside a run, `runId`. Whether a kind is a durable *bracket* or a droppable
+//! *delta* is decided in exactly one place, [`EventBody::class`].
+//!
+//! History readers must survive kinds this build does not know (a newer host wrote them, or a
+//! later issue adds them): [`AnyEvent`] parses into [`AnyEvent::Unknown`] instead of failing.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// One canonical event. `body` is flattened, so the JSON is `{"k":…,"sessionId":…,…}`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Event {
+    pub session_id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run_id: Option<String>,
+    #[serde(flatten)]
+    pub body: EventBody,
+}
+
+/// Durable or droppable: see design §5 and [`EventBody::class`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EventClass {
+    /// Persisted, gets a `sequence_id`, never dropped.
+    Bracket,
+    /// Streamed only, carries the latest bracket's `sequence_id`, droppable.
+    Delta,
+}
+
+/// Terminal state of a run, carried by `run.end`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RunState {
+    Completed,
+    Failed,
+    Cancelled,
+    Interrupted,
+}
+
+/// The shared error taxonomy of design §9.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorCategory {
+    BinaryUnavailable,
+    AuthRequired,
+    RateLimited,
+    TransportLost,
+    ProtocolIncompatible,
+    PermissionDenied,
+    Cancelled,
+    ResumeRejected,
+    ContextExhausted,
+    WorkspaceUnavailable,
+    AgentFailed,
+}
+
+/// The kind-specific part of an event, tagged by `"k"`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "k")]
+pub enum EventBody {
+    // ---- brackets ----
+    /// A run began: the agent was handed the prompt of this run.
+    #[serde(rename = "run.start")]
+    RunStart(RunStart),
+    /// A run reached a terminal state; nothing of this run follows.
+    #[serde(rename = "run.end")]
+    RunEnd(RunEnd),
+    /// The user's prompt for a run, published when the run is dispatched (not when queued).
+    #[serde(rename = "user.text")]
+    UserText(UserText),
+    /// The agent opened a block of assistant text.
+    #[serde(rename = "text.start")]
+    TextStart(BlockStart),
+    /// The agent closed a block of assistant text; `text` is the whole block.
+    #[serde(rename = "text.end")]
+    TextEnd(BlockEnd),
+    /// The agent opened a block of visible reasoning.
+    #[serde(rename = "thinking.start")]
+    ThinkingStart(BlockStart),
+    /// The reasoning block closed; `text` is the whole block.
+    #[serde(rename = "thinking.end")]
+    ThinkingEnd(BlockEnd),
+    /// The agent started to emit a tool call (its input may still stream).
+    #[serde(rename = "tool.call.start")]
+    ToolCallStart(ToolCallStart),
+    /// The tool call's input is complete.
+    #[serde(rename = "tool.call.end")]
+    ToolCallEnd(ToolCallEnd),
+    /// The tool began executing.
+    #[serde(rename = "tool.exec.start")]
+    ToolExecStart(ToolExecStart),
+    /// The tool finished; `output` is its final output.
+    #[serde(rename = "tool.exec.end")]
+    ToolExecEnd(ToolExecEnd),
+    /// The agent asks a human to allow or deny something.
+    #[serde(rename = "permission.request")]
+    PermissionRequest(PermissionRequest),
+    /// A permission request was answered (by a client, a policy, or a timeout).
+    #[serde(rename = "permission.resolved")]
+    PermissionResolved(PermissionResolved),
+    /// Token usage reported by the agent, usually once per run.
+    #[serde(rename = "usage")]
+    Usage(Usage),
+    /// The agent revealed its native session id; saved the moment it is seen.
+    #[serde(rename = "session.bound")]
+    SessionBound(SessionBound),
+    /// This session was forked from another (design §8).
+    #[serde(rename = "session.forked")]
+    SessionForked(SessionForked),
+    /// Something the user should see that did not stop the run.
+    #[serde(rename = "warning")]
+    Warning(Notice),
+    /// An error the user should see; a failing run still ends with `run.end`.
+    #[serde(rename = "error")]
+    Error(ErrorNotice),
+
+    // ---- deltas ----
+    /// A piece of assistant text inside an open text block.
+    #[serde(rename = "text.delta")]
+    TextDelta(TextDelta),
+    /// A piece of reasoning inside an open thinking block.
+    #[serde(rename = "thinking.delta")]
+    ThinkingDelta(TextDelta),
+    /// A piece of a tool call's input as it streams.
+    #[serde(rename = "tool.call.delta")]
+    ToolCallDelta(ToolCallDelta),
+    /// Progress output of an executing tool.
+    #[serde(rename = "tool.exec.update")]
+    ToolExecUpdate(ToolExecUpdate),
+    /// A piece of an artifact (file, diff, image) being produced.
+    #[serde(rename = "artifact.delta")]
+    ArtifactDelta(ArtifactDelta),
+}
+
+impl EventBody {
+    /// The single place that decides bracket vs delta. Exhaustive on purpose: a new kind must
+    /// be classified here before it compiles.
+    pub fn class(&self) -> EventClass {
+        match self {
+            EventBody::RunStart(_)
+            | EventBody::RunEnd(_)
+            | EventBody::UserText(_)
+            | EventBody::TextStart(_)
+            | EventBody::TextEnd(_)
+            | EventBody::ThinkingStart(_)
+            | EventBody::ThinkingEnd(_)
+            | EventBody::ToolCallStart(_)
+            | EventBody::ToolCallEnd(_)
+            | EventBody::ToolExecStart(_)
+            | EventBody::ToolExecEnd(_)
+            | EventBody::PermissionRequest(_)
+            | EventBody::PermissionResolved(_)
+            | EventBody::Usage(_)
+            | EventBody::SessionBound(_)
+            | EventBody::SessionForked(_)
+            | EventBody::Warning(_)
+            | EventBody::Error(_) => EventClass::Bracket,
+            EventBody::TextDelta(_)
+            | EventBody::ThinkingDelta(_)
+            | EventBody::ToolCallDelta(_)
+            | EventBody::ToolExecUpdate(_)
+            | EventBody::ArtifactDelta(_) => EventClass::Delta,
+        }
+    }
+
+    /// The `"k"` discriminator of this body.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            EventBody::RunStart(_) => "run.start",
+            EventBody::RunEnd(_) => "run.end",
+            EventBody::UserText(_) => "user.text",
+            EventBody::TextStart(_) => "text.start",
+            EventBody::TextEnd(_) => "text.end",
+            EventBody::ThinkingStart(_) => "thinking.start",
+            EventBody::ThinkingEnd(_) => "thinking.end",
+            EventBody::ToolCallStart(_) => "tool.call.start",
+            EventBody::ToolCallEnd(_) => "tool.call.end",
+            EventBody::ToolExecStart(_) => "tool.exec.start",
+            EventBody::ToolExecEnd(_) => "tool.exec.end",
+            EventBody::PermissionRequest(_) => "permission.request",
+            EventBody::PermissionResolved(_) => "permission.resolved",
+            EventBody::Usage(_) => "usage",
+            EventBody::SessionBound(_) => "session.bound",
+            EventBody::SessionForked(_) => "session.forked",
+            EventBody::Warning(_) => "warning",
+            EventBody::Error(_) => "error",
+            EventBody::TextDelta(_) => "text.delta",
+            EventBody::ThinkingDelta(_) => "thinking.delta",
+            EventBody::ToolCallDelta(_) => "tool.call.delta",
+            EventBody::ToolExecUpdate(_) => "tool.exec.update",
+            EventBody::ArtifactDelta(_) => "artifact.delta",
+        }
+    }
+}
+
+impl Event {
+    pub fn new(session_id: impl Into<String>, run_id: Option<String>, body: EventBody) -> Self {
+        Event {
+            session_id: session_id.into(),
+            run_id,
+            body,
+        }
+    }
+
+    pub fn class(&self) -> EventClass {
+        self.body.class()
+    }
+
+    pub fn is_bracket(&self) -> bool {
+        self.class() == EventClass::Bracket
+    }
+
+    pub fn kind(&self) -> &'static str {
+        self.body.kind()
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RunStart {
+    /// The agent family or registered agent name running this turn.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RunEnd {
+    pub state: RunState,
+    /// Present when `state` is not `completed`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub category: Option<ErrorCategory>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct UserText {
+    pub text: String,
+    /// The client's idempotency key for the prompt, if it sent one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_msg_id: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BlockStart {
+    /// Identifies the block so its deltas and end can be matched to it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub item_id: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BlockEnd {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub item_id: Option<String>,
+    /// The whole text of the block, so history needs no deltas.
+    pub text: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TextDelta {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub item_id: Option<String>,
+    pub text: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ToolCallStart {
+    pub call_id: String,
+    pub name: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ToolCallEnd {
+    pub call_id: String,
+    pub name: String,
+    /// The complete tool input.
+    #[serde(default)]
+    pub input: Value,
+}
+
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ToolCallDelta {
+    pub call_id: String,
+    /// A fragment of the input JSON as the model streams it.
+    pub delta: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ToolExecStart {
+    pub call_id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ToolExecUpdate {
+    pub call_id: String,
+    pub output: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ToolExecEnd {
+    pub call_id: String,
+    /// The tool's final output.
+    pub output: String,
+    #[serde(default)]
+    pub is_error: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PermissionRequest {
+    pub request_id: String,
+    pub tool: String,
+    #[serde(default)]
+    pub input: Value,
+    /// The choices the agent offers (e.g. allow once, allow always, deny).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub options: Vec<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PermissionResolved {
+    pub request_id: String,
+    /// The option chosen, e.g. `allow`, `deny`.
+    pub decision: String,
+    /// Who decided: a subscriber id, `policy`, or `timeout`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub by: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Usage {
+    #[serde(default)]
+    pub input_tokens: u64,
+    #[serde(default)]
+    pub output_tokens: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cached_input_tokens: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cost_usd: Option<f64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SessionBound {
+    pub native_session_id: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SessionForked {
+    pub parent_session_id: String,
+    /// Why the host forked instead of resuming (foreign writer, changed file, never owned).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Notice {
+    /// A stable machine-readable code, e.g. `followup_dropped`.
+    pub code: String,
+    pub message: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ErrorNotice {
+    pub category: ErrorCategory,
+    pub message: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ArtifactDelta {
+    pub artifact_id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mime: Option<String>,
+    pub data: String,
+}
+
+/// An event read back from history or from a peer, which may be of a kind this build does not
+/// know. Unknown kinds keep their raw JSON so they can be passed on untouched.
+#[derive(Debug, Clone, PartialEq)]
+pub enum AnyEvent {
+    Known(Event),
+    Unknown { k: String, raw: Value },
+}
+
+/// Why a JSON value is not an event at all (as opposed to an event of an unknown kind).
+#[derive(Debug, thiserror::Error)]
+pub enum EventParseError {
+    #[error("event JSON is not an object with a string \"k\"")]
+    NoKind,
+    #[error("event of kind {kind:?} is malformed: {source}")]
+    Malformed {
+        kind: String,
+        #[source]
+        source: serde_json::Error,
+    },
+}
+
+/// Every kind this build knows, in declaration order.
+pub const KNOWN_KINDS: &[&str] = &[
+    "run.start",
+    "run.end",
+    "user.text",
+    "text.start",
+    "text.end",
+    "thinking.start",
+    "thinking.end",
+    "tool.call.start",
+    "tool.call.end",
+    "tool.exec.start",
+    "tool.exec.end",
+    "permission.request",
+    "permission.resolved",
+    "usage",
+    "session.bound",
+    "session.forked",
+    "warning",
+    "error",
+    "text.delta",
+    "thinking.delta",
+    "tool.call.delta",
+    "tool.exec.update",
+    "artifact.delta",
+];
+
+impl AnyEvent {
+    /// Parse a JSON value; a well-formed object of an unknown kind is `Unknown`, not an error.
+    pub fn from_value(value: Value) -> Result<AnyEvent, EventParseError> {
+        let kind = value
+            .get("k")
+            .and_then(Value::as_str)
+            .ok_or(EventParseError::NoKind)?
+            .to_owned();
+        if !KNOWN_KINDS.contains(&kind.as_str()) {
+            return Ok(AnyEvent::Unknown { k: kind, raw: value });
+        }
+        serde_json::from_value(value)
+            .map(AnyEvent::Known)
+            .map_err(|source| EventParseError::Malformed { kind, source })
+    }
+
+    pub fn from_json(text: &str) -> Result<AnyEvent, EventParseError> {
+        let value: Value = serde_json::from_str(text).map_err(|source| EventParseError::Malformed {
+            kind: String::new(),
+            source,
+        })?;
+        AnyEvent::from_value(value)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn samples() -> Vec<Event> {
+        let s = "s1".to_owned();
+        let r = Some("r1".to_owned());
+        let bodies = vec![
+            EventBody::RunStart(RunStart {
+                agent: Some("claude".into()),
+                model: None,
+            }),
+            EventBody::RunEnd(RunEnd {
+                state: RunState::Failed,
+                category: Some(ErrorCategory::RateLimited),
+                message: Some("slow down".into()),
+            }),
+            EventBody::UserText(UserText {
+                text: "hi".into(),
+                client_msg_id: Some("c1".into()),
+            }),
+            EventBody::TextStart(BlockStart::default()),
+            EventBody::TextEnd(BlockEnd {
+                item_id: None,
+                text: "hello".into(),
+            }),
+            EventBody::ThinkingStart(BlockStart::default()),
+            EventBody::ThinkingEnd(BlockEnd::default()),
+            EventBody::ToolCallStart(ToolCallStart {
+                call_id: "t".into(),
+                name: "Bash".into(),
+            }),
+            EventBody::ToolCallEnd(ToolCallEnd {
+                call_id: "t".into(),
+                name: "Bash".into(),
+                input: json!({"command": "ls"}),
+            }),
+            EventBody::ToolExecStart(ToolExecStart::default()),
+            EventBody::ToolExecEnd(ToolExecEnd {
+                call_id: "t".into(),
+                output: "a\nb".into(),
+                is_error: false,
+            }),
+            EventBody::PermissionRequest(PermissionRequest {
+                request_id: "p".into(),
+                tool: "Bash".into(),
+                input: json!({}),
+                options: vec!["allow".into(), "deny".into()],
+            }),
+            EventBody::PermissionResolved(PermissionResolved::default()),
+            EventBody::Usage(Usage {
+                input_tokens: 3,
+                output_tokens: 4,
+                cached_input_tokens: None,
+                cost_usd: Some(0.5),
+            }),
+            EventBody::SessionBound(SessionBound {
+                native_session_id: "n".into(),
+            }),
+            EventBody::SessionForked(SessionForked::default()),
+            EventBody::Warning(Notice::default()),
+            EventBody::Error(ErrorNotice {
+                category: ErrorCategory::AgentFailed,
+                message: "boom".into(),
+            }),
+            EventBody::TextDelta(TextDelta::default()),
+            EventBody::ThinkingDelta(TextDelta::default()),
+            EventBody::ToolCallDelta(ToolCallDelta::default()),
+            EventBody::ToolExecUpdate(ToolExecUpdate::default()),
+            EventBody::ArtifactDelta(ArtifactDelta::default()),
+        ];
+        bodies
+            .into_iter()
+            .map(|b| Event::new(s.clone(), r.clone(), b))
+            .collect()
+    }
+
+    #[test]
+    fn every_kind_round_trips_and_is_listed() {
+        let events = samples();
+        assert_eq!(events.len(), KNOWN_KINDS.len());
+        for (event, kind) in events.iter().zip(KNOWN_KINDS) {
+            let text = serde_json::to_string(event).unwrap();
+            let value: Value = serde_json::from_str(&text).unwrap();
+            assert_eq!(value["k"], *kind, "{text}");
+            assert_eq!(event.kind(), *kind);
+            assert_eq!(value["sessionId"], "s1");
+            assert_eq!(value["runId"], "r1");
+            let back: Event = serde_json::from_str(&text).unwrap();
+            assert_eq!(&back, event);
+            assert_eq!(AnyEvent::from_json(&text).unwrap(), AnyEvent::Known(back));
+        }
+    }
+
+    #[test]
+    fn exactly_five_delta_kinds() {
+        let deltas: Vec<_> = samples()
+            .into_iter()
+            .filter(|e| e.class() == EventClass::Delta)
+            .map(|e| e.kind())
+            .collect();
+        assert_eq!(
+            deltas,
+            [
+                "text.delta",
+                "thinking.delta",
+                "tool.call.delta",
+                "tool.exec.update",
+                "artifact.delta"
+            ]
+        );
+    }
+
+    #[test]
+    fn fields_are_camel_case_and_flat() {
+        let e = Event::new(
+            "s",
+            None,
+            EventBody::ToolExecEnd(ToolExecEnd {
+                call_id: "c".into(),
+                output: "o".into(),
+                is_error: true,
+            }),
+        );
+        let v = serde_json::to_value(&e).unwrap();
+        assert_eq!(
+            v,
+            json!({"k":"tool.exec.end","sessionId":"s","callId":"c","output":"o","isError":true})
+        );
+    }
+
+    #[test]
+    fn unknown_kind_is_kept_not_fatal() {
+        let raw = json!({"k": "hologram.start", "sessionId": "s", "beam": 3});
+        match AnyEvent::from_value(raw.clone()).unwrap() {
+            AnyEvent::Unknown { k, raw: kept } => {
+                assert_eq!(k, "hologram.start");
+                assert_eq!(kept, raw);
+            }
+            other => panic!("expected unknown, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn not_an_event_and_malformed_known_kind_are_errors() {
+        assert!(matches!(
+            AnyEvent::from_value(json!([1, 2])),
+            Err(EventParseError::NoKind)
+        ));
+        assert!(matches!(
+            AnyEvent::from_value(json!({"k": "text.end", "sessionId": "s"})),
+            Err(EventParseError::Malformed { .. })
+        ));
+    }
+}

@@ -1,0 +1,8 @@
+//! Pure contracts shared by every layer: the command envelope with its error codes, and the
+//! canonical events. No I/O and no tokio here; `protocol` depends on nothing else in the crate.
+
+pub mod envelope;
+pub mod events;
+
+pub use envelope::{Command, ErrorCode, Reply, RequestError, Route};
+pub use events::{AnyEvent, Event, EventBody, EventClass};

@@ -1,0 +1,58 @@
+//! Schema and migrations. `schema.sql` at the repository root is the whole current schema; it
+//! is embedded here and applied when `PRAGMA user_version` is 0. Each later version appends a
+//! step to [`MIGRATIONS`]; a database from a newer build is refused rather than guessed at.
+
+use rusqlite::Connection;
+
+use super::{StoreError, StoreResult};
+
+/// The schema version this build writes.
+pub const SCHEMA_VERSION: i64 = 1;
+
+/// Migration `i` takes a database from version `i` to `i + 1`.
+const MIGRATIONS: &[&str] = &[include_str!("../../schema.sql")];
+
+pub(super) fn migrate(conn: &mut Connection) -> StoreResult<()> {
+    let found: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0))?;
+    if found > SCHEMA_VERSION {
+        return Err(StoreError::TooNew {
+            found,
+            supported: SCHEMA_VERSION,
+        });
+    }
+    for (index, step) in MIGRATIONS.iter().enumerate().skip(usize::try_from(found).unwrap_or(0)) {
+        let tx = conn.transaction()?;
+        tx.execute_batch(step)?;
+        tx.pragma_update(None, "user_version", index as i64 + 1)?;
+        tx.commit()?;
+        tracing::info!(version = index + 1, "store schema migrated");
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn migrates_once_and_refuses_newer() {
+        let mut conn = Connection::open_in_memory().unwrap();
+        migrate(&mut conn).unwrap();
+        migrate(&mut conn).unwrap();
+        let v: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0)).unwrap();
+        assert_eq!(v, SCHEMA_VERSION);
+        assert_eq!(MIGRATIONS.len() as i64, SCHEMA_VERSION);
+        for table in ["sessions", "messages", "runs", "subscribers", "session_baselines", "agents"] {
+            let n: i64 = conn
+                .query_row(
+                    "SELECT count(*) FROM sqlite_master WHERE type='table' AND name=?1",
+                    [table],
+                    |r| r.get(0),
+                )
+                .unwrap();
+            assert_eq!(n, 1, "{table}");
+        }
+        conn.pragma_update(None, "user_version", 99).unwrap();
+        assert!(matches!(migrate(&mut conn), Err(StoreError::TooNew { found: 99, .. })));
+    }
+}
