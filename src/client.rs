@@ -41,13 +41,19 @@ pub fn parse_argv(input: &str, params: Option<&str>) -> Result<(Command, Value),
             ));
         }
         serde_json::from_str::<Value>(input).map_err(|e| {
-            RequestError::new(ErrorCode::InvalidJson, format!("request is not valid JSON: {e}"))
+            RequestError::new(
+                ErrorCode::InvalidJson,
+                format!("request is not valid JSON: {e}"),
+            )
         })?
     } else {
         let params = match params {
             None => Value::Null,
             Some(text) => serde_json::from_str(text).map_err(|e| {
-                RequestError::new(ErrorCode::InvalidJson, format!("params are not valid JSON: {e}"))
+                RequestError::new(
+                    ErrorCode::InvalidJson,
+                    format!("params are not valid JSON: {e}"),
+                )
             })?,
         };
         json!({"command": input, "params": params})
@@ -270,7 +276,8 @@ async fn start_detached(config: &Config) -> Reply {
         return start_failed("the host's stdout was not captured".to_owned());
     };
     let mut line = String::new();
-    let read = tokio::time::timeout(START_TIMEOUT, BufReader::new(stdout).read_line(&mut line)).await;
+    let read =
+        tokio::time::timeout(START_TIMEOUT, BufReader::new(stdout).read_line(&mut line)).await;
     match read {
         Ok(Ok(n)) if n > 0 => match serde_json::from_str::<Reply>(line.trim_end()) {
             Ok(reply) => {
@@ -308,7 +315,10 @@ pub fn is_detached_host() -> bool {
 /// `host.start {"foreground": true}`: run the host in this process until a signal or
 /// `host.shutdown`. `on_ready` gets the success reply once the host answers on IPC; the
 /// returned reply is the final outcome (an error if the host could not start).
-pub async fn run_foreground(config: Config, on_ready: impl FnOnce(Reply) + Send + 'static) -> Reply {
+pub async fn run_foreground(
+    config: Config,
+    on_ready: impl FnOnce(Reply) + Send + 'static,
+) -> Reply {
     let (ready_tx, ready_rx) = tokio::sync::oneshot::channel::<daemon::Ready>();
     let announcer = tokio::spawn(async move {
         if let Ok(ready) = ready_rx.await {
@@ -327,8 +337,12 @@ pub async fn run_foreground(config: Config, on_ready: impl FnOnce(Reply) + Send 
             },
             json!({"pid": pid}),
         ),
-        Err(DaemonError::Config(e)) => Reply::error(ErrorCode::HomeUnusable, e.to_string(), Value::Null),
-        Err(DaemonError::Store(e)) => Reply::error(ErrorCode::StoreFailed, e.to_string(), Value::Null),
+        Err(DaemonError::Config(e)) => {
+            Reply::error(ErrorCode::HomeUnusable, e.to_string(), Value::Null)
+        }
+        Err(DaemonError::Store(e)) => {
+            Reply::error(ErrorCode::StoreFailed, e.to_string(), Value::Null)
+        }
         Err(e) => start_failed(e.to_string()),
     }
 }

@@ -118,7 +118,11 @@ impl Config {
 }
 
 fn create_private_dir(dir: &Path) -> io::Result<()> {
-    match fs::DirBuilder::new().recursive(true).mode(0o700).create(dir) {
+    match fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+    {
         Ok(()) => {}
         Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
         Err(e) => return Err(e),
@@ -162,7 +166,10 @@ mod tests {
         fs::set_permissions(&home, fs::Permissions::from_mode(0o755)).unwrap();
         let config = Config::with_home(&home).unwrap();
         config.ensure_home().unwrap();
-        assert_eq!(fs::metadata(&home).unwrap().permissions().mode() & 0o777, 0o700);
+        assert_eq!(
+            fs::metadata(&home).unwrap().permissions().mode() & 0o777,
+            0o700
+        );
         assert!(config.logs_dir().is_dir());
     }
 

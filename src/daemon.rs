@@ -24,10 +24,12 @@ use crate::session::SessionManager;
 use crate::store::{Store, StoreError};
 
 /// What a started host reports to whoever started it.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct Ready {
     pub info: LockInfo,
     pub ipc_path: PathBuf,
+    /// The host's bus, for code embedding the host in its own process (tests, benchmarks).
+    pub bus: Bus,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -100,6 +102,7 @@ async fn serve(
     let _receiver_gone = ready.send(Ready {
         info: lock.info().clone(),
         ipc_path: ipc_path.clone(),
+        bus: bus.clone(),
     });
     tracing::info!(ipc = %ipc_path.display(), "host ready");
 
@@ -114,7 +117,10 @@ async fn serve(
         tracing::error!(error = %e, "IPC task failed");
     }
     tracker.close();
-    if tokio::time::timeout(DRAIN_GRACE, tracker.wait()).await.is_err() {
+    if tokio::time::timeout(DRAIN_GRACE, tracker.wait())
+        .await
+        .is_err()
+    {
         tracing::warn!("IPC requests still running after the grace period; abandoning them");
     }
     // 2. Adapters: none yet.
@@ -123,12 +129,7 @@ async fn serve(
     bus_tasks.shutdown().await;
     // 4. Store: the writer drains and commits, then both threads exit.
     drop(store);
-    if tokio::task::spawn_blocking(move || store_threads.join())
-        .await
-        .is_err()
-    {
-        tracing::error!("joining the store threads failed");
-    }
+    store_threads.shutdown().await;
     tracing::info!("host stopped");
     // 5. The lock goes last: a new host can start only once this one has fully let go.
     drop(lock);

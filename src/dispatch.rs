@@ -9,9 +9,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::instance::LockInfo;
 use crate::protocol::envelope::{Command, ErrorCode, Reply, SessionHistoryParams};
-use crate::session::{
-    DEFAULT_HISTORY_LIMIT, NewSession, SessionError, SessionManager,
-};
+use crate::session::{DEFAULT_HISTORY_LIMIT, NewSession, SessionError, SessionManager};
 use crate::store::StoredEvent;
 
 /// Serves commands inside the live host.
@@ -33,7 +31,11 @@ impl Dispatcher {
 
     pub async fn handle(&self, command: Command) -> Reply {
         if self.shutdown.is_cancelled() && !matches!(command, Command::HostStatus) {
-            return Reply::error(ErrorCode::ShuttingDown, "the host is shutting down", Value::Null);
+            return Reply::error(
+                ErrorCode::ShuttingDown,
+                "the host is shutting down",
+                Value::Null,
+            );
         }
         match command {
             Command::HostStart(_) => Reply::error(
@@ -133,9 +135,11 @@ fn history_entry(e: StoredEvent) -> Value {
 fn session_error(e: SessionError) -> Reply {
     let message = e.to_string();
     match e {
-        SessionError::NotFound(id) => {
-            Reply::error(ErrorCode::SessionNotFound, message, json!({"session_id": id}))
-        }
+        SessionError::NotFound(id) => Reply::error(
+            ErrorCode::SessionNotFound,
+            message,
+            json!({"session_id": id}),
+        ),
         SessionError::CwdNotFound { path, .. } => {
             Reply::error(ErrorCode::CwdNotFound, message, json!({"cwd": path}))
         }

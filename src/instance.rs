@@ -83,7 +83,9 @@ impl InstanceLock {
                     let holder = read_lock_info(path).map(|i| i.pid);
                     let live = holder.filter(|pid| pid_alive(*pid) && *pid != std::process::id());
                     if live.is_some() || Instant::now() >= deadline {
-                        return Err(InstanceError::AlreadyRunning { pid: live.or(holder) });
+                        return Err(InstanceError::AlreadyRunning {
+                            pid: live.or(holder),
+                        });
                     }
                     // The holder has just locked and not yet written, or is a short-lived
                     // prober: look again shortly.

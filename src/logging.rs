@@ -14,11 +14,11 @@ pub fn init_host_logging(config: &Config, also_stderr: bool) -> Option<WorkerGua
     let file = tracing_appender::rolling::never(config.logs_dir(), "host.log");
     let (file, guard) = tracing_appender::non_blocking(file);
     let filter = EnvFilter::try_new(&config.log_level).unwrap_or_else(|_| EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_ansi(false);
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(false);
     let installed = if also_stderr {
-        builder
-            .with_writer(file.and(std::io::stderr))
-            .try_init()
+        builder.with_writer(file.and(std::io::stderr)).try_init()
     } else {
         builder.with_writer(file).try_init()
     };
@@ -27,7 +27,8 @@ pub fn init_host_logging(config: &Config, also_stderr: bool) -> Option<WorkerGua
 
 /// For CLI invocations: warnings and errors to stderr only, stdout stays one JSON line.
 pub fn init_cli_logging() {
-    let filter = EnvFilter::try_from_env("AGENT_HOST_LOG").unwrap_or_else(|_| EnvFilter::new("warn"));
+    let filter =
+        EnvFilter::try_from_env("AGENT_HOST_LOG").unwrap_or_else(|_| EnvFilter::new("warn"));
     let _already_set = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)

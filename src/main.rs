@@ -21,7 +21,9 @@ struct Cli {
 }
 
 fn commands_help() -> String {
-    let mut text = String::from("Commands (route: local runs here, ipc needs the host, hybrid falls back to the lock file):\n");
+    let mut text = String::from(
+        "Commands (route: local runs here, ipc needs the host, hybrid falls back to the lock file):\n",
+    );
     for spec in COMMANDS {
         text.push_str(&format!(
             "  {:<16} [{}] {}\n  {:<16}        params {}\n",
@@ -66,7 +68,11 @@ fn main() -> anyhow::Result<ExitCode> {
     let config = match Config::from_env() {
         Ok(config) => config,
         Err(e) => {
-            let reply = Reply::error(ErrorCode::HomeUnusable, e.to_string(), serde_json::Value::Null);
+            let reply = Reply::error(
+                ErrorCode::HomeUnusable,
+                e.to_string(),
+                serde_json::Value::Null,
+            );
             print_reply(&reply);
             return Ok(exit_code(&reply));
         }
@@ -76,8 +82,10 @@ fn main() -> anyhow::Result<ExitCode> {
         .build()?;
     let reply = match command {
         Command::HostStart(params) if params.foreground => {
-            let _guard = agent_host::logging::init_host_logging(&config, !client::is_detached_host());
-            let reply = runtime.block_on(client::run_foreground(config, |ready| print_reply(&ready)));
+            let _guard =
+                agent_host::logging::init_host_logging(&config, !client::is_detached_host());
+            let reply =
+                runtime.block_on(client::run_foreground(config, |ready| print_reply(&ready)));
             // Success was announced when the host became ready; only a failure is printed now.
             if !reply.is_ok() {
                 print_reply(&reply);

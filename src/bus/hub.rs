@@ -187,7 +187,8 @@ impl Hub {
                 // Not durable, so not published: fail every bracket's receipt, drop the batch.
                 for p in batch {
                     if let Some(ack) = p.ack {
-                        let _publisher_gone = ack.send(Err(BusError::CommitFailed(message.clone())));
+                        let _publisher_gone =
+                            ack.send(Err(BusError::CommitFailed(message.clone())));
                     }
                 }
                 return;
@@ -223,5 +224,123 @@ impl Hub {
         for id in gone {
             self.slots.remove(&id);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn prepared(kind: &'static str, is_delta: bool) -> Prepared {
+        Prepared {
+            delivery: Delivery {
+                sequence_id: 0,
+                message_id: format!("{kind}-{}", uuid::Uuid::new_v4()).into(),
+                session_id: "s".into(),
+                run_id: None,
+                kind: kind.into(),
+                is_delta,
+                json: "{}".into(),
+            },
+            kind,
+            created_at: 0,
+            ack: None,
+        }
+    }
+
+    /// A batch whose brackets were committed with the given ids.
+    fn committed(batch: Vec<Prepared>, seqs: Vec<i64>) -> HubCmd {
+        let (tx, rx) = oneshot::channel();
+        tx.send(Ok(seqs)).unwrap();
+        HubCmd::Batch {
+            batch,
+            commit: Some(Ok(rx)),
+        }
+    }
+
+    async fn register(
+        hub: &mpsc::Sender<HubCmd>,
+        capacity: usize,
+    ) -> (SlotId, mpsc::Receiver<QueueItem>) {
+        let (tx, rx) = mpsc::channel(capacity);
+        let (reply, registered) = oneshot::channel();
+        hub.send(HubCmd::Register {
+            tx,
+            filter: SessionFilter::All,
+            forward_deltas: true,
+            reply,
+        })
+        .await
+        .unwrap();
+        (registered.await.unwrap().id, rx)
+    }
+
+    async fn rejoin(hub: &mpsc::Sender<HubCmd>, slot: SlotId, position: i64) -> i64 {
+        let (reply, answer) = oneshot::channel();
+        hub.send(HubCmd::Rejoin {
+            slot,
+            position,
+            reply,
+        })
+        .await
+        .unwrap();
+        answer.await.unwrap()
+    }
+
+    fn drain(rx: &mut mpsc::Receiver<QueueItem>) -> Vec<(i64, bool)> {
+        let mut out = Vec::new();
+        while let Ok(item) = rx.try_recv() {
+            match item {
+                QueueItem::Event(d) => out.push((d.sequence_id, d.is_delta)),
+                QueueItem::Lagged => out.push((-1, false)),
+            }
+        }
+        out
+    }
+
+    /// The subscriber read SQLite further than the hub has fanned out (a commit landed but its
+    /// batch had not reached the hub yet). Those brackets must not arrive twice, and deltas
+    /// that precede them must not arrive after them.
+    #[tokio::test]
+    async fn rejoin_ahead_of_the_hub_skips_what_was_read() {
+        let (hub, rx) = mpsc::channel(16);
+        let task = tokio::spawn(run(rx, 3));
+        let (slot, mut queue) = register(&hub, 64).await;
+        assert_eq!(rejoin(&hub, slot, 5).await, 3);
+        let batch = vec![
+            prepared("text.start", false),
+            prepared("text.delta", true),
+            prepared("text.end", false),
+            prepared("text.delta", true),
+            prepared("text.start", false),
+            prepared("text.delta", true),
+        ];
+        hub.send(committed(batch, vec![4, 5, 6])).await.unwrap();
+        hub.send(HubCmd::IngestClosed).await.unwrap();
+        task.await.unwrap();
+        assert_eq!(drain(&mut queue), vec![(5, true), (6, false), (6, true)]);
+    }
+
+    #[tokio::test]
+    async fn full_queue_drops_deltas_and_marks_lag_on_a_bracket() {
+        let (hub, rx) = mpsc::channel(16);
+        let task = tokio::spawn(run(rx, 0));
+        let (slot, mut queue) = register(&hub, 4).await; // room for 3 + the marker
+        rejoin(&hub, slot, 0).await;
+        let batch = vec![
+            prepared("text.start", false),
+            prepared("text.delta", true),
+            prepared("text.delta", true),
+            prepared("text.delta", true), // dropped: only the marker's slot is left
+            prepared("text.end", false),  // does not fit: lag marker
+            prepared("text.start", false), // not sent: the slot left live delivery
+        ];
+        hub.send(committed(batch, vec![1, 2, 3])).await.unwrap();
+        hub.send(HubCmd::IngestClosed).await.unwrap();
+        task.await.unwrap();
+        assert_eq!(
+            drain(&mut queue),
+            vec![(1, false), (1, true), (1, true), (-1, false)]
+        );
     }
 }

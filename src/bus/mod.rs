@@ -164,7 +164,12 @@ impl BusTasks {
             tracing::error!(error = %e, "bus hub task failed");
         }
         let (done, wait) = oneshot::channel();
-        if self.cursors_tx.send(cursors::CursorCmd::Stop(done)).await.is_ok() {
+        if self
+            .cursors_tx
+            .send(cursors::CursorCmd::Stop(done))
+            .await
+            .is_ok()
+        {
             let _stopped = wait.await;
         }
         if let Err(e) = self.cursors.await {
@@ -181,7 +186,12 @@ impl Bus {
         let (hub_tx, hub_rx) = mpsc::channel(IN_FLIGHT_BATCHES);
         let (close_tx, close_rx) = oneshot::channel();
         let (cursors_tx, cursors_rx) = mpsc::channel(1024);
-        let ingest = tokio::spawn(ingest_loop(ingest_rx, close_rx, store.clone(), hub_tx.clone()));
+        let ingest = tokio::spawn(ingest_loop(
+            ingest_rx,
+            close_rx,
+            store.clone(),
+            hub_tx.clone(),
+        ));
         let hub = tokio::spawn(hub::run(hub_rx, last_seq));
         let cursors = tokio::spawn(cursors::run(cursors_rx, store.clone()));
         Ok((

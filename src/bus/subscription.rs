@@ -97,7 +97,11 @@ impl Subscription {
                     }
                     Some(QueueItem::Lagged) => {
                         self.catch_ups += 1;
-                        tracing::debug!(slot = self.slot, from = self.last_bracket, "subscriber lagged; catching up from the store");
+                        tracing::debug!(
+                            slot = self.slot,
+                            from = self.last_bracket,
+                            "subscriber lagged; catching up from the store"
+                        );
                         self.mode = Mode::CatchingUp {
                             position: self.last_bracket,
                             fill_to: None,
@@ -116,8 +120,11 @@ impl Subscription {
                         // Nothing else matches up to the snapshot (or up to `fill_to`).
                         next = next.max(fill_to.unwrap_or(page.snapshot_max));
                     }
-                    self.buffer
-                        .extend(page.events.into_iter().map(|e| Arc::new(Delivery::from_stored(e))));
+                    self.buffer.extend(
+                        page.events
+                            .into_iter()
+                            .map(|e| Arc::new(Delivery::from_stored(e))),
+                    );
                     self.mode = match (short, fill_to) {
                         (false, _) => Mode::CatchingUp {
                             position: next,

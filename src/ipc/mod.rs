@@ -128,7 +128,11 @@ pub async fn serve(
 }
 
 /// Serve one request on one connection: read a line, dispatch, write a line.
-pub async fn serve_connection<S>(stream: S, dispatcher: &Dispatcher, limits: Limits) -> io::Result<()>
+pub async fn serve_connection<S>(
+    stream: S,
+    dispatcher: &Dispatcher,
+    limits: Limits,
+) -> io::Result<()>
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
@@ -150,7 +154,10 @@ where
 }
 
 /// Read one request line (without its newline) within the limits.
-pub async fn read_request<R: AsyncRead + Unpin>(read: R, limits: Limits) -> Result<Vec<u8>, RequestError> {
+pub async fn read_request<R: AsyncRead + Unpin>(
+    read: R,
+    limits: Limits,
+) -> Result<Vec<u8>, RequestError> {
     let mut reader = BufReader::new(read.take(limits.max_request as u64 + 1));
     let mut buf = Vec::new();
     let read = tokio::time::timeout(limits.read_timeout, reader.read_until(b'\n', &mut buf)).await;
@@ -199,13 +206,15 @@ pub async fn request(path: &Path, envelope: &Value, timeout: Duration) -> Result
         })?;
     let exchange = async {
         let (read, mut write) = tokio::io::split(stream);
-        let mut line = serde_json::to_string(envelope).map_err(|e| IpcError::BadReply(e.to_string()))?;
+        let mut line =
+            serde_json::to_string(envelope).map_err(|e| IpcError::BadReply(e.to_string()))?;
         line.push('\n');
         write.write_all(line.as_bytes()).await?;
         let mut reader = BufReader::new(read.take(64 * 1024 * 1024));
         let mut reply = String::new();
         reader.read_line(&mut reply).await?;
-        serde_json::from_str::<Reply>(reply.trim_end()).map_err(|e| IpcError::BadReply(e.to_string()))
+        serde_json::from_str::<Reply>(reply.trim_end())
+            .map_err(|e| IpcError::BadReply(e.to_string()))
     };
     tokio::time::timeout(timeout, exchange)
         .await

@@ -135,7 +135,9 @@ impl ErrorCode {
             ErrorCode::RequestTimeout => "no complete request line within the time limit (5 s)",
             ErrorCode::EmptyRequest => "the connection sent an empty line or closed without one",
             ErrorCode::InvalidEncoding => "the request is not UTF-8",
-            ErrorCode::WrongRoute => "the command is not served on this route (e.g. `host.start` over IPC)",
+            ErrorCode::WrongRoute => {
+                "the command is not served on this route (e.g. `host.start` over IPC)"
+            }
             ErrorCode::AlreadyRunning => "a host already holds the lock; `data.pid` is its pid",
             ErrorCode::HostNotRunning => "the command needs a live host and none answers",
             ErrorCode::HostStartFailed => "the host process did not come up; see `logs/`",
@@ -152,7 +154,10 @@ impl ErrorCode {
     }
 
     pub fn from_number(number: i32) -> Option<ErrorCode> {
-        ErrorCode::ALL.iter().copied().find(|c| c.number() == number)
+        ErrorCode::ALL
+            .iter()
+            .copied()
+            .find(|c| c.number() == number)
     }
 }
 
@@ -386,16 +391,27 @@ impl Command {
         if bytes.len() > MAX_REQUEST_BYTES {
             return Err(RequestError::new(
                 ErrorCode::RequestTooLarge,
-                format!("request is {} bytes, the limit is {MAX_REQUEST_BYTES}", bytes.len()),
+                format!(
+                    "request is {} bytes, the limit is {MAX_REQUEST_BYTES}",
+                    bytes.len()
+                ),
             ));
         }
-        let text = std::str::from_utf8(bytes)
-            .map_err(|e| RequestError::new(ErrorCode::InvalidEncoding, format!("request is not UTF-8: {e}")))?;
+        let text = std::str::from_utf8(bytes).map_err(|e| {
+            RequestError::new(
+                ErrorCode::InvalidEncoding,
+                format!("request is not UTF-8: {e}"),
+            )
+        })?;
         if text.trim().is_empty() {
             return Err(RequestError::new(ErrorCode::EmptyRequest, "empty request"));
         }
-        let value: Value = serde_json::from_str(text)
-            .map_err(|e| RequestError::new(ErrorCode::InvalidJson, format!("request is not valid JSON: {e}")))?;
+        let value: Value = serde_json::from_str(text).map_err(|e| {
+            RequestError::new(
+                ErrorCode::InvalidJson,
+                format!("request is not valid JSON: {e}"),
+            )
+        })?;
         Command::parse_value(value)
     }
 
@@ -410,12 +426,17 @@ impl Command {
         if let Some(extra) = object.keys().find(|k| *k != "command" && *k != "params") {
             return Err(RequestError::new(
                 ErrorCode::InvalidEnvelope,
-                format!("unknown envelope field {extra:?}: only \"command\" and \"params\" are allowed"),
+                format!(
+                    "unknown envelope field {extra:?}: only \"command\" and \"params\" are allowed"
+                ),
             ));
         }
         let name = match object.remove("command") {
             None | Some(Value::Null) => {
-                return Err(RequestError::new(ErrorCode::MissingCommand, "request has no \"command\""));
+                return Err(RequestError::new(
+                    ErrorCode::MissingCommand,
+                    "request has no \"command\"",
+                ));
             }
             Some(Value::String(name)) => name,
             Some(other) => {
@@ -535,7 +556,9 @@ mod tests {
             assert_eq!(cmd.route(), spec.route);
         }
         assert_eq!(
-            Command::parse_named("session.explode", Value::Null).unwrap_err().code,
+            Command::parse_named("session.explode", Value::Null)
+                .unwrap_err()
+                .code,
             ErrorCode::UnknownCommand
         );
     }
@@ -547,12 +570,27 @@ mod tests {
         assert_eq!(code_of("{}"), ErrorCode::MissingCommand);
         assert_eq!(code_of(r#"{"command":7}"#), ErrorCode::InvalidEnvelope);
         assert_eq!(code_of(r#"{"command":"x.y"}"#), ErrorCode::UnknownCommand);
-        assert_eq!(code_of(r#"{"command":"session.get","params":[]}"#), ErrorCode::InvalidParams);
-        assert_eq!(code_of(r#"{"command":"session.get","params":{"session_id":1}}"#), ErrorCode::InvalidParams);
-        assert_eq!(code_of(r#"{"command":"session.list","params":{"x":1}}"#), ErrorCode::InvalidParams);
-        assert_eq!(code_of(r#"{"command":"session.list","extra":1}"#), ErrorCode::InvalidEnvelope);
+        assert_eq!(
+            code_of(r#"{"command":"session.get","params":[]}"#),
+            ErrorCode::InvalidParams
+        );
+        assert_eq!(
+            code_of(r#"{"command":"session.get","params":{"session_id":1}}"#),
+            ErrorCode::InvalidParams
+        );
+        assert_eq!(
+            code_of(r#"{"command":"session.list","params":{"x":1}}"#),
+            ErrorCode::InvalidParams
+        );
+        assert_eq!(
+            code_of(r#"{"command":"session.list","extra":1}"#),
+            ErrorCode::InvalidEnvelope
+        );
         assert_eq!(code_of(""), ErrorCode::EmptyRequest);
-        assert_eq!(Command::parse_bytes(&[0xff, 0xfe]).unwrap_err().code, ErrorCode::InvalidEncoding);
+        assert_eq!(
+            Command::parse_bytes(&[0xff, 0xfe]).unwrap_err().code,
+            ErrorCode::InvalidEncoding
+        );
     }
 
     #[test]

@@ -456,7 +456,10 @@ impl AnyEvent {
             .ok_or(EventParseError::NoKind)?
             .to_owned();
         if !KNOWN_KINDS.contains(&kind.as_str()) {
-            return Ok(AnyEvent::Unknown { k: kind, raw: value });
+            return Ok(AnyEvent::Unknown {
+                k: kind,
+                raw: value,
+            });
         }
         serde_json::from_value(value)
             .map(AnyEvent::Known)
@@ -464,10 +467,11 @@ impl AnyEvent {
     }
 
     pub fn from_json(text: &str) -> Result<AnyEvent, EventParseError> {
-        let value: Value = serde_json::from_str(text).map_err(|source| EventParseError::Malformed {
-            kind: String::new(),
-            source,
-        })?;
+        let value: Value =
+            serde_json::from_str(text).map_err(|source| EventParseError::Malformed {
+                kind: String::new(),
+                source,
+            })?;
         AnyEvent::from_value(value)
     }
 }

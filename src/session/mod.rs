@@ -74,7 +74,10 @@ impl SessionManager {
     }
 
     pub async fn create(&self, new: NewSession) -> Result<SessionRow, SessionError> {
-        if !AGENT_FAMILIES.iter().any(|f| f.agent_type == new.agent_type) {
+        if !AGENT_FAMILIES
+            .iter()
+            .any(|f| f.agent_type == new.agent_type)
+        {
             return Err(SessionError::UnknownAgentType(new.agent_type));
         }
         let cwd = canonical_dir(&new.cwd)?;

@@ -150,27 +150,46 @@ enum WriteCmd {
         reply: oneshot::Sender<StoreResult<Vec<i64>>>,
     },
     Exec(Job),
+    /// Finish what is queued before this, then exit.
+    Stop,
+}
+
+enum ReadCmd {
+    Job(Job),
+    Stop,
 }
 
 /// A cloneable handle to the store threads.
 #[derive(Clone)]
 pub struct Store {
     writer: mpsc::Sender<WriteCmd>,
-    reader: mpsc::Sender<Job>,
+    reader: mpsc::Sender<ReadCmd>,
 }
 
-/// The store's threads; join them after dropping every [`Store`] handle.
+/// The store's threads. [`StoreThreads::shutdown`] stops them even while [`Store`] handles
+/// are still held elsewhere; requests after that fail with [`StoreError::Closed`].
 pub struct StoreThreads {
     handles: Vec<JoinHandle<()>>,
+    writer: mpsc::Sender<WriteCmd>,
+    reader: mpsc::Sender<ReadCmd>,
 }
 
 impl StoreThreads {
-    /// Wait until both threads have drained their queues and closed their connections.
-    pub fn join(self) {
-        for handle in self.handles {
-            if handle.join().is_err() {
-                tracing::error!("a store thread panicked");
+    /// Let both threads finish what is queued, commit, close their connections and exit.
+    pub async fn shutdown(self) {
+        let _writer_gone = self.writer.send(WriteCmd::Stop).await;
+        let _reader_gone = self.reader.send(ReadCmd::Stop).await;
+        let handles = self.handles;
+        let joined = tokio::task::spawn_blocking(move || {
+            for handle in handles {
+                if handle.join().is_err() {
+                    tracing::error!("a store thread panicked");
+                }
             }
+        })
+        .await;
+        if joined.is_err() {
+            tracing::error!("joining the store threads failed");
         }
     }
 }
@@ -224,11 +243,13 @@ impl Store {
             .map_err(spawn_err)?;
         Ok((
             Store {
-                writer: writer_tx,
-                reader: reader_tx,
+                writer: writer_tx.clone(),
+                reader: reader_tx.clone(),
             },
             StoreThreads {
                 handles: vec![writer, reader],
+                writer: writer_tx,
+                reader: reader_tx,
             },
         ))
     }
@@ -275,7 +296,10 @@ impl Store {
         let job: Job = Box::new(move |conn| {
             let _ignored = tx.send(f(conn));
         });
-        self.reader.send(job).await.map_err(|_| StoreError::Closed)?;
+        self.reader
+            .send(ReadCmd::Job(job))
+            .await
+            .map_err(|_| StoreError::Closed)?;
         rx.await.map_err(|_| StoreError::Closed)?
     }
 
@@ -333,8 +357,9 @@ impl Store {
 
     pub async fn list_sessions(&self) -> StoreResult<Vec<SessionRow>> {
         self.read(|conn| {
-            let mut stmt =
-                conn.prepare_cached(&format!("{SESSION_SELECT} ORDER BY created_at DESC, id DESC"))?;
+            let mut stmt = conn.prepare_cached(&format!(
+                "{SESSION_SELECT} ORDER BY created_at DESC, id DESC"
+            ))?;
             let rows = stmt
                 .query_map([], session_from_row)?
                 .collect::<Result<Vec<_>, _>>()?;
@@ -473,7 +498,8 @@ impl Store {
 
     pub async fn list_subscribers(&self) -> StoreResult<Vec<SubscriberRow>> {
         self.read(|conn| {
-            let mut stmt = conn.prepare_cached(&format!("{SUBSCRIBER_SELECT} ORDER BY created_at"))?;
+            let mut stmt =
+                conn.prepare_cached(&format!("{SUBSCRIBER_SELECT} ORDER BY created_at"))?;
             let rows = stmt
                 .query_map([], subscriber_from_row)?
                 .collect::<Result<Vec<_>, _>>()?;
@@ -483,8 +509,10 @@ impl Store {
     }
 
     pub async fn delete_subscriber(&self, id: String) -> StoreResult<bool> {
-        self.write(move |conn| Ok(conn.execute("DELETE FROM subscribers WHERE id = ?1", [&id])? > 0))
-            .await
+        self.write(move |conn| {
+            Ok(conn.execute("DELETE FROM subscribers WHERE id = ?1", [&id])? > 0)
+        })
+        .await
     }
 
     /// Save many cursors in one transaction. A cursor only moves forward.
@@ -499,7 +527,12 @@ impl Store {
                      deltas_dropped = deltas_dropped + ?3, updated_at = ?4 WHERE id = ?1",
                 )?;
                 for c in &cursors {
-                    stmt.execute(params![c.subscriber_id, c.sequence_id, c.deltas_dropped, now])?;
+                    stmt.execute(params![
+                        c.subscriber_id,
+                        c.sequence_id,
+                        c.deltas_dropped,
+                        now
+                    ])?;
                 }
             }
             tx.commit()?;
@@ -568,8 +601,8 @@ fn subscriber_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<SubscriberRow>
     })
 }
 
-fn reader_loop(mut conn: Connection, mut rx: mpsc::Receiver<Job>) {
-    while let Some(job) = rx.blocking_recv() {
+fn reader_loop(mut conn: Connection, mut rx: mpsc::Receiver<ReadCmd>) {
+    while let Some(ReadCmd::Job(job)) = rx.blocking_recv() {
         job(&mut conn);
     }
 }
@@ -587,6 +620,7 @@ fn writer_loop(mut conn: Connection, mut rx: mpsc::Receiver<WriteCmd>) {
             },
         };
         match first {
+            WriteCmd::Stop => break,
             WriteCmd::Exec(job) => job(&mut conn),
             WriteCmd::Append { events, reply } => {
                 let mut group = vec![(events, reply)];
@@ -686,7 +720,10 @@ mod tests {
             std::fs::metadata(&path).unwrap().permissions().mode() & 0o777,
             0o600
         );
-        let a = store.append(vec![event("a", 1), event("b", 2)]).await.unwrap();
+        let a = store
+            .append(vec![event("a", 1), event("b", 2)])
+            .await
+            .unwrap();
         let b = store.append(vec![event("a", 3)]).await.unwrap();
         let a = a.await.unwrap().unwrap();
         let b = b.await.unwrap().unwrap();
@@ -704,15 +741,21 @@ mod tests {
         assert_eq!(page.events.len(), 1);
         assert_eq!(page.snapshot_max, 3);
         assert_eq!(
-            store.cursor_before_last(SessionFilter::All, 2).await.unwrap(),
+            store
+                .cursor_before_last(SessionFilter::All, 2)
+                .await
+                .unwrap(),
             1
         );
         assert_eq!(
-            store.cursor_before_last(SessionFilter::All, 10).await.unwrap(),
+            store
+                .cursor_before_last(SessionFilter::All, 10)
+                .await
+                .unwrap(),
             0
         );
         drop(store);
-        threads.join();
+        threads.shutdown().await;
     }
 
     #[tokio::test]
@@ -743,6 +786,6 @@ mod tests {
         assert_eq!(got.most_recent_sequence_id, 9);
         assert_eq!(got.deltas_dropped, 2);
         drop(store);
-        threads.join();
+        threads.shutdown().await;
     }
 }

@@ -20,7 +20,11 @@ pub(super) fn migrate(conn: &mut Connection) -> StoreResult<()> {
             supported: SCHEMA_VERSION,
         });
     }
-    for (index, step) in MIGRATIONS.iter().enumerate().skip(usize::try_from(found).unwrap_or(0)) {
+    for (index, step) in MIGRATIONS
+        .iter()
+        .enumerate()
+        .skip(usize::try_from(found).unwrap_or(0))
+    {
         let tx = conn.transaction()?;
         tx.execute_batch(step)?;
         tx.pragma_update(None, "user_version", index as i64 + 1)?;
@@ -39,10 +43,19 @@ mod tests {
         let mut conn = Connection::open_in_memory().unwrap();
         migrate(&mut conn).unwrap();
         migrate(&mut conn).unwrap();
-        let v: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0)).unwrap();
+        let v: i64 = conn
+            .query_row("PRAGMA user_version", [], |r| r.get(0))
+            .unwrap();
         assert_eq!(v, SCHEMA_VERSION);
         assert_eq!(MIGRATIONS.len() as i64, SCHEMA_VERSION);
-        for table in ["sessions", "messages", "runs", "subscribers", "session_baselines", "agents"] {
+        for table in [
+            "sessions",
+            "messages",
+            "runs",
+            "subscribers",
+            "session_baselines",
+            "agents",
+        ] {
             let n: i64 = conn
                 .query_row(
                     "SELECT count(*) FROM sqlite_master WHERE type='table' AND name=?1",
@@ -53,6 +66,9 @@ mod tests {
             assert_eq!(n, 1, "{table}");
         }
         conn.pragma_update(None, "user_version", 99).unwrap();
-        assert!(matches!(migrate(&mut conn), Err(StoreError::TooNew { found: 99, .. })));
+        assert!(matches!(
+            migrate(&mut conn),
+            Err(StoreError::TooNew { found: 99, .. })
+        ));
     }
 }

@@ -1,0 +1,497 @@
+//! The bus against a real SQLite file: ordering, fan-out, the stuck subscriber, catch-up,
+//! replay modes and cursors across a restart (issue 2, acceptance 4).
+
+use std::collections::{HashMap, HashSet};
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use agent_host::bus::{Bus, BusTasks, Delivery, Replay, SubscribeOptions, Subscription};
+use agent_host::protocol::events::{BlockEnd, BlockStart, Event, EventBody, TextDelta};
+use agent_host::store::{SessionFilter, Store, StoreThreads, SubscriberRow};
+use serde_json::Value;
+
+const WAIT: Duration = Duration::from_secs(30);
+
+struct Host {
+    store: Store,
+    threads: StoreThreads,
+    bus: Bus,
+    tasks: BusTasks,
+}
+
+async fn open(dir: &Path) -> Host {
+    let (store, threads) = Store::open(&dir.join("host.db")).unwrap();
+    let (bus, tasks) = Bus::start(store.clone()).await.unwrap();
+    Host {
+        store,
+        threads,
+        bus,
+        tasks,
+    }
+}
+
+async fn close(host: Host) {
+    drop(host.bus);
+    host.tasks.shutdown().await;
+    drop(host.store);
+    host.threads.shutdown().await;
+}
+
+fn run() -> Option<String> {
+    Some("run-1".to_owned())
+}
+
+fn start(session: &str, item: &str) -> Event {
+    Event::new(
+        session,
+        run(),
+        EventBody::TextStart(BlockStart {
+            item_id: Some(item.to_owned()),
+        }),
+    )
+}
+
+fn delta(session: &str, item: &str, text: &str) -> Event {
+    Event::new(
+        session,
+        run(),
+        EventBody::TextDelta(TextDelta {
+            item_id: Some(item.to_owned()),
+            text: text.to_owned(),
+        }),
+    )
+}
+
+fn end(session: &str, item: &str) -> Event {
+    Event::new(
+        session,
+        run(),
+        EventBody::TextEnd(BlockEnd {
+            item_id: Some(item.to_owned()),
+            text: format!("whole text of {item}"),
+        }),
+    )
+}
+
+/// A stable identity for an event, the same before publishing and after delivery.
+fn key_of_json(json: &str) -> String {
+    let v: Value = serde_json::from_str(json).unwrap();
+    format!(
+        "{}|{}|{}",
+        v["k"].as_str().unwrap(),
+        v["itemId"].as_str().unwrap_or(""),
+        if v["k"] == "text.delta" {
+            v["text"].as_str().unwrap_or("")
+        } else {
+            ""
+        }
+    )
+}
+
+fn key(event: &Event) -> String {
+    key_of_json(&serde_json::to_string(event).unwrap())
+}
+
+async fn recv(sub: &mut Subscription) -> Arc<Delivery> {
+    tokio::time::timeout(WAIT, sub.recv())
+        .await
+        .expect("timed out waiting for an event")
+        .unwrap()
+        .expect("bus closed")
+}
+
+fn subscribe_opts(filter: SessionFilter, forward_deltas: bool, replay: Replay) -> SubscribeOptions {
+    SubscribeOptions {
+        filter,
+        forward_deltas,
+        replay,
+        subscriber_id: None,
+    }
+}
+
+/// Check one subscriber's stream against what each session published:
+/// `sequence_id` never decreases, no message twice, every bracket of every followed session
+/// present, and per session the stream is an in-order subsequence of what was published.
+fn check_stream(
+    name: &str,
+    got: &[Arc<Delivery>],
+    published: &HashMap<String, Vec<(String, bool)>>,
+    filter: &SessionFilter,
+    forward_deltas: bool,
+) {
+    let mut last_seq = 0;
+    let mut seen = HashSet::new();
+    let mut per_session: HashMap<&str, Vec<(String, bool)>> = HashMap::new();
+    for d in got {
+        assert!(
+            d.sequence_id >= last_seq,
+            "{name}: sequence_id went back from {last_seq} to {}",
+            d.sequence_id
+        );
+        last_seq = d.sequence_id;
+        assert!(seen.insert(d.message_id.clone()), "{name}: duplicate {d:?}");
+        assert!(
+            filter.matches(&d.session_id),
+            "{name}: foreign session {d:?}"
+        );
+        if d.is_delta {
+            assert!(forward_deltas, "{name}: got a delta without forward_deltas");
+        }
+        per_session
+            .entry(&d.session_id)
+            .or_default()
+            .push((key_of_json(&d.json), d.is_delta));
+    }
+    for (session, expected) in published {
+        if !filter.matches(session) {
+            continue;
+        }
+        let received = per_session.remove(session.as_str()).unwrap_or_default();
+        let mut want = expected.iter();
+        for (k, _) in &received {
+            // Advance through the published list; every published bracket skipped over is a gap.
+            loop {
+                let (pk, pdelta) = want
+                    .next()
+                    .unwrap_or_else(|| panic!("{name}/{session}: {k} out of order or extra"));
+                if pk == k {
+                    break;
+                }
+                assert!(*pdelta, "{name}/{session}: bracket {pk} missing before {k}");
+            }
+        }
+        for (pk, pdelta) in want {
+            assert!(*pdelta, "{name}/{session}: bracket {pk} missing at the end");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn interleaved_sessions_reach_every_subscriber_in_order_and_the_stuck_one_catches_up() {
+    const SESSIONS: usize = 3;
+    const ROUNDS: usize = 400; // 2 brackets + 3 deltas per round: 2400 brackets in all
+    let dir = tempfile::tempdir().unwrap();
+    let host = open(dir.path()).await;
+
+    // name, filter, forward_deltas, yields per event (a slow reader keeps falling behind and
+    // catching up from SQLite while the publishers are still going).
+    let readers = [
+        ("all+deltas", SessionFilter::All, true, 0),
+        ("all", SessionFilter::All, false, 0),
+        ("s1+deltas", SessionFilter::One("s1".into()), true, 0),
+        ("all+deltas-2", SessionFilter::All, true, 0),
+        ("slow", SessionFilter::All, true, 20),
+    ];
+    let mut reader_tasks = Vec::new();
+    for (name, filter, deltas, yields) in readers.clone() {
+        let mut sub = host
+            .bus
+            .subscribe(subscribe_opts(filter.clone(), deltas, Replay::None))
+            .await
+            .unwrap();
+        let brackets = match filter {
+            SessionFilter::All => SESSIONS * ROUNDS * 2 + 1, // + the warm-up
+            SessionFilter::One(_) => ROUNDS * 2,
+        };
+        reader_tasks.push(tokio::spawn(async move {
+            let mut got = Vec::new();
+            let mut n = 0;
+            while n < brackets {
+                let d = recv(&mut sub).await;
+                if !d.is_delta {
+                    n += 1;
+                }
+                got.push(d);
+                for _ in 0..yields {
+                    tokio::task::yield_now().await;
+                }
+            }
+            (name, filter, deltas, got, sub.catch_ups())
+        }));
+    }
+    // Subscribed like the others, goes live on a first event, then reads nothing more until
+    // everything else is done.
+    let mut stuck = host
+        .bus
+        .subscribe(subscribe_opts(SessionFilter::All, true, Replay::None))
+        .await
+        .unwrap();
+    let warmup = start("warm", "warmup");
+    host.bus
+        .publish(&warmup)
+        .await
+        .unwrap()
+        .committed()
+        .await
+        .unwrap();
+    assert_eq!(key_of_json(&recv(&mut stuck).await.json), key(&warmup));
+    assert!(stuck.is_live());
+
+    let mut publishers = Vec::new();
+    for s in 0..SESSIONS {
+        let bus = host.bus.clone();
+        publishers.push(tokio::spawn(async move {
+            let session = format!("s{s}");
+            let mut published = Vec::new();
+            let mut receipts = Vec::new();
+            for i in 0..ROUNDS {
+                let item = format!("{session}-{i}");
+                let mut events = vec![start(&session, &item)];
+                for j in 0..3 {
+                    events.push(delta(&session, &item, &format!("{item}-{j}")));
+                }
+                events.push(end(&session, &item));
+                for e in events {
+                    published.push((key(&e), !e.is_bracket()));
+                    receipts.push(bus.publish(&e).await.unwrap());
+                    // Spread publishing out so slow readers lag and catch up while it goes on.
+                    tokio::task::yield_now().await;
+                }
+            }
+            for r in receipts {
+                r.committed().await.unwrap();
+            }
+            (session, published)
+        }));
+    }
+    let mut published = HashMap::new();
+    published.insert("warm".to_owned(), vec![(key(&warmup), false)]);
+    for p in publishers {
+        let (session, events) = p.await.unwrap();
+        published.insert(session, events);
+    }
+    // Every reader finished although the stuck subscriber's queue (1024) was full the whole
+    // time: the hub never waits for a subscriber.
+    for task in reader_tasks {
+        let (name, filter, deltas, got, catch_ups) =
+            tokio::time::timeout(WAIT, task).await.unwrap().unwrap();
+        check_stream(name, &got, &published, &filter, deltas);
+        eprintln!("{name}: {} events, {catch_ups} catch-ups", got.len());
+    }
+
+    // Now the stuck one reads: its queue holds the first 1024 events, then the lag marker, then
+    // catch-up from SQLite. It must see every bracket once, in order.
+    let total_brackets = SESSIONS * ROUNDS * 2;
+    let mut got = Vec::new();
+    let mut n = 0;
+    while n < total_brackets {
+        let d = recv(&mut stuck).await;
+        if !d.is_delta {
+            n += 1;
+        }
+        got.push(d);
+    }
+    assert!(
+        stuck.catch_ups() >= 1,
+        "the stuck subscriber never overflowed"
+    );
+    let mut after_warmup = published.clone();
+    after_warmup.remove("warm");
+    check_stream("stuck", &got, &after_warmup, &SessionFilter::All, true);
+    // Back to live after catching up: a new event arrives through the queue.
+    let marker = end("s0", "after-catch-up");
+    host.bus
+        .publish(&marker)
+        .await
+        .unwrap()
+        .committed()
+        .await
+        .unwrap();
+    let d = recv(&mut stuck).await;
+    assert_eq!(key_of_json(&d.json), key(&marker));
+    assert!(stuck.is_live());
+    close(host).await;
+}
+
+#[tokio::test]
+async fn deltas_go_only_where_asked_and_carry_the_latest_bracket() {
+    let dir = tempfile::tempdir().unwrap();
+    let host = open(dir.path()).await;
+    let mut with = host
+        .bus
+        .subscribe(subscribe_opts(SessionFilter::All, true, Replay::None))
+        .await
+        .unwrap();
+    let mut without = host
+        .bus
+        .subscribe(subscribe_opts(SessionFilter::All, false, Replay::None))
+        .await
+        .unwrap();
+    // Both go live before anything is published, so the deltas reach them live.
+    host.bus
+        .publish(&start("a", "warmup"))
+        .await
+        .unwrap()
+        .committed()
+        .await
+        .unwrap();
+    recv(&mut with).await;
+    recv(&mut without).await;
+
+    let b1 = host.bus.publish(&start("a", "x")).await.unwrap();
+    host.bus.publish(&delta("a", "x", "he")).await.unwrap();
+    host.bus.publish(&delta("a", "x", "llo")).await.unwrap();
+    let b2 = host.bus.publish(&end("a", "x")).await.unwrap();
+    let seq1 = b1.committed().await.unwrap().unwrap();
+    let seq2 = b2.committed().await.unwrap().unwrap();
+    assert!(seq2 > seq1);
+
+    let got: Vec<_> = [
+        recv(&mut with).await,
+        recv(&mut with).await,
+        recv(&mut with).await,
+        recv(&mut with).await,
+    ]
+    .into_iter()
+    .map(|d| (d.kind.to_string(), d.sequence_id, d.is_delta))
+    .collect();
+    assert_eq!(
+        got,
+        vec![
+            ("text.start".into(), seq1, false),
+            ("text.delta".into(), seq1, true),
+            ("text.delta".into(), seq1, true),
+            ("text.end".into(), seq2, false),
+        ]
+    );
+    let a = recv(&mut without).await;
+    let b = recv(&mut without).await;
+    assert_eq!((a.sequence_id, b.sequence_id), (seq1, seq2));
+    assert!(!a.is_delta && !b.is_delta);
+
+    // Deltas are never stored: history holds only the brackets.
+    let stored = host.store.history("a".into(), 0, 100).await.unwrap();
+    assert_eq!(
+        stored.iter().map(|e| e.kind.as_str()).collect::<Vec<_>>(),
+        vec!["text.start", "text.start", "text.end"]
+    );
+    close(host).await;
+}
+
+#[tokio::test]
+async fn replay_modes_and_cursor_survive_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let host = open(dir.path()).await;
+    host.store
+        .insert_subscriber(SubscriberRow {
+            subscriber_id: "sub-1".into(),
+            kind: "local".into(),
+            session_id: None,
+            forward_deltas: false,
+            replay_mode: "since_cursor".into(),
+            max_count: 200,
+            most_recent_sequence_id: 0,
+            deltas_dropped: 0,
+            created_at_ms: 0,
+            updated_at_ms: 0,
+        })
+        .await
+        .unwrap();
+    let mut published = Vec::new();
+    let mut seqs = Vec::new();
+    for i in 0..50 {
+        let e = end("s", &format!("m{i}"));
+        published.push(key(&e));
+        seqs.push(
+            host.bus
+                .publish(&e)
+                .await
+                .unwrap()
+                .committed()
+                .await
+                .unwrap()
+                .unwrap(),
+        );
+    }
+    let mut sub = host
+        .bus
+        .subscribe(SubscribeOptions {
+            subscriber_id: Some("sub-1".into()),
+            ..subscribe_opts(SessionFilter::All, false, Replay::SinceCursor(0))
+        })
+        .await
+        .unwrap();
+    for (i, want) in published.iter().take(20).enumerate() {
+        let d = recv(&mut sub).await;
+        assert_eq!(&key_of_json(&d.json), want);
+        assert_eq!(d.sequence_id, seqs[i]);
+    }
+    sub.ack(seqs[19]).await.unwrap();
+    drop(sub);
+    close(host).await;
+
+    // A new host process on the same file: the cursor is where the ack left it.
+    let host = open(dir.path()).await;
+    let row = host
+        .store
+        .get_subscriber("sub-1".into())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(row.most_recent_sequence_id, seqs[19]);
+    let mut sub = host
+        .bus
+        .subscribe(subscribe_opts(
+            SessionFilter::All,
+            false,
+            Replay::SinceCursor(row.most_recent_sequence_id),
+        ))
+        .await
+        .unwrap();
+    let mut none = host
+        .bus
+        .subscribe(subscribe_opts(SessionFilter::All, false, Replay::None))
+        .await
+        .unwrap();
+    let mut last10 = host
+        .bus
+        .subscribe(subscribe_opts(
+            SessionFilter::All,
+            false,
+            Replay::MaxCount(10),
+        ))
+        .await
+        .unwrap();
+    let mut only_other = host
+        .bus
+        .subscribe(subscribe_opts(
+            SessionFilter::One("other".into()),
+            false,
+            Replay::MaxCount(10),
+        ))
+        .await
+        .unwrap();
+    let marker = end("s", "marker");
+    host.bus
+        .publish(&marker)
+        .await
+        .unwrap()
+        .committed()
+        .await
+        .unwrap();
+    let other = end("other", "o1");
+    host.bus
+        .publish(&other)
+        .await
+        .unwrap()
+        .committed()
+        .await
+        .unwrap();
+
+    // since_cursor: exactly brackets 21..50, then the live marker, nothing in between.
+    for want in &published[20..] {
+        assert_eq!(&key_of_json(&recv(&mut sub).await.json), want);
+    }
+    assert_eq!(key_of_json(&recv(&mut sub).await.json), key(&marker));
+    // none: nothing from before, the marker first.
+    assert_eq!(key_of_json(&recv(&mut none).await.json), key(&marker));
+    // max_count 10: the newest ten before it subscribed, then live.
+    for want in &published[40..] {
+        assert_eq!(&key_of_json(&recv(&mut last10).await.json), want);
+    }
+    assert_eq!(key_of_json(&recv(&mut last10).await.json), key(&marker));
+    // A session filter: the other session had nothing, so only its live event arrives.
+    assert_eq!(key_of_json(&recv(&mut only_other).await.json), key(&other));
+    close(host).await;
+}
