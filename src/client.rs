@@ -33,7 +33,9 @@ const DETACHED_ENV: &str = "AGENT_HOST_DETACHED";
 /// `input` is either a whole envelope (`{"command":…}`) or a command name, in which case
 /// `params` is its params JSON.
 pub fn parse_argv(input: &str, params: Option<&str>) -> Result<(Command, Value), RequestError> {
-    let envelope = if input.trim_start().starts_with('{') {
+    // Anything that looks like JSON is a whole envelope (and refused as one if it is not an
+    // object); anything else is a command name.
+    let envelope = if input.trim_start().starts_with(['{', '[', '"']) {
         if params.is_some() {
             return Err(RequestError::new(
                 ErrorCode::InvalidEnvelope,

@@ -30,7 +30,10 @@ impl Dispatcher {
     }
 
     pub async fn handle(&self, command: Command) -> Reply {
-        if self.shutdown.is_cancelled() && !matches!(command, Command::HostStatus) {
+        // Status and a repeated shutdown still answer normally while the host winds down.
+        if self.shutdown.is_cancelled()
+            && !matches!(command, Command::HostStatus | Command::HostShutdown)
+        {
             return Reply::error(
                 ErrorCode::ShuttingDown,
                 "the host is shutting down",

@@ -79,16 +79,24 @@ impl InstanceLock {
                     me.write_info().map_err(io_err)?;
                     return Ok(me);
                 }
-                Err((_, Errno::EWOULDBLOCK)) => {
-                    let holder = read_lock_info(path).map(|i| i.pid);
-                    let live = holder.filter(|pid| pid_alive(*pid) && *pid != std::process::id());
-                    if live.is_some() || Instant::now() >= deadline {
+                Err((file, Errno::EWOULDBLOCK)) => {
+                    // Busy. A host holds it exclusively; a prober (`lock_held`,
+                    // `wait_released`) only ever holds it shared, for an instant.
+                    let exclusive = matches!(
+                        Flock::lock(file, FlockArg::LockSharedNonblock),
+                        Err((_, Errno::EWOULDBLOCK))
+                    );
+                    let named = read_lock_info(path).map(|i| i.pid);
+                    let live = named.filter(|pid| pid_alive(*pid) && *pid != std::process::id());
+                    if exclusive && live.is_some() {
+                        return Err(InstanceError::AlreadyRunning { pid: live });
+                    }
+                    if Instant::now() >= deadline {
                         return Err(InstanceError::AlreadyRunning {
-                            pid: live.or(holder),
+                            pid: live.or(named),
                         });
                     }
-                    // The holder has just locked and not yet written, or is a short-lived
-                    // prober: look again shortly.
+                    // A winner that has not written its pid yet, or a prober: look again.
                     std::thread::sleep(Duration::from_millis(20));
                 }
                 Err((_, errno)) => return Err(io_err(io::Error::from(errno))),
@@ -146,16 +154,28 @@ pub fn read_lock_info(path: &Path) -> Option<LockInfo> {
     serde_json::from_str(text.trim()).ok()
 }
 
-/// Whether a process with this pid exists (signal 0 probes without sending).
+/// Whether a process with this pid exists and has not exited (signal 0 probes without
+/// sending; a zombie, dead but not yet reaped, does not count).
 pub fn pid_alive(pid: u32) -> bool {
     let Ok(raw) = i32::try_from(pid) else {
         return false;
     };
-    match nix::sys::signal::kill(nix::unistd::Pid::from_raw(raw), None) {
-        Ok(()) => true,
-        Err(Errno::EPERM) => true,
+    let exists = match nix::sys::signal::kill(nix::unistd::Pid::from_raw(raw), None) {
+        Ok(()) | Err(Errno::EPERM) => true,
         Err(_) => false,
-    }
+    };
+    exists && !is_zombie(pid)
+}
+
+/// `/proc/<pid>/stat` names the state after the parenthesised command: `Z` for a zombie.
+fn is_zombie(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|stat| {
+            let after = stat.rsplit_once(')')?.1;
+            after.split_whitespace().next().map(|state| state == "Z")
+        })
+        .unwrap_or(false)
 }
 
 /// Whether some process holds the lock right now. Takes a *shared* lock for an instant, so it
@@ -222,6 +242,34 @@ mod tests {
         assert_eq!(read_lock_info(&path), None);
         let again = InstanceLock::acquire(&path, info(std::process::id())).unwrap();
         assert_eq!(again.info().pid, std::process::id());
+    }
+
+    #[test]
+    fn a_shared_prober_does_not_make_a_start_fail() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("host.lock");
+        // The file names a live process (our parent) but nobody holds it exclusively.
+        std::fs::write(
+            &path,
+            serde_json::to_string(&info(std::os::unix::process::parent_id())).unwrap(),
+        )
+        .unwrap();
+        let prober = Flock::lock(File::open(&path).unwrap(), FlockArg::LockSharedNonblock).unwrap();
+        let releaser = std::thread::spawn(move || {
+            // Hold the shared lock across the starter's first attempts, then let go.
+            std::thread::sleep(Duration::from_millis(100));
+            drop(prober);
+        });
+        let lock = InstanceLock::acquire(&path, info(std::process::id())).unwrap();
+        assert_eq!(read_lock_info(&path).unwrap().pid, std::process::id());
+        releaser.join().unwrap();
+        drop(lock);
+    }
+
+    #[test]
+    fn own_process_is_alive_and_not_a_zombie() {
+        assert!(pid_alive(std::process::id()));
+        assert!(!pid_alive(u32::MAX));
     }
 
     #[test]

@@ -55,8 +55,40 @@ fn exit_code(reply: &Reply) -> ExitCode {
 }
 
 fn main() -> anyhow::Result<ExitCode> {
-    let matches = Cli::command().after_help(commands_help()).get_matches();
-    let cli = Cli::from_arg_matches(&matches)?;
+    let parsed = Cli::command()
+        .after_help(commands_help())
+        .try_get_matches()
+        .and_then(|m| Cli::from_arg_matches(&m));
+    let cli = match parsed {
+        Ok(cli) => cli,
+        Err(e) => {
+            use clap::error::ErrorKind;
+            if matches!(
+                e.kind(),
+                ErrorKind::DisplayHelp
+                    | ErrorKind::DisplayVersion
+                    | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
+            ) {
+                e.exit();
+            }
+            // A usage error is still answered with one JSON line.
+            let message = e.render().to_string();
+            let first = message
+                .lines()
+                .next()
+                .unwrap_or("usage error")
+                .trim_start_matches("error: ");
+            let reply = Reply::error(
+                ErrorCode::InvalidEnvelope,
+                format!(
+                    "{first}; usage: agent-host '<envelope>' | agent-host <command> ['<params>']"
+                ),
+                serde_json::Value::Null,
+            );
+            print_reply(&reply);
+            return Ok(exit_code(&reply));
+        }
+    };
     let (command, envelope) = match client::parse_argv(&cli.input, cli.params.as_deref()) {
         Ok(parsed) => parsed,
         Err(e) => {

@@ -1,6 +1,12 @@
 //! The bus against a real SQLite file: ordering, fan-out, the stuck subscriber, catch-up,
 //! replay modes and cursors across a restart (issue 2, acceptance 4).
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "a failing test should panic"
+)]
+
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
 use std::sync::Arc;

@@ -109,7 +109,9 @@ pub async fn serve(
             accepted = listener.accept() => match accepted {
                 Ok(stream) => stream,
                 Err(e) => {
+                    // E.g. out of file descriptors: back off instead of spinning.
                     tracing::warn!(error = %e, "IPC accept failed");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
                     continue;
                 }
             },

@@ -605,6 +605,20 @@ mod tests {
         }
     }
 
+    /// `docs/commands.md` lists every command with its route and every code with its name.
+    #[test]
+    fn docs_table_matches_the_code() {
+        let docs = include_str!("../../docs/commands.md");
+        for spec in COMMANDS {
+            let row = format!("| `{}` | {} | `{}` |", spec.name, spec.route.name(), spec.params);
+            assert!(docs.contains(&row), "docs/commands.md lacks {row}");
+        }
+        for code in ErrorCode::ALL {
+            let row = format!("| {} | `{}` | {} |", code.number(), code.name(), code.meaning());
+            assert!(docs.contains(&row), "docs/commands.md lacks {row}");
+        }
+    }
+
     #[test]
     fn error_reply_carries_name() {
         let reply = Reply::error(ErrorCode::AlreadyRunning, "busy", json!({"pid": 7}));

@@ -1,0 +1,526 @@
+//! End-to-end tests of the `agent-host` binary: every test runs the real compiled CLI, which
+//! starts a real detached host talking over a real Unix socket, each in its own temp home.
+//!
+//! Nothing here sleeps to wait for a condition: a start is over when the CLI has printed its
+//! line and exited, a host is gone exactly when its `flock` is released (`wait_released`).
+//! Every wait has a bound. A [`Home`] kills a host still holding its lock when dropped, so a
+//! failing test never leaks a daemon.
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test code: a panic is the failure report (clippy's allow-*-in-tests does not reach helpers of an integration test)"
+)]
+
+use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::{ExitStatus, Stdio};
+use std::time::Duration;
+
+use agent_host::instance::{lock_held, read_lock_info, wait_released};
+use agent_host::protocol::envelope::{COMMANDS, ErrorCode};
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use serde_json::{Value, json};
+use tempfile::TempDir;
+
+const BIN: &str = env!("CARGO_BIN_EXE_agent-host");
+/// Bound on one CLI invocation (the CLI's own waits are shorter than this).
+const CLI_TIMEOUT: Duration = Duration::from_secs(25);
+/// Bound on a host letting go of its lock after a signal.
+const RELEASE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// A private `AGENT_HOST_HOME` that does not exist yet (so the host is the one creating it).
+struct Home {
+    _dir: TempDir,
+    home: PathBuf,
+}
+
+impl Home {
+    fn new() -> Home {
+        let dir = tempfile::tempdir().unwrap();
+        let home = dir.path().join("home");
+        Home { _dir: dir, home }
+    }
+
+    fn lock_path(&self) -> PathBuf {
+        self.home.join("host.lock")
+    }
+
+    fn sock_path(&self) -> PathBuf {
+        self.home.join("host.sock")
+    }
+
+    fn db_path(&self) -> PathBuf {
+        self.home.join("host.db")
+    }
+
+    fn command(&self, args: &[&str]) -> tokio::process::Command {
+        let mut cmd = tokio::process::Command::new(BIN);
+        cmd.args(args)
+            .env("AGENT_HOST_HOME", &self.home)
+            .env_remove("AGENT_HOST_IPC_TIMEOUT_MS")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true);
+        cmd
+    }
+
+    /// Run the CLI once and check the output contract: exactly one JSON reply line on stdout,
+    /// exit status 0 exactly when `code` is 0.
+    async fn cli(&self, args: &[&str]) -> Out {
+        self.cli_cmd(self.command(args), args).await
+    }
+
+    /// As [`Home::cli`], with the CLI's working directory set.
+    async fn cli_in(&self, cwd: &Path, args: &[&str]) -> Out {
+        let mut cmd = self.command(args);
+        cmd.current_dir(cwd);
+        self.cli_cmd(cmd, args).await
+    }
+
+    async fn cli_cmd(&self, mut cmd: tokio::process::Command, args: &[&str]) -> Out {
+        let output = tokio::time::timeout(CLI_TIMEOUT, cmd.output())
+            .await
+            .unwrap_or_else(|_| panic!("agent-host {args:?} did not finish within {CLI_TIMEOUT:?}"))
+            .unwrap();
+        Out::check(args, output.status, &output.stdout, &output.stderr)
+    }
+
+    /// Run the CLI and require code 0.
+    async fn ok(&self, args: &[&str]) -> Value {
+        let out = self.cli(args).await;
+        assert_eq!(out.code, 0, "agent-host {args:?}: {}", out.describe());
+        out.data()
+    }
+
+    async fn start(&self) -> u32 {
+        let data = self.ok(&["host.start"]).await;
+        assert_eq!(data["running"], json!(true), "{data}");
+        let pid = pid_of(&data);
+        assert_ne!(pid, std::process::id());
+        assert!(
+            lock_held(&self.lock_path()).unwrap(),
+            "host.start returned but nobody holds the lock"
+        );
+        pid
+    }
+
+    /// `host.shutdown`, which returns only once the host has released its lock.
+    async fn shutdown(&self) {
+        let data = self.ok(&["host.shutdown"]).await;
+        assert_eq!(data["stopped"], json!(true), "{data}");
+        assert!(
+            !lock_held(&self.lock_path()).unwrap(),
+            "host.shutdown returned but the lock is held"
+        );
+    }
+}
+
+impl Drop for Home {
+    /// Never leak a daemon: a host still holding the lock is killed by the pid it wrote there.
+    fn drop(&mut self) {
+        let lock = self.lock_path();
+        if matches!(lock_held(&lock), Ok(true))
+            && let Some(info) = read_lock_info(&lock)
+            && let Ok(raw) = i32::try_from(info.pid)
+        {
+            let _gone = kill(Pid::from_raw(raw), Signal::SIGKILL);
+        }
+    }
+}
+
+/// One CLI run, already checked against the output contract.
+struct Out {
+    code: i64,
+    reply: Value,
+    success: bool,
+    stderr: String,
+}
+
+impl Out {
+    fn check(args: &[&str], status: ExitStatus, stdout: &[u8], stderr: &[u8]) -> Out {
+        let stdout = String::from_utf8(stdout.to_vec()).unwrap();
+        let stderr = String::from_utf8_lossy(stderr).into_owned();
+        assert!(
+            stdout.ends_with('\n') && stdout.matches('\n').count() == 1,
+            "agent-host {args:?}: stdout is not exactly one line: {stdout:?} (stderr: {stderr})"
+        );
+        let reply: Value = serde_json::from_str(stdout.trim_end()).unwrap_or_else(|e| {
+            panic!("agent-host {args:?}: stdout is not JSON ({e}): {stdout:?}")
+        });
+        let code = reply["code"]
+            .as_i64()
+            .unwrap_or_else(|| panic!("agent-host {args:?}: reply has no numeric code: {reply}"));
+        assert!(
+            reply["message"].is_string(),
+            "agent-host {args:?}: no message: {reply}"
+        );
+        assert!(
+            reply.get("data").is_some(),
+            "agent-host {args:?}: no data: {reply}"
+        );
+        assert_eq!(
+            status.success(),
+            code == 0,
+            "agent-host {args:?}: exit status {status} does not match code {code}: {reply}"
+        );
+        if code != 0 {
+            let known = ErrorCode::from_number(i32::try_from(code).unwrap())
+                .unwrap_or_else(|| panic!("agent-host {args:?}: unknown code {code}: {reply}"));
+            assert_eq!(
+                reply["data"]["error"],
+                json!(known.name()),
+                "agent-host {args:?}: {reply}"
+            );
+        }
+        Out {
+            code,
+            success: status.success(),
+            reply,
+            stderr,
+        }
+    }
+
+    fn data(&self) -> Value {
+        self.reply["data"].clone()
+    }
+
+    fn describe(&self) -> String {
+        format!("reply {} (stderr: {})", self.reply, self.stderr)
+    }
+}
+
+fn pid_of(data: &Value) -> u32 {
+    let pid = data["pid"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no pid in {data}"));
+    u32::try_from(pid).unwrap()
+}
+
+fn signal(pid: u32, signal: Signal) {
+    kill(Pid::from_raw(i32::try_from(pid).unwrap()), signal).unwrap();
+}
+
+fn mode(path: &Path) -> u32 {
+    std::fs::metadata(path).unwrap().permissions().mode() & 0o777
+}
+
+fn session_ids(list: &Value) -> Vec<String> {
+    list["sessions"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no sessions array in {list}"))
+        .iter()
+        .map(|s| s["session_id"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+fn create_envelope(cwd: &str) -> String {
+    json!({"command": "session.create", "params": {"agent_type": "claude", "cwd": cwd}}).to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readme_flow() {
+    let home = Home::new();
+    let work = tempfile::tempdir().unwrap();
+    let work_dir = work.path().canonicalize().unwrap();
+
+    let pid = home.start().await;
+
+    // Everything the host creates is private to the user.
+    assert_eq!(mode(&home.home), 0o700, "home");
+    assert_eq!(mode(&home.sock_path()), 0o600, "host.sock");
+    assert_eq!(mode(&home.db_path()), 0o600, "host.db");
+    assert_eq!(mode(&home.lock_path()), 0o600, "host.lock");
+    assert!(
+        std::fs::metadata(home.sock_path())
+            .unwrap()
+            .file_type()
+            .is_socket()
+    );
+    assert_eq!(read_lock_info(&home.lock_path()).unwrap().pid, pid);
+
+    let status = home.ok(&["host.status"]).await;
+    assert_eq!(status["running"], json!(true), "{status}");
+    assert_eq!(pid_of(&status), pid);
+    assert_eq!(status["version"], json!(agent_host::VERSION));
+    assert_eq!(status["sessions"], json!(0));
+    assert_eq!(
+        status["ipc_path"],
+        json!(home.sock_path().display().to_string())
+    );
+
+    let created = home
+        .ok(&[&create_envelope(&work_dir.display().to_string())])
+        .await;
+    let id = created["session_id"].as_str().unwrap().to_owned();
+    assert!(!id.is_empty());
+    assert_eq!(created["session"]["session_id"], json!(id));
+    assert_eq!(created["session"]["agent_type"], json!("claude"));
+    assert_eq!(
+        created["session"]["cwd"],
+        json!(work_dir.display().to_string())
+    );
+
+    // A relative cwd is relative to the shell the CLI runs in, not to the host's.
+    let relative = home.cli_in(&work_dir, &[&create_envelope(".")]).await;
+    assert_eq!(relative.code, 0, "{}", relative.describe());
+    let relative = relative.data();
+    assert_eq!(
+        relative["session"]["cwd"],
+        json!(work_dir.display().to_string())
+    );
+    let relative_id = relative["session_id"].as_str().unwrap().to_owned();
+    assert_ne!(relative_id, id);
+
+    let ids = session_ids(&home.ok(&["session.list"]).await);
+    assert!(ids.contains(&id) && ids.contains(&relative_id), "{ids:?}");
+    assert_eq!(ids.len(), 2);
+
+    let by_id = json!({"session_id": id}).to_string();
+    let row = home.ok(&["session.get", &by_id]).await;
+    assert_eq!(row["session_id"], json!(id));
+    assert_eq!(row["agent_type"], json!("claude"));
+    assert_eq!(row["state"], json!("idle"));
+
+    let history = home.ok(&["session.history", &by_id]).await;
+    assert_eq!(history["session_id"], json!(id));
+    assert_eq!(history["events"], json!([]), "{history}");
+    assert_eq!(history["count"], json!(0));
+
+    let deleted = home.ok(&["session.delete", &by_id]).await;
+    assert_eq!(deleted["deleted"], json!(id));
+
+    let gone = home.cli(&["session.get", &by_id]).await;
+    assert_eq!(gone.code, 3001, "{}", gone.describe());
+    assert!(!gone.success);
+    assert_eq!(gone.data()["session_id"], json!(id));
+    let again = home.cli(&["session.delete", &by_id]).await;
+    assert_eq!(again.code, 3001, "{}", again.describe());
+    assert_eq!(
+        session_ids(&home.ok(&["session.list"]).await),
+        vec![relative_id]
+    );
+    assert_eq!(home.ok(&["host.status"]).await["sessions"], json!(1));
+
+    let stopped = home.ok(&["host.shutdown"]).await;
+    assert_eq!(stopped["stopped"], json!(true), "{stopped}");
+    assert_eq!(pid_of(&stopped), pid);
+    assert!(!lock_held(&home.lock_path()).unwrap());
+
+    let status = home.ok(&["host.status"]).await;
+    assert_eq!(status["running"], json!(false), "{status}");
+    assert!(
+        !home.sock_path().exists(),
+        "host.sock outlived a graceful shutdown"
+    );
+    assert_eq!(
+        read_lock_info(&home.lock_path()),
+        None,
+        "host.lock still names a stopped host"
+    );
+    // A second shutdown has nothing to stop and says so.
+    let twice = home.ok(&["host.shutdown"]).await;
+    assert_eq!(twice["stopped"], json!(false), "{twice}");
+}
+
+#[tokio::test]
+async fn help_and_version() {
+    let home = Home::new();
+
+    let help = home.command(&["--help"]).output().await.unwrap();
+    assert!(help.status.success());
+    let text = String::from_utf8(help.stdout).unwrap();
+    for spec in COMMANDS {
+        assert!(
+            text.contains(spec.name),
+            "--help does not mention {}:\n{text}",
+            spec.name
+        );
+    }
+    assert!(text.contains("AGENT_HOST_HOME"), "{text}");
+
+    let version = home.command(&["--version"]).output().await.unwrap();
+    assert!(version.status.success());
+    assert_eq!(
+        String::from_utf8(version.stdout).unwrap(),
+        format!("agent-host {}\n", env!("CARGO_PKG_VERSION"))
+    );
+
+    let data = home.ok(&["version"]).await;
+    assert_eq!(data["version"], json!(agent_host::VERSION));
+    assert_eq!(data["version"], json!(env!("CARGO_PKG_VERSION")));
+    assert!(data["schema_version"].is_number(), "{data}");
+
+    let agents = home.ok(&["agent.list"]).await;
+    let names: Vec<&str> = agents["agents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["agent_type"].as_str().unwrap())
+        .collect();
+    assert!(names.contains(&"claude"), "{agents}");
+
+    // Local commands need no host and leave no trace of one.
+    assert!(!home.home.exists(), "a local command created the home");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_starts_one_wins() {
+    for round in 0..3 {
+        let home = Home::new();
+        let spawn = || home.command(&["host.start"]).spawn().unwrap();
+        let (a, b) = (spawn(), spawn());
+        let (a, b) = tokio::time::timeout(CLI_TIMEOUT, async {
+            tokio::join!(a.wait_with_output(), b.wait_with_output())
+        })
+        .await
+        .unwrap_or_else(|_| panic!("round {round}: racing host.start did not finish"));
+        let (a, b) = (a.unwrap(), b.unwrap());
+        let args = ["host.start"];
+        let a = Out::check(&args, a.status, &a.stdout, &a.stderr);
+        let b = Out::check(&args, b.status, &b.stdout, &b.stderr);
+        let (winner, loser) = match (a.code, b.code) {
+            (0, _) => (a, b),
+            (_, 0) => (b, a),
+            _ => panic!(
+                "round {round}: nobody won: {} / {}",
+                a.describe(),
+                b.describe()
+            ),
+        };
+        assert_eq!(
+            loser.code,
+            2001,
+            "round {round}: winner {}, loser {}",
+            winner.describe(),
+            loser.describe()
+        );
+        let pid = pid_of(&winner.data());
+        assert_eq!(
+            pid_of(&loser.data()),
+            pid,
+            "round {round}: loser names another pid: {}",
+            loser.describe()
+        );
+
+        let status = home.ok(&["host.status"]).await;
+        assert_eq!(pid_of(&status), pid, "round {round}");
+        assert_eq!(read_lock_info(&home.lock_path()).unwrap().pid, pid);
+        home.shutdown().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_then_start_takes_over() {
+    let home = Home::new();
+    let first = home.start().await;
+
+    signal(first, Signal::SIGKILL);
+    assert!(
+        wait_released(&home.lock_path(), RELEASE_TIMEOUT).await,
+        "the lock was not released after SIGKILL"
+    );
+    // A killed host cleans nothing up: its socket file and its lock contents stay behind.
+    assert!(
+        home.sock_path().exists(),
+        "a SIGKILLed host cannot have removed host.sock"
+    );
+    assert_eq!(read_lock_info(&home.lock_path()).unwrap().pid, first);
+
+    // Dead host, stale files: status reads the lock, not the pid, and says not running.
+    let status = home.ok(&["host.status"]).await;
+    assert_eq!(status["running"], json!(false), "{status}");
+    let list = home.cli(&["session.list"]).await;
+    assert_eq!(list.code, 2002, "{}", list.describe());
+
+    let second = home.start().await;
+    assert_ne!(second, first);
+    assert_eq!(read_lock_info(&home.lock_path()).unwrap().pid, second);
+    let status = home.ok(&["host.status"]).await;
+    assert_eq!(status["running"], json!(true), "{status}");
+    assert_eq!(pid_of(&status), second);
+    home.ok(&["session.list"]).await;
+    home.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_is_graceful() {
+    let home = Home::new();
+    let work = tempfile::tempdir().unwrap();
+    let first = home.start().await;
+    let created = home
+        .ok(&[&create_envelope(&work.path().display().to_string())])
+        .await;
+    let id = created["session_id"].as_str().unwrap().to_owned();
+
+    signal(first, Signal::SIGTERM);
+    assert!(
+        wait_released(&home.lock_path(), RELEASE_TIMEOUT).await,
+        "the lock was not released after SIGTERM"
+    );
+    assert!(
+        !home.sock_path().exists(),
+        "host.sock outlived a graceful SIGTERM"
+    );
+    match std::fs::read_to_string(home.lock_path()) {
+        Ok(text) => assert_eq!(text, "", "host.lock was not emptied"),
+        Err(e) => assert_eq!(e.kind(), std::io::ErrorKind::NotFound),
+    }
+    let status = home.ok(&["host.status"]).await;
+    assert_eq!(status["running"], json!(false), "{status}");
+
+    let second = home.start().await;
+    assert_ne!(second, first);
+    let ids = session_ids(&home.ok(&["session.list"]).await);
+    assert_eq!(ids, vec![id.clone()]);
+    let row = home
+        .ok(&["session.get", &json!({"session_id": id}).to_string()])
+        .await;
+    assert_eq!(row["session_id"], json!(id));
+    home.shutdown().await;
+}
+
+#[tokio::test]
+async fn no_host() {
+    let home = Home::new();
+
+    let list = home.cli(&["session.list"]).await;
+    assert_eq!(list.code, 2002, "{}", list.describe());
+    assert!(!list.success);
+
+    let status = home.ok(&["host.status"]).await;
+    assert_eq!(status["running"], json!(false), "{status}");
+
+    let stop = home.ok(&["host.shutdown"]).await;
+    assert_eq!(stop["stopped"], json!(false), "{stop}");
+    assert_eq!(stop["running"], json!(false), "{stop}");
+
+    // None of that started a host behind our back.
+    assert!(!home.sock_path().exists());
+    assert!(!matches!(lock_held(&home.lock_path()), Ok(true)));
+}
+
+#[tokio::test]
+async fn argv_errors() {
+    let home = Home::new();
+    let cases: &[(&[&str], i64)] = &[
+        (&["session.get", "not json"], 1001),
+        (&["nope.cmd"], 1004),
+        (&["{not json"], 1001),
+        (&[r#"{"command":"session.list"}"#, "{}"], 1002),
+        (&[r#"{"command":7}"#], 1002),
+        (&[r#"{"params":{}}"#], 1003),
+        (&["session.get", "{}"], 1005),
+        (&["session.list", "[]"], 1005),
+        (&["session.get", r#"{"session_id":"x","extra":1}"#], 1005),
+    ];
+    for (args, code) in cases {
+        let out = home.cli(args).await;
+        assert_eq!(out.code, *code, "agent-host {args:?}: {}", out.describe());
+        assert!(!out.success);
+    }
+    // Refused before any routing: no home was needed or made.
+    assert!(!home.home.exists());
+}
