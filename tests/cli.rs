@@ -515,6 +515,10 @@ async fn argv_errors() {
         (&["session.get", "{}"], 1005),
         (&["session.list", "[]"], 1005),
         (&["session.get", r#"{"session_id":"x","extra":1}"#], 1005),
+        (&[r#"["host.status"]"#], 1002),
+        (&[r#""host.status""#], 1002),
+        // A usage error is still one JSON line, not clap's text.
+        (&["session.get", "{}", "extra-arg"], 1002),
     ];
     for (args, code) in cases {
         let out = home.cli(args).await;
