@@ -222,3 +222,78 @@ pub async fn request(path: &Path, envelope: &Value, timeout: Duration) -> Result
         .await
         .map_err(|_| IpcError::Timeout(timeout))?
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bus::Bus;
+    use crate::instance::LockInfo;
+    use crate::session::SessionManager;
+    use crate::store::Store;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_silent_client_times_out_without_real_waiting() {
+        let (_client, server) = tokio::io::duplex(64);
+        let err = read_request(server, Limits::default()).await.unwrap_err();
+        assert_eq!(err.code, ErrorCode::RequestTimeout);
+    }
+
+    #[tokio::test]
+    async fn oversized_and_unterminated_requests() {
+        let limits = Limits {
+            max_request: 16,
+            read_timeout: Duration::from_secs(5),
+        };
+        let (mut client, server) = tokio::io::duplex(1024);
+        client.write_all(&[b'x'; 40]).await.unwrap();
+        let err = read_request(server, limits).await.unwrap_err();
+        assert_eq!(err.code, ErrorCode::RequestTooLarge);
+
+        // A request closed by EOF instead of a newline still counts.
+        let (mut client, server) = tokio::io::duplex(1024);
+        client.write_all(b"{}").await.unwrap();
+        drop(client);
+        assert_eq!(read_request(server, limits).await.unwrap(), b"{}");
+    }
+
+    #[tokio::test]
+    async fn one_line_in_one_line_out_over_a_duplex() {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, threads) = Store::open(&dir.path().join("t.db")).unwrap();
+        let (bus, tasks) = Bus::start(store.clone()).await.unwrap();
+        let info = LockInfo {
+            pid: 1,
+            version: "t".into(),
+            ipc_path: "t".into(),
+            ws_port: None,
+            started_at: "t".into(),
+        };
+        let dispatcher = Dispatcher::new(
+            SessionManager::new(store.clone(), bus.clone()),
+            info,
+            CancellationToken::new(),
+        );
+        for (request, code) in [
+            (&b"{\"command\":\"session.list\"}\n"[..], 0),
+            (&b"{\"command\":\"session.lst\"}\n"[..], 1004),
+        ] {
+            let (mut client, server) = tokio::io::duplex(4096);
+            client.write_all(request).await.unwrap();
+            serve_connection(server, &dispatcher, Limits::default())
+                .await
+                .unwrap();
+            let mut out = String::new();
+            client.read_to_string(&mut out).await.unwrap();
+            assert!(
+                out.ends_with('\n') && out.matches('\n').count() == 1,
+                "{out:?}"
+            );
+            let reply: Reply = serde_json::from_str(out.trim_end()).unwrap();
+            assert_eq!(reply.code, code, "{out}");
+        }
+        drop((dispatcher, bus));
+        tasks.shutdown().await;
+        drop(store);
+        threads.shutdown().await;
+    }
+}

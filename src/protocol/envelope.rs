@@ -610,11 +610,21 @@ mod tests {
     fn docs_table_matches_the_code() {
         let docs = include_str!("../../docs/commands.md");
         for spec in COMMANDS {
-            let row = format!("| `{}` | {} | `{}` |", spec.name, spec.route.name(), spec.params);
+            let row = format!(
+                "| `{}` | {} | `{}` |",
+                spec.name,
+                spec.route.name(),
+                spec.params
+            );
             assert!(docs.contains(&row), "docs/commands.md lacks {row}");
         }
         for code in ErrorCode::ALL {
-            let row = format!("| {} | `{}` | {} |", code.number(), code.name(), code.meaning());
+            let row = format!(
+                "| {} | `{}` | {} |",
+                code.number(),
+                code.name(),
+                code.meaning()
+            );
             assert!(docs.contains(&row), "docs/commands.md lacks {row}");
         }
     }
