@@ -501,3 +501,58 @@ async fn replay_modes_and_cursor_survive_a_restart() {
     assert_eq!(key_of_json(&recv(&mut only_other).await.json), key(&other));
     close(host).await;
 }
+
+/// `recv` is cancel-safe: a reader that keeps abandoning `recv` half-way (as a transport's
+/// `select!` does) still gets every bracket once, in order, across lag and catch-up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn recv_survives_being_cancelled_at_any_await() {
+    let dir = tempfile::tempdir().unwrap();
+    let host = open(dir.path()).await;
+    let mut sub = host
+        .bus
+        .subscribe(subscribe_opts(
+            SessionFilter::All,
+            true,
+            Replay::SinceCursor(0),
+        ))
+        .await
+        .unwrap();
+    let bus = host.bus.clone();
+    let publisher = tokio::spawn(async move {
+        let mut published = Vec::new();
+        let mut receipts = Vec::new();
+        for i in 0..3000 {
+            let item = format!("c{i}");
+            for e in [start("c", &item), delta("c", &item, "x"), end("c", &item)] {
+                published.push((key(&e), !e.is_bracket()));
+                receipts.push(bus.publish(&e).await.unwrap());
+            }
+        }
+        for r in receipts {
+            r.committed().await.unwrap();
+        }
+        published
+    });
+    let mut got = Vec::new();
+    let mut brackets = 0;
+    let mut cancelled = 0;
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while brackets < 6000 {
+        assert!(tokio::time::Instant::now() < deadline, "timed out");
+        tokio::select! {
+            biased;
+            d = sub.recv() => {
+                let d = d.unwrap().unwrap();
+                if !d.is_delta {
+                    brackets += 1;
+                }
+                got.push(d);
+            }
+            () = tokio::task::yield_now() => cancelled += 1,
+        }
+    }
+    let published = HashMap::from([("c".to_owned(), publisher.await.unwrap())]);
+    check_stream("cancelled", &got, &published, &SessionFilter::All, true);
+    assert!(cancelled > 0, "recv was never cancelled");
+    close(host).await;
+}

@@ -9,6 +9,11 @@
 //!   or below `fill_to` again, the switch has no gap and no duplicate.
 //! - **live**: read the queue. A `Lagged` marker in it means the hub stopped sending after the
 //!   previous item; go back to catching up from the last bracket received.
+//!
+//! [`Subscription::recv`] is cancel-safe, so a transport may `select!` on it: state changes
+//! only between awaits, and the answers it waits for (a page from the store, the hub's answer
+//! to a rejoin) are kept in `pending_page` / `pending_rejoin` and picked up by the next call,
+//! so a caller that keeps cancelling still makes progress.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -19,7 +24,7 @@ use tokio::sync::{mpsc, oneshot};
 use super::cursors::CursorCmd;
 use super::hub::{HubCmd, QueueItem, Registered, SlotId};
 use super::{BusError, Delivery, SubscribeOptions};
-use crate::store::{SessionFilter, Store};
+use crate::store::{Page, SessionFilter, Store, StoreError};
 
 /// Rows read from SQLite per catch-up page.
 const PAGE: u32 = 512;
@@ -46,6 +51,12 @@ pub struct Subscription {
     subscriber_id: Option<String>,
     dropped: Arc<AtomicU64>,
     catch_ups: u64,
+    /// A page asked of the store for the current catch-up position, not read yet.
+    pending_page: Option<oneshot::Receiver<Result<Page, StoreError>>>,
+    /// A rejoin the hub has been sent, whose answer has not been read yet.
+    pending_rejoin: Option<oneshot::Receiver<i64>>,
+    /// The hub feeds this subscription's queue (a rejoin was sent, no lag since).
+    joined: bool,
     hub: mpsc::Sender<HubCmd>,
     cursors: mpsc::Sender<CursorCmd>,
     store: Store,
@@ -74,6 +85,9 @@ impl Subscription {
             subscriber_id: options.subscriber_id,
             dropped: registered.dropped,
             catch_ups: 0,
+            pending_page: None,
+            pending_rejoin: None,
+            joined: false,
             hub,
             cursors,
             store,
@@ -97,6 +111,7 @@ impl Subscription {
                     }
                     Some(QueueItem::Lagged) => {
                         self.catch_ups += 1;
+                        self.joined = false;
                         tracing::debug!(
                             slot = self.slot,
                             from = self.last_bracket,
@@ -110,10 +125,31 @@ impl Subscription {
                     None => return Ok(None),
                 },
                 Mode::CatchingUp { position, fill_to } => {
-                    let page = self
-                        .store
-                        .page_after(self.filter.clone(), position, fill_to, PAGE)
-                        .await?;
+                    if let Some(answer) = self.pending_rejoin.as_mut() {
+                        let hub_last = answer.await.map_err(|_| BusError::Closed)?;
+                        self.pending_rejoin = None;
+                        self.mode = if hub_last > position {
+                            Mode::CatchingUp {
+                                position,
+                                fill_to: Some(hub_last),
+                            }
+                        } else {
+                            Mode::Live
+                        };
+                        continue;
+                    }
+                    if self.pending_page.is_none() {
+                        self.pending_page = Some(
+                            self.store
+                                .page_after_start(self.filter.clone(), position, fill_to, PAGE)
+                                .await?,
+                        );
+                    }
+                    let Some(answer) = self.pending_page.as_mut() else {
+                        continue;
+                    };
+                    let page = answer.await.map_err(|_| BusError::Closed)??;
+                    self.pending_page = None;
                     let short = page.events.len() < PAGE as usize;
                     let mut next = page.events.last().map_or(position, |e| e.sequence_id);
                     if short {
@@ -126,29 +162,23 @@ impl Subscription {
                             .map(|e| Arc::new(Delivery::from_stored(e))),
                     );
                     self.mode = match (short, fill_to) {
-                        (false, _) => Mode::CatchingUp {
+                        (true, Some(_)) => Mode::Live,
+                        _ => Mode::CatchingUp {
                             position: next,
                             fill_to,
                         },
-                        (true, Some(_)) => Mode::Live,
-                        (true, None) => {
-                            let hub_last = self.rejoin(next).await?;
-                            if hub_last > next {
-                                Mode::CatchingUp {
-                                    position: next,
-                                    fill_to: Some(hub_last),
-                                }
-                            } else {
-                                Mode::Live
-                            }
-                        }
                     };
+                    if short && fill_to.is_none() {
+                        self.pending_rejoin = Some(self.send_rejoin(next).await?);
+                        self.joined = true;
+                    }
                 }
             }
         }
     }
 
-    async fn rejoin(&self, position: i64) -> Result<i64, BusError> {
+    /// Ask the hub to go live from `position`; the answer is awaited by `recv`.
+    async fn send_rejoin(&self, position: i64) -> Result<oneshot::Receiver<i64>, BusError> {
         let (reply, answer) = oneshot::channel();
         self.hub
             .send(HubCmd::Rejoin {
@@ -158,7 +188,7 @@ impl Subscription {
             })
             .await
             .map_err(|_| BusError::Closed)?;
-        answer.await.map_err(|_| BusError::Closed)
+        Ok(answer)
     }
 
     /// Record that everything up to `sequence_id` was handled; durable subscribers have their
@@ -193,8 +223,9 @@ impl Subscription {
         self.last_bracket
     }
 
-    /// Whether the subscription is currently fed live by the hub.
+    /// Whether the hub feeds this subscription live: events published from now on reach its
+    /// queue (possibly after a short gap still being read from SQLite).
     pub fn is_live(&self) -> bool {
-        matches!(self.mode, Mode::Live) && self.buffer.is_empty()
+        self.joined
     }
 }

@@ -292,6 +292,19 @@ impl Store {
         T: Send + 'static,
         F: FnOnce(&mut Connection) -> StoreResult<T> + Send + 'static,
     {
+        self.read_start(f)
+            .await?
+            .await
+            .map_err(|_| StoreError::Closed)?
+    }
+
+    /// Queue a query and return the receiver of its answer, so a caller that may be cancelled
+    /// can keep the receiver and pick the answer up later.
+    pub async fn read_start<T, F>(&self, f: F) -> StoreResult<oneshot::Receiver<StoreResult<T>>>
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut Connection) -> StoreResult<T> + Send + 'static,
+    {
         let (tx, rx) = oneshot::channel();
         let job: Job = Box::new(move |conn| {
             let _ignored = tx.send(f(conn));
@@ -300,7 +313,7 @@ impl Store {
             .send(ReadCmd::Job(job))
             .await
             .map_err(|_| StoreError::Closed)?;
-        rx.await.map_err(|_| StoreError::Closed)?
+        Ok(rx)
     }
 
     // ---- sessions ----
@@ -405,7 +418,21 @@ impl Store {
         up_to: Option<i64>,
         limit: u32,
     ) -> StoreResult<Page> {
-        self.read(move |conn| {
+        self.page_after_start(filter, after_seq, up_to, limit)
+            .await?
+            .await
+            .map_err(|_| StoreError::Closed)?
+    }
+
+    /// [`Store::page_after`], returning the receiver of the page (see [`Store::read_start`]).
+    pub async fn page_after_start(
+        &self,
+        filter: SessionFilter,
+        after_seq: i64,
+        up_to: Option<i64>,
+        limit: u32,
+    ) -> StoreResult<oneshot::Receiver<StoreResult<Page>>> {
+        self.read_start(move |conn| {
             let tx = conn.transaction()?;
             let events = {
                 let mut stmt = tx.prepare_cached(&format!(
