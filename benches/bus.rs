@@ -34,7 +34,7 @@ fn bracket(session: &str, n: usize) -> Event {
 fn raw_sqlite(dir: &std::path::Path, rows: usize) -> anyhow::Result<f64> {
     let conn = Connection::open(dir.join("raw.db"))?;
     conn.pragma_update(None, "journal_mode", "WAL")?;
-    conn.pragma_update(None, "synchronous", "NORMAL")?;
+    conn.pragma_update(None, "synchronous", "FULL")?;
     conn.execute_batch(include_str!("../schema.sql"))?;
     let payloads: Vec<String> = (0..rows)
         .map(|n| serde_json::to_string(&bracket("raw-session", n)))

@@ -289,7 +289,10 @@ async fn start_detached(config: &Config) -> Reply {
                 }
                 reply
             }
-            Err(e) => start_failed(format!("the host printed an unexpected line: {e}")),
+            Err(e) => {
+                stop_child(&mut child).await;
+                start_failed(format!("the host printed an unexpected line: {e}"))
+            }
         },
         Ok(_) => {
             let status = child.wait().await.ok();
@@ -298,10 +301,20 @@ async fn start_detached(config: &Config) -> Reply {
                 stderr_path.display()
             ))
         }
-        Err(_) => start_failed(format!(
-            "the host was not ready within {START_TIMEOUT:?}; see {}",
-            config.logs_dir().display()
-        )),
+        Err(_) => {
+            // Not ready in time: stop it, so a failure report never leaves a host behind.
+            stop_child(&mut child).await;
+            start_failed(format!(
+                "the host was not ready within {START_TIMEOUT:?} and was stopped; see {}",
+                config.logs_dir().display()
+            ))
+        }
+    }
+}
+
+async fn stop_child(child: &mut tokio::process::Child) {
+    if let Err(e) = child.kill().await {
+        tracing::warn!(error = %e, "could not stop the host that failed to start");
     }
 }
 

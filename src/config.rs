@@ -1,7 +1,8 @@
 //! Paths and settings. Environment variables are read here and only here, once, when a
 //! [`Config`] is built; every other module receives the values it needs.
 //!
-//! Variables: `AGENT_HOST_HOME`, `AGENT_HOST_LOG` (log filter), `AGENT_HOST_IPC_TIMEOUT_MS`.
+//! Variables: `AGENT_HOST_HOME`, `AGENT_HOST_LOG` (log filter), `AGENT_HOST_IPC_TIMEOUT_MS`,
+//! `AGENT_HOST_WS_PORT`.
 //!
 //! `$AGENT_HOST_HOME` (default `~/.agent-host`) holds `host.lock`, `host.sock`, `host.db`,
 //! `config.toml` and `logs/` (design §3). The directory is created with mode 0700.
@@ -46,6 +47,12 @@ pub struct FileConfig {
     /// `tracing` filter for the host's log, e.g. `info` or `agent_host=debug`.
     #[serde(default)]
     pub log_level: Option<String>,
+    /// Loopback WebSocket port; 0 (the default) picks a free one.
+    #[serde(default)]
+    pub ws_port: Option<u16>,
+    /// Extra `Origin`s allowed on the WebSocket, e.g. a desktop shell's `tauri://localhost`.
+    #[serde(default)]
+    pub ws_allowed_origins: Vec<String>,
 }
 
 /// Everything the host and the CLI need to know about where things live.
@@ -55,6 +62,12 @@ pub struct Config {
     pub log_level: String,
     /// How long an IPC client may take to send its request line.
     pub ipc_read_timeout: Duration,
+    /// Loopback WebSocket port (0: ephemeral).
+    pub ws_port: u16,
+    /// `Origin`s accepted besides the server's own loopback origin.
+    pub ws_allowed_origins: Vec<String>,
+    /// The clock grants expire by; tests inject a manual one.
+    pub clock: crate::clock::Clock,
 }
 
 impl Config {
@@ -69,6 +82,12 @@ impl Config {
             }
         };
         let mut config = Config::with_home(home)?;
+        if let Some(port) = std::env::var("AGENT_HOST_WS_PORT")
+            .ok()
+            .and_then(|v| v.parse::<u16>().ok())
+        {
+            config.ws_port = port;
+        }
         if let Ok(level) = std::env::var("AGENT_HOST_LOG") {
             config.log_level = level;
         }
@@ -89,6 +108,9 @@ impl Config {
             home,
             log_level: file.log_level.unwrap_or_else(|| "info".to_owned()),
             ipc_read_timeout: Duration::from_secs(5),
+            ws_port: file.ws_port.unwrap_or(0),
+            ws_allowed_origins: file.ws_allowed_origins,
+            clock: crate::clock::Clock::system(),
         })
     }
 

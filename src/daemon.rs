@@ -1,13 +1,14 @@
 //! Wiring only: builds every part of the host, reports readiness, and tears it down in order.
 //!
-//! Start: home → instance lock → store → bus → sessions → IPC socket → lock file filled →
-//! `ready`. Shutdown (on the caller's `shutdown` future or `host.shutdown`) is a tree, leaves
+//! Start: home → instance lock → store → bus → sessions → WebSocket listener (port into the
+//! lock file) → IPC socket → `ready`. Shutdown (on the caller's `shutdown` future or `host.shutdown`) is a tree, leaves
 //! first: stop accepting IPC and finish in-flight requests → (adapters, later) → drain the bus
 //! (queued brackets are committed and fanned out) → flush and join the store threads →
 //! release the lock. The socket file goes with the listener, the lock with the last line.
 
 use std::future::Future;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::oneshot;
@@ -22,6 +23,8 @@ use crate::instance::{InstanceError, InstanceLock, LockInfo};
 use crate::ipc::{self, IpcError};
 use crate::session::SessionManager;
 use crate::store::{Store, StoreError};
+use crate::ws::server::WsContext;
+use crate::ws::{self, GrantStore, Subscribers};
 
 /// What a started host reports to whoever started it.
 #[derive(Clone)]
@@ -46,6 +49,8 @@ pub enum DaemonError {
     Ipc(#[from] IpcError),
     #[error("lock file: {0}")]
     Lock(std::io::Error),
+    #[error("WebSocket listener: {0}")]
+    Ws(std::io::Error),
 }
 
 /// How long in-flight IPC requests get to finish at shutdown.
@@ -66,28 +71,61 @@ pub async fn run(
         ws_port: None,
         started_at: humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string(),
     };
-    let lock = InstanceLock::acquire(&config.lock_path(), info)?;
+    let lock_path = config.lock_path();
+    // Acquiring may wait briefly for a racing host to write its pid: not on a tokio worker.
+    let lock = tokio::task::spawn_blocking(move || InstanceLock::acquire(&lock_path, info))
+        .await
+        .map_err(|e| DaemonError::Lock(std::io::Error::other(e)))??;
     let span = tracing::info_span!("host", pid = lock.info().pid);
     serve(config, lock, shutdown, ready).instrument(span).await
 }
 
 async fn serve(
     config: Config,
-    lock: InstanceLock,
+    mut lock: InstanceLock,
     shutdown: impl Future<Output = ()>,
     ready: oneshot::Sender<Ready>,
 ) -> Result<(), DaemonError> {
     let ipc_path = config.ipc_path();
     tracing::info!(home = %config.home.display(), version = crate::VERSION, "host starting");
 
-    let (store, store_threads) = Store::open(&config.db_path())?;
+    let db_path = config.db_path();
+    let (store, store_threads) = tokio::task::spawn_blocking(move || Store::open(&db_path))
+        .await
+        .map_err(|e| DaemonError::Lock(std::io::Error::other(e)))??;
     let (bus, bus_tasks) = Bus::start(store.clone()).await?;
     let sessions = SessionManager::new(store.clone(), bus.clone());
 
     let root = CancellationToken::new();
-    let listener = ipc::bind(&ipc_path)?;
-    let dispatcher = Dispatcher::new(sessions, lock.info().clone(), root.clone());
     let tracker = TaskTracker::new();
+
+    // The loopback WebSocket server; its port goes into the lock file before anyone is told.
+    let ws_listener = ws::server::bind(config.ws_port)
+        .await
+        .map_err(DaemonError::Ws)?;
+    let ws_port = ws_listener.local_addr().map_err(DaemonError::Ws)?.port();
+    let mut info = lock.info().clone();
+    info.ws_port = Some(ws_port);
+    lock.update(info).map_err(DaemonError::Lock)?;
+    let grants = Arc::new(GrantStore::new(config.clock.clone()));
+    let subscribers = Subscribers::new(store.clone(), sessions.clone(), grants.clone(), ws_port);
+    let ws_ctx = Arc::new(WsContext {
+        grants,
+        bus: bus.clone(),
+        sessions: sessions.clone(),
+        store: store.clone(),
+        port: ws_port,
+        allowed_origins: config.ws_allowed_origins.clone(),
+    });
+    let ws_task = tokio::spawn(ws::server::serve(
+        ws_listener,
+        ws_ctx,
+        root.child_token(),
+        tracker.clone(),
+    ));
+
+    let listener = ipc::bind(&ipc_path)?;
+    let dispatcher = Dispatcher::new(sessions, subscribers, lock.info().clone(), root.clone());
     let ipc_task = tokio::spawn(ipc::serve(
         listener,
         dispatcher,
@@ -104,7 +142,7 @@ async fn serve(
         ipc_path: ipc_path.clone(),
         bus: bus.clone(),
     });
-    tracing::info!(ipc = %ipc_path.display(), "host ready");
+    tracing::info!(ipc = %ipc_path.display(), ws_port, "host ready");
 
     tokio::select! {
         () = shutdown => tracing::info!("shutdown signal received"),
@@ -112,9 +150,11 @@ async fn serve(
     }
     root.cancel();
 
-    // 1. Transports: stop accepting, let in-flight requests answer.
-    if let Err(e) = ipc_task.await {
-        tracing::error!(error = %e, "IPC task failed");
+    // 1. Transports: stop accepting, let in-flight requests answer, close WebSockets.
+    for (name, task) in [("IPC", ipc_task), ("WebSocket", ws_task)] {
+        if let Err(e) = task.await {
+            tracing::error!(error = %e, "{name} listener task failed");
+        }
     }
     tracker.close();
     if tokio::time::timeout(DRAIN_GRACE, tracker.wait())

@@ -11,19 +11,27 @@ use crate::instance::LockInfo;
 use crate::protocol::envelope::{Command, ErrorCode, Reply, SessionHistoryParams};
 use crate::session::{DEFAULT_HISTORY_LIMIT, NewSession, SessionError, SessionManager};
 use crate::store::StoredEvent;
+use crate::ws::{SubscriberError, Subscribers};
 
 /// Serves commands inside the live host.
 #[derive(Clone)]
 pub struct Dispatcher {
     sessions: SessionManager,
+    subscribers: Subscribers,
     info: LockInfo,
     shutdown: CancellationToken,
 }
 
 impl Dispatcher {
-    pub fn new(sessions: SessionManager, info: LockInfo, shutdown: CancellationToken) -> Self {
+    pub fn new(
+        sessions: SessionManager,
+        subscribers: Subscribers,
+        info: LockInfo,
+        shutdown: CancellationToken,
+    ) -> Self {
         Dispatcher {
             sessions,
+            subscribers,
             info,
             shutdown,
         }
@@ -85,6 +93,22 @@ impl Dispatcher {
                 Err(e) => session_error(e),
             },
             Command::SessionHistory(p) => self.history(p).await,
+            Command::SubscriberAdd(p) => match self.subscribers.add(p).await {
+                Ok(grant) => Reply::ok(grant),
+                Err(e) => subscriber_error(e),
+            },
+            Command::SubscriberGrant(p) => match self.subscribers.grant(&p.subscriber_id).await {
+                Ok(grant) => Reply::ok(grant),
+                Err(e) => subscriber_error(e),
+            },
+            Command::SubscriberList => match self.subscribers.list().await {
+                Ok(rows) => Reply::ok(json!({"subscribers": rows})),
+                Err(e) => subscriber_error(e),
+            },
+            Command::SubscriberRemove(p) => match self.subscribers.remove(&p.subscriber_id).await {
+                Ok(()) => Reply::ok(json!({"removed": p.subscriber_id})),
+                Err(e) => subscriber_error(e),
+            },
         }
     }
 
@@ -135,6 +159,26 @@ fn history_entry(e: StoredEvent) -> Value {
     })
 }
 
+fn subscriber_error(e: SubscriberError) -> Reply {
+    let message = e.to_string();
+    match e {
+        SubscriberError::NotFound(id) => Reply::error(
+            ErrorCode::SubscriberNotFound,
+            message,
+            json!({"subscriber_id": id}),
+        ),
+        SubscriberError::Session(e) => session_error(e),
+        SubscriberError::Store(_) => {
+            tracing::error!(error = %message, "store failure while serving a command");
+            Reply::error(ErrorCode::StoreFailed, message, Value::Null)
+        }
+        SubscriberError::Grant(_) => {
+            tracing::error!(error = %message, "minting a grant failed");
+            Reply::error(ErrorCode::Internal, message, Value::Null)
+        }
+    }
+}
+
 fn session_error(e: SessionError) -> Reply {
     let message = e.to_string();
     match e {
@@ -151,6 +195,9 @@ fn session_error(e: SessionError) -> Reply {
             message,
             json!({"agent_type": agent_type}),
         ),
+        SessionError::InvalidParams(_) => {
+            Reply::error(ErrorCode::InvalidParams, message, Value::Null)
+        }
         SessionError::Store(_) => {
             tracing::error!(error = %message, "store failure while serving a command");
             Reply::error(ErrorCode::StoreFailed, message, Value::Null)

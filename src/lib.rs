@@ -8,7 +8,7 @@
 //! - [`bus`] — persist-then-publish pipeline, subscriber queues, replay and catch-up.
 //! - [`session`] — sessions (and, with the adapters, one actor per live session).
 //! - [`dispatch`] — typed command → reply inside the host; module errors → wire codes.
-//! - [`ipc`] — the Unix-socket transport.
+//! - [`ipc`] — the Unix-socket transport; [`ws`] — the loopback WebSocket transport.
 //! - [`instance`], [`config`] — the lock file and where things live.
 //! - [`daemon`] — wiring and ordered shutdown; [`run`] is its entry point.
 //! - [`client`] — the CLI's routing: local, IPC or hybrid.
@@ -17,6 +17,7 @@
 
 pub mod bus;
 pub mod client;
+pub mod clock;
 pub mod config;
 pub mod daemon;
 pub mod dispatch;
@@ -26,6 +27,7 @@ pub mod logging;
 pub mod protocol;
 pub mod session;
 pub mod store;
+pub mod ws;
 
 pub use daemon::{Ready, run};
 

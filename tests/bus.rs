@@ -556,3 +556,107 @@ async fn recv_survives_being_cancelled_at_any_await() {
     assert!(cancelled > 0, "recv was never cancelled");
     close(host).await;
 }
+
+/// A failed group commit stops event appends: an event queued behind it is refused too, so a
+/// session's stream never has a hole (fail-stop), and subscribers see neither.
+#[tokio::test]
+async fn a_failed_commit_stops_appends_instead_of_leaving_a_gap() {
+    let dir = tempfile::tempdir().unwrap();
+    let host = open(dir.path()).await;
+    let mut sub = host
+        .bus
+        .subscribe(subscribe_opts(SessionFilter::All, false, Replay::None))
+        .await
+        .unwrap();
+    let ok = end("s", "before");
+    host.bus
+        .publish(&ok)
+        .await
+        .unwrap()
+        .committed()
+        .await
+        .unwrap();
+    assert_eq!(key_of_json(&recv(&mut sub).await.json), key(&ok));
+    host.store
+        .write(|conn| {
+            conn.execute_batch(
+                "CREATE TRIGGER refuse_start BEFORE INSERT ON messages \
+                 WHEN NEW.kind = 'text.start' BEGIN SELECT RAISE(ABORT, 'disk says no'); END;",
+            )?;
+            Ok(())
+        })
+        .await
+        .unwrap();
+    let failing = host.bus.publish(&start("s", "x")).await.unwrap();
+    let after = host.bus.publish(&end("s", "x")).await.unwrap();
+    let err = failing.committed().await.unwrap_err().to_string();
+    assert!(err.contains("disk says no"), "{err}");
+    let err = after.committed().await.unwrap_err().to_string();
+    assert!(
+        err.contains("stopped") || err.contains("disk says no"),
+        "{err}"
+    );
+    let stored = host.store.history("s".into(), 0, 10).await.unwrap();
+    assert_eq!(
+        stored.len(),
+        1,
+        "only the event before the failure is stored"
+    );
+    close(host).await;
+}
+
+/// A store error surfaces as an error, and calling `recv` again is fine (no panic).
+#[tokio::test]
+async fn recv_after_a_store_error_can_be_called_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let host = open(dir.path()).await;
+    host.store
+        .write(|conn| {
+            conn.execute(
+                "INSERT INTO messages (message_id, session_id, kind, payload, created_at) \
+                 VALUES ('m', 's', 'text.end', x'00ff', 0)",
+                [],
+            )?;
+            Ok(())
+        })
+        .await
+        .unwrap();
+    let mut sub = host
+        .bus
+        .subscribe(subscribe_opts(
+            SessionFilter::All,
+            false,
+            Replay::SinceCursor(0),
+        ))
+        .await
+        .unwrap();
+    assert!(sub.recv().await.is_err(), "a BLOB payload is not an event");
+    assert!(sub.recv().await.is_err(), "still an error, and no panic");
+    close(host).await;
+}
+
+/// A cursor from the future (stale client) is clamped: the subscriber still gets new events.
+#[tokio::test]
+async fn a_cursor_past_the_end_does_not_silence_a_subscriber() {
+    let dir = tempfile::tempdir().unwrap();
+    let host = open(dir.path()).await;
+    let mut sub = host
+        .bus
+        .subscribe(subscribe_opts(
+            SessionFilter::All,
+            false,
+            Replay::SinceCursor(1_000_000),
+        ))
+        .await
+        .unwrap();
+    let e = end("s", "new");
+    host.bus
+        .publish(&e)
+        .await
+        .unwrap()
+        .committed()
+        .await
+        .unwrap();
+    assert_eq!(key_of_json(&recv(&mut sub).await.json), key(&e));
+    close(host).await;
+}

@@ -111,7 +111,6 @@ async fn sigkill_mid_publish_loses_no_acknowledged_bracket() {
             "acknowledged {item} (seq {seq}) is missing"
         );
     }
-    assert!(stored.len() >= acked.len());
     eprintln!(
         "acknowledged {}, stored {} (the difference was committed but not yet acknowledged)",
         acked.len(),

@@ -224,6 +224,9 @@ impl Hub {
         for id in gone {
             self.slots.remove(&id);
         }
+        // Subscriptions dropped while not live (or filtered away) are never offered anything:
+        // drop their slots here so fan-out does not keep walking them.
+        self.slots.retain(|_, s| !s.tx.is_closed());
     }
 }
 
@@ -241,6 +244,7 @@ mod tests {
                 kind: kind.into(),
                 is_delta,
                 json: "{}".into(),
+                frame: std::sync::OnceLock::new(),
             },
             kind,
             created_at: 0,

@@ -26,12 +26,15 @@ mod cursors;
 mod hub;
 pub mod subscription;
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
+
+use bytes::Bytes;
 
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 
 use crate::protocol::events::Event;
+use crate::protocol::wire::{self, pb};
 use crate::store::{SessionFilter, Store, StoreError, StoredEvent, now_ms};
 
 pub use subscription::Subscription;
@@ -42,8 +45,11 @@ pub const SUBSCRIBER_QUEUE: usize = 1024;
 const INGEST_QUEUE: usize = 8192;
 /// The most events the ingest task takes into one batch.
 const MAX_BATCH: usize = 4096;
-/// Batches between ingest and hub whose commit is pending.
-const IN_FLIGHT_BATCHES: usize = 64;
+/// The most payload bytes in one batch (a batch closes after the event that crosses it).
+const MAX_BATCH_BYTES: usize = 4 * 1024 * 1024;
+/// Batches between ingest and hub whose commit is pending. With the bounds above, at most
+/// about 64 MiB of events wait for commit or fan-out before publishers feel back-pressure.
+const IN_FLIGHT_BATCHES: usize = 16;
 
 /// Bus failures.
 #[derive(Debug, thiserror::Error)]
@@ -70,9 +76,40 @@ pub struct Delivery {
     pub is_delta: bool,
     /// The canonical event JSON, exactly as stored.
     pub json: Arc<str>,
+    /// The encoded `EventPush` frame, built by the first transport that needs it and then
+    /// shared by every other one.
+    pub frame: OnceLock<Bytes>,
 }
 
 impl Delivery {
+    /// The `EventPush` wire frame of this event, encoded once.
+    pub fn push_frame(&self) -> Bytes {
+        self.frame
+            .get_or_init(|| {
+                wire::event_push_frame(&pb::EventPush {
+                    sequence_id: self.sequence_id,
+                    message_id: self.message_id.to_string(),
+                    session_id: self.session_id.to_string(),
+                    run_id: self.run_id.as_deref().unwrap_or_default().to_owned(),
+                    is_delta: self.is_delta,
+                    event_json: self.json.to_string(),
+                })
+            })
+            .clone()
+    }
+
+    /// The wire form of a stored bracket (history pages carry these).
+    pub fn stored_push(e: &StoredEvent) -> pb::EventPush {
+        pb::EventPush {
+            sequence_id: e.sequence_id,
+            message_id: e.message_id.clone(),
+            session_id: e.session_id.clone(),
+            run_id: e.run_id.clone().unwrap_or_default(),
+            is_delta: false,
+            event_json: e.payload.clone(),
+        }
+    }
+
     fn from_stored(e: StoredEvent) -> Delivery {
         Delivery {
             sequence_id: e.sequence_id,
@@ -82,6 +119,7 @@ impl Delivery {
             kind: e.kind.into(),
             is_delta: false,
             json: e.payload.into(),
+            frame: OnceLock::new(),
         }
     }
 }
@@ -230,6 +268,7 @@ impl Bus {
                 kind: event.kind().into(),
                 is_delta,
                 json,
+                frame: OnceLock::new(),
             },
             kind: event.kind(),
             created_at: now_ms(),
@@ -246,7 +285,9 @@ impl Bus {
     /// live; [`Subscription::recv`] hides the switch.
     pub async fn subscribe(&self, options: SubscribeOptions) -> Result<Subscription, BusError> {
         let start = match options.replay {
-            Replay::SinceCursor(cursor) => cursor.max(0),
+            // A cursor from the future (a stale client, a reset store) would make the hub skip
+            // everything up to it: start no later than what exists.
+            Replay::SinceCursor(cursor) => cursor.clamp(0, self.store.max_sequence_id().await?),
             Replay::MaxCount(n) => {
                 self.store
                     .cursor_before_last(options.filter.clone(), n)
@@ -303,11 +344,15 @@ async fn ingest_loop(
             }
         };
         let Some(first) = first else { break };
+        let mut bytes = first.delivery.json.len();
         let mut batch = Vec::with_capacity(64);
         batch.push(first);
-        while batch.len() < MAX_BATCH {
+        while batch.len() < MAX_BATCH && bytes < MAX_BATCH_BYTES {
             match rx.try_recv() {
-                Ok(item) => batch.push(item),
+                Ok(item) => {
+                    bytes += item.delivery.json.len();
+                    batch.push(item);
+                }
                 Err(_) => break,
             }
         }

@@ -94,7 +94,8 @@ impl Subscription {
         }
     }
 
-    /// The next event, in order. `Ok(None)` once the bus has shut down.
+    /// The next event, in order. `Ok(None)` once the bus or the store has shut down; an error
+    /// (a failed store read) may be retried by calling again.
     pub async fn recv(&mut self) -> Result<Option<Arc<Delivery>>, BusError> {
         loop {
             if let Some(item) = self.buffer.pop_front() {
@@ -126,8 +127,13 @@ impl Subscription {
                 },
                 Mode::CatchingUp { position, fill_to } => {
                     if let Some(answer) = self.pending_rejoin.as_mut() {
-                        let hub_last = answer.await.map_err(|_| BusError::Closed)?;
+                        // Clear it before looking at the result: a completed receiver must
+                        // never be polled again, even after an error.
+                        let answered = answer.await;
                         self.pending_rejoin = None;
+                        let Ok(hub_last) = answered else {
+                            return Ok(None);
+                        };
                         self.mode = if hub_last > position {
                             Mode::CatchingUp {
                                 position,
@@ -139,17 +145,26 @@ impl Subscription {
                         continue;
                     }
                     if self.pending_page.is_none() {
-                        self.pending_page = Some(
-                            self.store
-                                .page_after_start(self.filter.clone(), position, fill_to, PAGE)
-                                .await?,
-                        );
+                        match self
+                            .store
+                            .page_after_start(self.filter.clone(), position, fill_to, PAGE)
+                            .await
+                        {
+                            Ok(answer) => self.pending_page = Some(answer),
+                            Err(StoreError::Closed) => return Ok(None),
+                            Err(e) => return Err(e.into()),
+                        }
                     }
                     let Some(answer) = self.pending_page.as_mut() else {
                         continue;
                     };
-                    let page = answer.await.map_err(|_| BusError::Closed)??;
+                    let answered = answer.await;
                     self.pending_page = None;
+                    let page = match answered {
+                        Ok(Ok(page)) => page,
+                        Ok(Err(StoreError::Closed)) | Err(_) => return Ok(None),
+                        Ok(Err(e)) => return Err(e.into()),
+                    };
                     let short = page.events.len() < PAGE as usize;
                     let mut next = page.events.last().map_or(position, |e| e.sequence_id);
                     if short {
@@ -169,7 +184,10 @@ impl Subscription {
                         },
                     };
                     if short && fill_to.is_none() {
-                        self.pending_rejoin = Some(self.send_rejoin(next).await?);
+                        let Ok(answer) = self.send_rejoin(next).await else {
+                            return Ok(None);
+                        };
+                        self.pending_rejoin = Some(answer);
                         self.joined = true;
                     }
                 }
@@ -192,11 +210,13 @@ impl Subscription {
     }
 
     /// Record that everything up to `sequence_id` was handled; durable subscribers have their
-    /// cursor saved in the next batched write (not one write per event).
+    /// cursor saved in the next batched write (not one write per event). A cursor past what
+    /// this subscription has received is clamped to it: an ack can never skip events.
     pub async fn ack(&self, sequence_id: i64) -> Result<(), BusError> {
         let Some(id) = &self.subscriber_id else {
             return Ok(());
         };
+        let sequence_id = sequence_id.clamp(0, self.last_bracket);
         let dropped = self.dropped.swap(0, Ordering::Relaxed);
         self.cursors
             .send(CursorCmd::Ack {

@@ -151,8 +151,18 @@ where
     };
     let mut line = reply.to_line();
     line.push('\n');
-    write.write_all(line.as_bytes()).await?;
-    write.shutdown().await
+    // A client that never reads must not hold a connection slot for ever.
+    let written = tokio::time::timeout(limits.read_timeout.max(Duration::from_secs(5)), async {
+        write.write_all(line.as_bytes()).await?;
+        write.shutdown().await
+    })
+    .await;
+    written.unwrap_or_else(|_| {
+        Err(io::Error::new(
+            io::ErrorKind::TimedOut,
+            "client did not read the reply",
+        ))
+    })
 }
 
 /// Read one request line (without its newline) within the limits.
@@ -268,11 +278,10 @@ mod tests {
             ws_port: None,
             started_at: "t".into(),
         };
-        let dispatcher = Dispatcher::new(
-            SessionManager::new(store.clone(), bus.clone()),
-            info,
-            CancellationToken::new(),
-        );
+        let sessions = SessionManager::new(store.clone(), bus.clone());
+        let grants = std::sync::Arc::new(crate::ws::GrantStore::new(crate::clock::Clock::system()));
+        let subscribers = crate::ws::Subscribers::new(store.clone(), sessions.clone(), grants, 1);
+        let dispatcher = Dispatcher::new(sessions, subscribers, info, CancellationToken::new());
         for (request, code) in [
             (&b"{\"command\":\"session.list\"}\n"[..], 0),
             (&b"{\"command\":\"session.lst\"}\n"[..], 1004),

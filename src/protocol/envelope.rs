@@ -24,6 +24,10 @@ pub enum ErrorCode {
     EmptyRequest,
     InvalidEncoding,
     WrongRoute,
+    InvalidFrame,
+    UnknownCmd,
+    FrameTooLarge,
+    HelloRequired,
     AlreadyRunning,
     HostNotRunning,
     HostStartFailed,
@@ -34,7 +38,10 @@ pub enum ErrorCode {
     HomeUnusable,
     SessionNotFound,
     CwdNotFound,
+    RunNotFound,
+    PermissionNotFound,
     UnknownAgentType,
+    NoAgent,
     SubscriberNotFound,
 }
 
@@ -51,6 +58,10 @@ impl ErrorCode {
         ErrorCode::EmptyRequest,
         ErrorCode::InvalidEncoding,
         ErrorCode::WrongRoute,
+        ErrorCode::InvalidFrame,
+        ErrorCode::UnknownCmd,
+        ErrorCode::FrameTooLarge,
+        ErrorCode::HelloRequired,
         ErrorCode::AlreadyRunning,
         ErrorCode::HostNotRunning,
         ErrorCode::HostStartFailed,
@@ -61,7 +72,10 @@ impl ErrorCode {
         ErrorCode::HomeUnusable,
         ErrorCode::SessionNotFound,
         ErrorCode::CwdNotFound,
+        ErrorCode::RunNotFound,
+        ErrorCode::PermissionNotFound,
         ErrorCode::UnknownAgentType,
+        ErrorCode::NoAgent,
         ErrorCode::SubscriberNotFound,
     ];
 
@@ -78,6 +92,10 @@ impl ErrorCode {
             ErrorCode::EmptyRequest => 1008,
             ErrorCode::InvalidEncoding => 1009,
             ErrorCode::WrongRoute => 1010,
+            ErrorCode::InvalidFrame => 1011,
+            ErrorCode::UnknownCmd => 1012,
+            ErrorCode::FrameTooLarge => 1013,
+            ErrorCode::HelloRequired => 1014,
             ErrorCode::AlreadyRunning => 2001,
             ErrorCode::HostNotRunning => 2002,
             ErrorCode::HostStartFailed => 2003,
@@ -88,7 +106,10 @@ impl ErrorCode {
             ErrorCode::HomeUnusable => 2008,
             ErrorCode::SessionNotFound => 3001,
             ErrorCode::CwdNotFound => 3002,
+            ErrorCode::RunNotFound => 3003,
+            ErrorCode::PermissionNotFound => 3004,
             ErrorCode::UnknownAgentType => 4001,
+            ErrorCode::NoAgent => 4002,
             ErrorCode::SubscriberNotFound => 5001,
         }
     }
@@ -106,6 +127,10 @@ impl ErrorCode {
             ErrorCode::EmptyRequest => "empty_request",
             ErrorCode::InvalidEncoding => "invalid_encoding",
             ErrorCode::WrongRoute => "wrong_route",
+            ErrorCode::InvalidFrame => "invalid_frame",
+            ErrorCode::UnknownCmd => "unknown_cmd",
+            ErrorCode::FrameTooLarge => "frame_too_large",
+            ErrorCode::HelloRequired => "hello_required",
             ErrorCode::AlreadyRunning => "already_running",
             ErrorCode::HostNotRunning => "host_not_running",
             ErrorCode::HostStartFailed => "host_start_failed",
@@ -116,7 +141,10 @@ impl ErrorCode {
             ErrorCode::HomeUnusable => "home_unusable",
             ErrorCode::SessionNotFound => "session_not_found",
             ErrorCode::CwdNotFound => "cwd_not_found",
+            ErrorCode::RunNotFound => "run_not_found",
+            ErrorCode::PermissionNotFound => "permission_not_found",
             ErrorCode::UnknownAgentType => "unknown_agent_type",
+            ErrorCode::NoAgent => "no_agent",
             ErrorCode::SubscriberNotFound => "subscriber_not_found",
         }
     }
@@ -136,8 +164,16 @@ impl ErrorCode {
             ErrorCode::EmptyRequest => "the connection sent an empty line or closed without one",
             ErrorCode::InvalidEncoding => "the request is not UTF-8",
             ErrorCode::WrongRoute => {
-                "the command is not served on this route (e.g. `host.start` over IPC)"
+                "the command is not served on this route (e.g. `version` over IPC)"
             }
+            ErrorCode::InvalidFrame => {
+                "a WebSocket message that is not a valid `Frame`, or whose body does not decode"
+            }
+            ErrorCode::UnknownCmd => {
+                "a `Frame` whose `cmd` is unknown or not one a client may send"
+            }
+            ErrorCode::FrameTooLarge => "a WebSocket message over 1 MiB; the connection is closed",
+            ErrorCode::HelloRequired => "the first frame of a connection must be `Hello`",
             ErrorCode::AlreadyRunning => "a host already holds the lock; `data.pid` is its pid",
             ErrorCode::HostNotRunning => "the command needs a live host and none answers",
             ErrorCode::HostStartFailed => "the host process did not come up; see `logs/`",
@@ -148,7 +184,10 @@ impl ErrorCode {
             ErrorCode::HomeUnusable => "`$AGENT_HOST_HOME` cannot be created or used",
             ErrorCode::SessionNotFound => "no session with that id",
             ErrorCode::CwdNotFound => "the `cwd` given does not exist or is not a directory",
+            ErrorCode::RunNotFound => "no run with that id in that session",
+            ErrorCode::PermissionNotFound => "no pending permission request with that id",
             ErrorCode::UnknownAgentType => "no adapter family or registered agent of that name",
+            ErrorCode::NoAgent => "no adapter in this build can run this session's agent",
             ErrorCode::SubscriberNotFound => "no subscriber with that id",
         }
     }
@@ -324,6 +363,30 @@ pub const COMMANDS: &[CommandSpec] = &[
         summary: "delete a session and its stored events",
     },
     CommandSpec {
+        name: "subscriber.add",
+        route: Route::Ipc,
+        params: "{type: \"local\", session_id?: string, forward_deltas?: bool, replay_mode?: \"none\"|\"since_cursor\"|\"max_count\", max_count?: int}",
+        summary: "create a durable subscriber and a WebSocket grant: {subscriber_id, ws_endpoint, ws_token, token_ttl_s}",
+    },
+    CommandSpec {
+        name: "subscriber.grant",
+        route: Route::Ipc,
+        params: "{subscriber_id: string}",
+        summary: "a fresh WebSocket grant for an existing subscriber (after a host restart or TTL)",
+    },
+    CommandSpec {
+        name: "subscriber.list",
+        route: Route::Ipc,
+        params: "{}",
+        summary: "every subscriber with its cursor, whether connected, and deltas dropped",
+    },
+    CommandSpec {
+        name: "subscriber.remove",
+        route: Route::Ipc,
+        params: "{subscriber_id: string}",
+        summary: "delete a subscriber, void its grants and close its connections",
+    },
+    CommandSpec {
         name: "session.history",
         route: Route::Ipc,
         params: "{session_id: string, after_seq?: int, limit?: int (default 200, max 5000)}",
@@ -367,6 +430,63 @@ pub struct SessionHistoryParams {
     pub limit: Option<u32>,
 }
 
+/// How a new subscriber starts (design §6).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ReplayMode {
+    None,
+    SinceCursor,
+    #[default]
+    MaxCount,
+}
+
+impl ReplayMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ReplayMode::None => "none",
+            ReplayMode::SinceCursor => "since_cursor",
+            ReplayMode::MaxCount => "max_count",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<ReplayMode> {
+        match text {
+            "none" => Some(ReplayMode::None),
+            "since_cursor" => Some(ReplayMode::SinceCursor),
+            "max_count" => Some(ReplayMode::MaxCount),
+            _ => None,
+        }
+    }
+}
+
+/// The transport a subscriber uses; only loopback WebSocket subscribers exist so far.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SubscriberType {
+    Local,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SubscriberAddParams {
+    #[serde(rename = "type")]
+    pub kind: SubscriberType,
+    #[serde(default)]
+    pub session_id: Option<String>,
+    #[serde(default)]
+    pub forward_deltas: bool,
+    #[serde(default)]
+    pub replay_mode: ReplayMode,
+    #[serde(default)]
+    pub max_count: Option<u32>,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SubscriberIdParams {
+    pub subscriber_id: String,
+}
+
 /// A parsed, typed command. After this, nothing matches on strings.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Command {
@@ -380,6 +500,10 @@ pub enum Command {
     SessionGet(SessionIdParams),
     SessionDelete(SessionIdParams),
     SessionHistory(SessionHistoryParams),
+    SubscriberAdd(SubscriberAddParams),
+    SubscriberGrant(SubscriberIdParams),
+    SubscriberList,
+    SubscriberRemove(SubscriberIdParams),
 }
 
 /// The most a request line may hold, for IPC and argv alike.
@@ -473,6 +597,12 @@ impl Command {
             "session.get" => Command::SessionGet(typed(name, params)?),
             "session.delete" => Command::SessionDelete(typed(name, params)?),
             "session.history" => Command::SessionHistory(typed(name, params)?),
+            "subscriber.add" => Command::SubscriberAdd(typed(name, params)?),
+            "subscriber.grant" => Command::SubscriberGrant(typed(name, params)?),
+            "subscriber.list" => {
+                typed::<EmptyParams>(name, params).map(|_| Command::SubscriberList)?
+            }
+            "subscriber.remove" => Command::SubscriberRemove(typed(name, params)?),
             _ => {
                 return Err(RequestError::new(
                     ErrorCode::UnknownCommand,
@@ -496,6 +626,10 @@ impl Command {
             Command::SessionGet(_) => "session.get",
             Command::SessionDelete(_) => "session.delete",
             Command::SessionHistory(_) => "session.history",
+            Command::SubscriberAdd(_) => "subscriber.add",
+            Command::SubscriberGrant(_) => "subscriber.grant",
+            Command::SubscriberList => "subscriber.list",
+            Command::SubscriberRemove(_) => "subscriber.remove",
         }
     }
 
@@ -549,6 +683,8 @@ mod tests {
             let params = match spec.name {
                 "session.create" => json!({"agent_type": "claude", "cwd": "/"}),
                 "session.get" | "session.delete" | "session.history" => json!({"session_id": "x"}),
+                "subscriber.add" => json!({"type": "local"}),
+                "subscriber.grant" | "subscriber.remove" => json!({"subscriber_id": "x"}),
                 _ => json!({}),
             };
             let cmd = Command::parse_named(spec.name, params).unwrap();
@@ -605,29 +741,112 @@ mod tests {
         }
     }
 
-    /// `docs/commands.md` lists every command with its route and every code with its name.
+    /// `docs/commands.md` is written from the tables in this file. Run with
+    /// `AGENT_HOST_BLESS=1` to rewrite it after changing a command or a code.
     #[test]
-    fn docs_table_matches_the_code() {
-        let docs = include_str!("../../docs/commands.md");
-        for spec in COMMANDS {
-            let row = format!(
-                "| `{}` | {} | `{}` |",
-                spec.name,
-                spec.route.name(),
-                spec.params
-            );
-            assert!(docs.contains(&row), "docs/commands.md lacks {row}");
+    fn docs_commands_md_is_current() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/commands.md");
+        let want = commands_markdown();
+        if std::env::var_os("AGENT_HOST_BLESS").is_some() {
+            std::fs::write(path, &want).unwrap();
         }
+        let have = std::fs::read_to_string(path).unwrap_or_default();
+        assert!(
+            have == want,
+            "docs/commands.md is stale: run `AGENT_HOST_BLESS=1 cargo test --lib docs_commands_md`"
+        );
+    }
+
+    fn commands_markdown() -> String {
+        let mut out = String::from(DOC_HEAD);
+        out.push_str("| command | route | params | what it does |\n| --- | --- | --- | --- |\n");
+        for s in COMMANDS {
+            out.push_str(&format!(
+                "| `{}` | {} | `{}` | {} |\n",
+                s.name,
+                s.route.name(),
+                s.params,
+                s.summary
+            ));
+        }
+        out.push_str(DOC_ROUTES);
+        out.push_str("| code | name | meaning |\n| --- | --- | --- |\n| 0 | `ok` | success |\n");
+        let mut group = 0;
         for code in ErrorCode::ALL {
-            let row = format!(
-                "| {} | `{}` | {} |",
+            let g = code.number() / 1000;
+            if g != group {
+                group = g;
+                let title = match g {
+                    1 => "Request errors",
+                    2 => "Host state",
+                    3 => "Session",
+                    4 => "Agent",
+                    _ => "Subscriber",
+                };
+                out.push_str(&format!("| | **{title}** | |\n"));
+            }
+            out.push_str(&format!(
+                "| {} | `{}` | {} |\n",
                 code.number(),
                 code.name(),
                 code.meaning()
-            );
-            assert!(docs.contains(&row), "docs/commands.md lacks {row}");
+            ));
         }
+        out.push_str(DOC_TAIL);
+        out
     }
+
+    const DOC_HEAD: &str = "# Commands and reply codes
+
+Every request is an envelope `{\"command\": \"<noun.verb>\", \"params\": {…}}`, given to the
+binary as one JSON argument (`agent-host '<envelope>'`), as a name plus params
+(`agent-host session.get '{\"session_id\":\"…\"}'`), or sent as one line over `host.sock`.
+Every answer is one JSON line `{\"code\": <int>, \"message\": <string>, \"data\": <any>}`; the
+process exits 0 exactly when `code` is 0. On an error, `data.error` holds the code's stable
+name and any details (e.g. `data.pid` for `already_running`).
+
+Unknown fields are refused (in the envelope and in params) so that a typo is an error, not a
+silently ignored option. This page is generated from `src/protocol/envelope.rs`
+(`AGENT_HOST_BLESS=1 cargo test --lib docs_commands_md` rewrites it; the test fails when it
+is stale). The same codes travel in the WebSocket protocol's `ErrorResp` (docs/protocol.md).
+
+`agent-host follow [session_id] [--json]` is not an envelope command: it prints a live stream
+(see the README).
+
+## Commands
+
+";
+
+    const DOC_ROUTES: &str = "
+Routes: **local** runs in the CLI without a host; **ipc** is forwarded to the live host over
+`$AGENT_HOST_HOME/host.sock`; **hybrid** uses IPC when the host answers and otherwise reads
+`host.lock` (`host.status` then reports `running: false`, or `host_unresponsive` when a process
+holds the lock but does not answer; `host.shutdown` then sends SIGTERM to the pid in the lock).
+`host.shutdown` returns once the host has released its lock, so a `host.start` right after it
+succeeds; with no host running it answers code 0 with `stopped: false`.
+
+A relative `cwd` given to `session.create` on the command line is resolved against the
+shell's working directory before it is sent; over IPC a `cwd` must be absolute.
+
+`subscriber.add` replay modes: `none` — only events from the moment of connecting;
+`since_cursor` — every bracket after the subscriber's stored cursor; `max_count` (default,
+N = `max_count`, default 200) — the newest N brackets, or fewer when the stored cursor shows
+the subscriber already has some. A cursor sent in the WebSocket `Hello` wins over all three.
+
+## Reply codes
+
+";
+
+    const DOC_TAIL: &str = "
+## Limits
+
+- A request line is at most 1 MiB (`request_too_large` beyond) and must arrive within 5 s
+  (`request_timeout`; the variable `AGENT_HOST_IPC_TIMEOUT_MS` changes it).
+- At most 64 requests are served at once; more wait for a free slot.
+- `session.history` returns at most 5000 events per call (default 200); page with
+  `after_seq` set to the previous reply's `next_after_seq`.
+- A session title is at most 1024 bytes.
+";
 
     #[test]
     fn error_reply_carries_name() {

@@ -3,6 +3,7 @@
 
 pub mod envelope;
 pub mod events;
+pub mod wire;
 
 pub use envelope::{Command, ErrorCode, Reply, RequestError, Route};
 pub use events::{AnyEvent, Event, EventBody, EventClass};

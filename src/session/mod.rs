@@ -36,6 +36,8 @@ pub struct AgentFamily {
 /// The most a page of history may hold.
 pub const MAX_HISTORY_LIMIT: u32 = 5000;
 pub const DEFAULT_HISTORY_LIMIT: u32 = 200;
+/// The longest session title accepted.
+pub const MAX_TITLE_BYTES: usize = 1024;
 
 #[derive(Debug, thiserror::Error)]
 pub enum SessionError {
@@ -45,6 +47,8 @@ pub enum SessionError {
     CwdNotFound { path: String, reason: String },
     #[error("unknown agent type {0:?}; `agent-host agent.list` shows the known ones")]
     UnknownAgentType(String),
+    #[error("invalid params: {0}")]
+    InvalidParams(String),
     #[error("store: {0}")]
     Store(#[from] StoreError),
 }
@@ -80,7 +84,19 @@ impl SessionManager {
         {
             return Err(SessionError::UnknownAgentType(new.agent_type));
         }
-        let cwd = canonical_dir(&new.cwd)?;
+        if new
+            .title
+            .as_ref()
+            .is_some_and(|t| t.len() > MAX_TITLE_BYTES)
+        {
+            return Err(SessionError::InvalidParams(format!(
+                "title is longer than {MAX_TITLE_BYTES} bytes"
+            )));
+        }
+        let cwd = new.cwd.clone();
+        let cwd = tokio::task::spawn_blocking(move || canonical_dir(&cwd))
+            .await
+            .map_err(|e| SessionError::InvalidParams(e.to_string()))??;
         let now = now_ms();
         let row = SessionRow {
             session_id: uuid::Uuid::now_v7().to_string(),

@@ -9,8 +9,9 @@
 //!   last committed state while the writer writes.
 //!
 //! Callers hold a cloneable [`Store`] handle. Both request queues are bounded, and a caller
-//! awaits room (back-pressure, never a drop). When every handle is dropped the threads drain
-//! their queues, commit, and exit; [`StoreThreads::join`] waits for that.
+//! awaits room (back-pressure, never a drop). [`StoreThreads::shutdown`] lets both threads
+//! finish what is queued and joins them. A failed group commit stops event appends for good
+//! (fail-stop, see `writer_loop`).
 
 mod schema;
 
@@ -42,6 +43,10 @@ pub enum StoreError {
     TooNew { found: i64, supported: i64 },
     #[error("the store has shut down")]
     Closed,
+    #[error("event commit failed: {0}")]
+    CommitFailed(String),
+    #[error("event appends are stopped since an earlier commit failed ({0}); restart the host")]
+    AppendsStopped(String),
 }
 
 pub type StoreResult<T> = Result<T, StoreError>;
@@ -201,9 +206,9 @@ fn open_connection(path: &Path) -> StoreResult<Connection> {
     })?;
     conn.busy_timeout(Duration::from_secs(5))?;
     conn.pragma_update(None, "journal_mode", "WAL")?;
-    // NORMAL in WAL mode: a committed transaction survives a crash of this process (the
-    // kernel has the WAL pages); only a power loss may roll back the newest commits.
-    conn.pragma_update(None, "synchronous", "NORMAL")?;
+    // FULL: a commit is fsynced, so an acknowledged bracket survives a power loss too. Group
+    // commit pays that once per group, not once per event.
+    conn.pragma_update(None, "synchronous", "FULL")?;
     conn.pragma_update(None, "foreign_keys", "OFF")?;
     Ok(conn)
 }
@@ -487,6 +492,31 @@ impl Store {
         .await
     }
 
+    /// A session's runs, oldest first.
+    pub async fn list_runs(&self, session_id: String) -> StoreResult<Vec<RunRow>> {
+        self.read(move |conn| {
+            let mut stmt = conn.prepare_cached(
+                "SELECT id, session_id, state, client_msg_id, error_category, created_at, ended_at \
+                 FROM runs WHERE session_id = ?1 ORDER BY created_at, id",
+            )?;
+            let rows = stmt
+                .query_map([&session_id], |r| {
+                    Ok(RunRow {
+                        run_id: r.get(0)?,
+                        session_id: r.get(1)?,
+                        state: r.get(2)?,
+                        client_msg_id: r.get(3)?,
+                        error_category: r.get(4)?,
+                        created_at_ms: r.get(5)?,
+                        ended_at_ms: r.get(6)?,
+                    })
+                })?
+                .collect::<Result<Vec<_>, _>>()?;
+            Ok(rows)
+        })
+        .await
+    }
+
     // ---- subscribers ----
 
     pub async fn insert_subscriber(&self, row: SubscriberRow) -> StoreResult<()> {
@@ -569,6 +599,18 @@ impl Store {
     }
 }
 
+/// A `runs` row.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct RunRow {
+    pub run_id: String,
+    pub session_id: String,
+    pub state: String,
+    pub client_msg_id: Option<String>,
+    pub error_category: Option<String>,
+    pub created_at_ms: i64,
+    pub ended_at_ms: Option<i64>,
+}
+
 /// A cursor to persist for one subscriber.
 #[derive(Debug, Clone, PartialEq)]
 pub struct CursorUpdate {
@@ -638,6 +680,11 @@ fn writer_loop(mut conn: Connection, mut rx: mpsc::Receiver<WriteCmd>) {
     // A command taken off the queue while gathering a group that is not an append; it runs
     // after the group commits, which keeps FIFO order.
     let mut held: Option<WriteCmd> = None;
+    // Set once a group commit fails. Appends are pipelined, so events queued behind a failed
+    // group belong to the same sessions: storing them would leave a gap in those sessions'
+    // streams. Refusing every later append keeps "brackets are never dropped" true at the
+    // price of availability (fail-stop); a restart of the host clears it.
+    let mut stopped: Option<String> = None;
     loop {
         let first = match held.take() {
             Some(cmd) => cmd,
@@ -649,6 +696,10 @@ fn writer_loop(mut conn: Connection, mut rx: mpsc::Receiver<WriteCmd>) {
         match first {
             WriteCmd::Stop => break,
             WriteCmd::Exec(job) => job(&mut conn),
+            WriteCmd::Append { reply, .. } if stopped.is_some() => {
+                let reason = stopped.clone().unwrap_or_default();
+                let _ignored = reply.send(Err(StoreError::AppendsStopped(reason)));
+            }
             WriteCmd::Append { events, reply } => {
                 let mut group = vec![(events, reply)];
                 let mut rows: usize = group[0].0.len();
@@ -665,7 +716,9 @@ fn writer_loop(mut conn: Connection, mut rx: mpsc::Receiver<WriteCmd>) {
                         Err(_) => break,
                     }
                 }
-                commit_group(&mut conn, group);
+                if let Err(reason) = commit_group(&mut conn, group) {
+                    stopped = Some(reason);
+                }
             }
         }
     }
@@ -674,7 +727,11 @@ fn writer_loop(mut conn: Connection, mut rx: mpsc::Receiver<WriteCmd>) {
 
 type AppendReply = oneshot::Sender<StoreResult<Vec<i64>>>;
 
-fn commit_group(conn: &mut Connection, group: Vec<(Vec<NewEvent>, AppendReply)>) {
+/// Commit a group; on failure every caller gets the error and the reason is returned.
+fn commit_group(
+    conn: &mut Connection,
+    group: Vec<(Vec<NewEvent>, AppendReply)>,
+) -> Result<(), String> {
     let result = (|| -> rusqlite::Result<Vec<Vec<i64>>> {
         let tx = conn.transaction()?;
         let mut all = Vec::with_capacity(group.len());
@@ -708,16 +765,16 @@ fn commit_group(conn: &mut Connection, group: Vec<(Vec<NewEvent>, AppendReply)>)
                 // A dropped receiver means the publisher stopped caring; the rows are durable.
                 let _ignored = reply.send(Ok(seqs));
             }
+            Ok(())
         }
         Err(e) => {
-            tracing::error!(error = %e, rows = group.len(), "group commit failed; nothing of it was stored");
+            // The original error (with its SQLite code) is kept in the message.
             let message = e.to_string();
+            tracing::error!(error = %message, groups = group.len(), "group commit failed; nothing of it was stored; event appends stop");
             for (_, reply) in group {
-                let _ignored = reply.send(Err(StoreError::Sqlite(rusqlite::Error::SqliteFailure(
-                    rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_ERROR),
-                    Some(message.clone()),
-                ))));
+                let _ignored = reply.send(Err(StoreError::CommitFailed(message.clone())));
             }
+            Err(message)
         }
     }
 }

@@ -1,0 +1,730 @@
+//! The loopback WebSocket server. Binds `127.0.0.1` only (never a wildcard address).
+//!
+//! A connection's life (docs/protocol.md has the client's view):
+//! 1. TCP accept; the peer must be a loopback address.
+//! 2. HTTP upgrade on `/subscribe`, checked in the handshake callback, before any frame:
+//!    wrong path → 404; `Host` not this loopback address and port → 403; an `Origin` that is
+//!    neither this server's loopback origin nor configured → 403; missing, unknown or expired
+//!    grant token (`Authorization: Bearer …` or a `bearer.…` subprotocol entry) → 401.
+//! 3. The first frame must be `Hello`; its cursor, if any, wins over the stored one. The reply
+//!    is `HelloResp`, then replay (per the subscriber's mode), then live events, as `EventPush`.
+//! 4. Inbound: `Ack` advances the stored cursor (batched by the bus), `Ping` → `Pong`, requests
+//!    → their responses or `ErrorResp`. A bad frame gets `ErrorResp`; an oversized message
+//!    (> 1 MiB) closes the connection with code 1009 and a reason. Nothing a client sends
+//!    stops the host or other connections.
+//!
+//! Overload: events are written by a writer task through a bounded queue (64 frames). A client
+//! that stops reading blocks its writer, then its queue, then its bus subscription, which the
+//! hub then moves to catch-up from SQLite — memory stays bounded and nobody else waits.
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::{SinkExt, StreamExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc;
+use tokio_tungstenite::tungstenite::handshake::server::{ErrorResponse, Request, Response};
+use tokio_tungstenite::tungstenite::http::{HeaderValue, StatusCode, header};
+use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
+use tokio_tungstenite::tungstenite::protocol::{CloseFrame, WebSocketConfig};
+use tokio_tungstenite::tungstenite::{Error as WsError, Message};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use super::grants::GrantStore;
+use super::{PATH, replay_mode_of};
+use crate::bus::{Bus, Delivery, Replay, SubscribeOptions, Subscription};
+use crate::protocol::envelope::{ErrorCode, ReplayMode};
+use crate::protocol::wire::{
+    self, CmdId, Decoded, MAX_FRAME_BYTES, SUBPROTOCOL, TOKEN_SUBPROTOCOL_PREFIX, pb,
+};
+use crate::session::{DEFAULT_HISTORY_LIMIT, SessionError, SessionManager};
+use crate::store::{SessionFilter, Store};
+
+/// How long a client has to finish the HTTP upgrade, and then to send `Hello`.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Frames queued for one connection's writer.
+const OUT_QUEUE: usize = 64;
+
+/// What every connection task needs.
+pub struct WsContext {
+    pub grants: Arc<GrantStore>,
+    pub bus: Bus,
+    pub sessions: SessionManager,
+    pub store: Store,
+    pub port: u16,
+    pub allowed_origins: Vec<String>,
+}
+
+/// Bind the loopback listener. Port 0 picks a free port.
+pub async fn bind(port: u16) -> std::io::Result<TcpListener> {
+    TcpListener::bind(SocketAddr::from((Ipv4Addr::LOCALHOST, port))).await
+}
+
+/// Accept until `cancel`; each connection runs on `tracker` with a child token of `cancel`.
+pub async fn serve(
+    listener: TcpListener,
+    ctx: Arc<WsContext>,
+    cancel: CancellationToken,
+    tracker: TaskTracker,
+) {
+    loop {
+        let (stream, peer) = tokio::select! {
+            () = cancel.cancelled() => break,
+            accepted = listener.accept() => match accepted {
+                Ok(pair) => pair,
+                Err(e) => {
+                    tracing::warn!(error = %e, "WebSocket accept failed");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+        };
+        if !peer.ip().is_loopback() {
+            // Cannot happen while bound to 127.0.0.1; refuse anyway rather than trust it.
+            tracing::warn!(%peer, "refused a non-loopback peer");
+            continue;
+        }
+        let ctx = ctx.clone();
+        let cancel = cancel.child_token();
+        tracker.spawn(async move {
+            if let Err(e) = connection(stream, ctx, cancel).await {
+                tracing::debug!(%peer, error = %e, "WebSocket connection ended with an error");
+            }
+        });
+    }
+    tracing::debug!("WebSocket listener stopped");
+}
+
+/// The outcome of checking an upgrade request.
+#[derive(Debug, PartialEq)]
+struct Authorized {
+    subscriber_id: String,
+    /// The client offered our subprotocol: the response must select it.
+    select_subprotocol: bool,
+}
+
+fn header_str(req: &Request, name: header::HeaderName) -> Option<&str> {
+    req.headers().get(name).and_then(|v| v.to_str().ok())
+}
+
+/// Check path, Host, Origin and token, in that order.
+fn authorize(
+    req: &Request,
+    grants: &GrantStore,
+    port: u16,
+    allowed_origins: &[String],
+) -> Result<Authorized, (StatusCode, String)> {
+    if req.uri().path() != PATH {
+        return Err((StatusCode::NOT_FOUND, format!("only {PATH} is served")));
+    }
+    let host = header_str(req, header::HOST).unwrap_or_default();
+    let host_ok = [format!("127.0.0.1:{port}"), format!("localhost:{port}")]
+        .iter()
+        .any(|h| h.eq_ignore_ascii_case(host));
+    if !host_ok {
+        return Err((
+            StatusCode::FORBIDDEN,
+            "Host must be this server's loopback address".to_owned(),
+        ));
+    }
+    if let Some(origin) = header_str(req, header::ORIGIN) {
+        let own = [
+            format!("http://127.0.0.1:{port}"),
+            format!("http://localhost:{port}"),
+        ];
+        let ok = own.iter().any(|o| o.eq_ignore_ascii_case(origin))
+            || allowed_origins.iter().any(|o| o == origin);
+        if !ok {
+            return Err((StatusCode::FORBIDDEN, "Origin not allowed".to_owned()));
+        }
+    }
+    let bearer = header_str(req, header::AUTHORIZATION)
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim);
+    let offered: Vec<&str> = req
+        .headers()
+        .get_all(header::SEC_WEBSOCKET_PROTOCOL)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(str::trim)
+        .collect();
+    let from_protocol = offered
+        .iter()
+        .find_map(|p| p.strip_prefix(TOKEN_SUBPROTOCOL_PREFIX));
+    let subscriber_id = grants
+        .check(bearer.or(from_protocol))
+        .map_err(|e| (StatusCode::UNAUTHORIZED, e.to_string()))?;
+    Ok(Authorized {
+        subscriber_id,
+        select_subprotocol: offered.contains(&SUBPROTOCOL),
+    })
+}
+
+fn refusal(status: StatusCode, reason: String) -> ErrorResponse {
+    let mut response = ErrorResponse::new(Some(reason));
+    *response.status_mut() = status;
+    response
+}
+
+fn ws_config() -> WebSocketConfig {
+    WebSocketConfig::default()
+        .max_message_size(Some(MAX_FRAME_BYTES))
+        .max_frame_size(Some(MAX_FRAME_BYTES))
+}
+
+#[derive(Debug, thiserror::Error)]
+enum ConnError {
+    #[error("handshake: {0}")]
+    Handshake(#[from] WsError),
+    #[error("handshake timed out")]
+    Timeout,
+    #[error("io: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+#[expect(
+    clippy::result_large_err,
+    reason = "the handshake callback's signature is tungstenite's"
+)]
+async fn connection(
+    stream: TcpStream,
+    ctx: Arc<WsContext>,
+    cancel: CancellationToken,
+) -> Result<(), ConnError> {
+    stream.set_nodelay(true)?;
+    let mut granted: Option<String> = None;
+    let callback = |req: &Request, mut response: Response| match authorize(
+        req,
+        &ctx.grants,
+        ctx.port,
+        &ctx.allowed_origins,
+    ) {
+        Ok(auth) => {
+            if auth.select_subprotocol {
+                response.headers_mut().insert(
+                    header::SEC_WEBSOCKET_PROTOCOL,
+                    HeaderValue::from_static(SUBPROTOCOL),
+                );
+            }
+            granted = Some(auth.subscriber_id);
+            Ok(response)
+        }
+        Err((status, reason)) => {
+            tracing::info!(%status, %reason, "WebSocket upgrade refused");
+            Err(refusal(status, reason))
+        }
+    };
+    let upgrade =
+        tokio_tungstenite::accept_hdr_async_with_config(stream, callback, Some(ws_config()));
+    let ws = tokio::time::timeout(HANDSHAKE_TIMEOUT, upgrade)
+        .await
+        .map_err(|_| ConnError::Timeout)??;
+    let Some(subscriber_id) = granted else {
+        return Ok(());
+    };
+    let span = tracing::info_span!("ws", subscriber_id = %subscriber_id);
+    tracing::Instrument::instrument(session(ws, ctx, subscriber_id, cancel), span).await;
+    Ok(())
+}
+
+type Ws = tokio_tungstenite::WebSocketStream<TcpStream>;
+
+fn close(code: CloseCode, reason: &str) -> Message {
+    Message::Close(Some(CloseFrame {
+        code,
+        reason: reason.into(),
+    }))
+}
+
+/// Everything after the upgrade.
+async fn session(ws: Ws, ctx: Arc<WsContext>, subscriber_id: String, cancel: CancellationToken) {
+    let (mut sink, mut inbound) = ws.split();
+    let (out, mut out_rx) = mpsc::channel::<Message>(OUT_QUEUE);
+    // The writer: feeds frames, flushes whenever its queue is momentarily empty, and ends
+    // after a Close or when the socket fails.
+    let writer = tokio::spawn(async move {
+        while let Some(first) = out_rx.recv().await {
+            let mut next = Some(first);
+            while let Some(msg) = next.take() {
+                let closing = matches!(msg, Message::Close(_));
+                if sink.feed(msg).await.is_err() {
+                    return;
+                }
+                if closing {
+                    let _closed = sink.close().await;
+                    return;
+                }
+                next = out_rx.try_recv().ok();
+            }
+            if sink.flush().await.is_err() {
+                return;
+            }
+        }
+    });
+
+    // 1. Hello.
+    let hello = match tokio::time::timeout(HANDSHAKE_TIMEOUT, inbound.next()).await {
+        Ok(Some(Ok(Message::Binary(bytes)))) => wire::decode(&bytes)
+            .ok()
+            .filter(|f| f.cmd == CmdId::Hello)
+            .and_then(|f| f.body::<pb::Hello>().ok().map(|h| (f.request_id, h))),
+        _ => None,
+    };
+    let Some((hello_id, hello)) = hello else {
+        let _gone = out
+            .send(Message::Binary(wire::error_frame(
+                0,
+                ErrorCode::HelloRequired,
+                "the first frame must be a Hello",
+            )))
+            .await;
+        let _gone = out.send(close(CloseCode::Policy, "hello_required")).await;
+        let _writer_done = writer.await;
+        return;
+    };
+
+    // 2. Subscribe per the stored row; the client's cursor wins.
+    let mut sub = match open_subscription(&ctx, &subscriber_id, &hello).await {
+        Ok((sub, resp)) => {
+            let frame = wire::encode(CmdId::HelloResp, hello_id, &resp);
+            if out.send(Message::Binary(frame)).await.is_err() {
+                return;
+            }
+            sub
+        }
+        Err((code, message)) => {
+            let _gone = out
+                .send(Message::Binary(wire::error_frame(hello_id, code, message)))
+                .await;
+            let _gone = out.send(close(CloseCode::Policy, code.name())).await;
+            let _writer_done = writer.await;
+            return;
+        }
+    };
+    let connection = ctx.grants.connected(&subscriber_id, cancel.clone());
+    tracing::info!(client = %hello.client_name, "subscriber connected");
+
+    // 3. Events out, frames in.
+    let end = loop {
+        tokio::select! {
+            biased;
+            () = cancel.cancelled() => break Some(close(CloseCode::Away, "host shutting down or subscriber removed")),
+            frame = inbound.next() => match frame {
+                None | Some(Ok(Message::Close(_))) => break None,
+                Some(Ok(Message::Binary(bytes))) => {
+                    for reply in handle_frame(&ctx, &sub, &bytes).await {
+                        if out.send(Message::Binary(reply)).await.is_err() {
+                            break;
+                        }
+                    }
+                }
+                Some(Ok(Message::Text(_))) => {
+                    let reply = wire::error_frame(
+                        0,
+                        ErrorCode::InvalidFrame,
+                        "text messages are not part of the protocol: send binary Frames",
+                    );
+                    if out.send(Message::Binary(reply)).await.is_err() {
+                        break None;
+                    }
+                }
+                Some(Ok(_ping_pong_or_raw)) => {}
+                Some(Err(WsError::Capacity(e))) => {
+                    tracing::info!(error = %e, "closing: message too large");
+                    break Some(close(CloseCode::Size, "frame_too_large: messages are limited to 1 MiB"));
+                }
+                Some(Err(WsError::Protocol(e))) => {
+                    tracing::info!(error = %e, "closing: WebSocket protocol violation");
+                    break Some(close(CloseCode::Protocol, "invalid_frame: WebSocket protocol violation"));
+                }
+                Some(Err(_)) => break None,
+            },
+            next = next_event(&out, &mut sub) => match next {
+                Some((permit, delivery)) => permit.send(Message::Binary(delivery.push_frame())),
+                None => break Some(close(CloseCode::Away, "host shutting down")),
+            },
+        }
+    };
+    ctx.grants.disconnected(&subscriber_id, connection);
+    if let Some(close_msg) = end {
+        let _gone = out.send(close_msg).await;
+    }
+    drop(out);
+    let _writer_done = writer.await;
+    tracing::info!("subscriber disconnected");
+}
+
+/// Wait for room in the writer's queue, then for the next event. Cancel-safe.
+async fn next_event<'a>(
+    out: &'a mpsc::Sender<Message>,
+    sub: &mut Subscription,
+) -> Option<(mpsc::Permit<'a, Message>, Arc<Delivery>)> {
+    let permit = out.reserve().await.ok()?;
+    match sub.recv().await {
+        Ok(Some(delivery)) => Some((permit, delivery)),
+        Ok(None) => None,
+        Err(e) => {
+            tracing::error!(error = %e, "subscription failed");
+            None
+        }
+    }
+}
+
+async fn open_subscription(
+    ctx: &WsContext,
+    subscriber_id: &str,
+    hello: &pb::Hello,
+) -> Result<(Subscription, pb::HelloResp), (ErrorCode, String)> {
+    let store_err = |e: crate::store::StoreError| (ErrorCode::StoreFailed, e.to_string());
+    let row = ctx
+        .store
+        .get_subscriber(subscriber_id.to_owned())
+        .await
+        .map_err(store_err)?
+        .ok_or((
+            ErrorCode::SubscriberNotFound,
+            "the subscriber was removed".to_owned(),
+        ))?;
+    let filter = match &row.session_id {
+        Some(id) => SessionFilter::One(id.as_str().into()),
+        None => SessionFilter::All,
+    };
+    let mode = replay_mode_of(&row);
+    let stored = row.most_recent_sequence_id;
+    // A client-held cursor wins. Otherwise: `none` starts at the end, `since_cursor` at the
+    // stored cursor, and `max_count` replays the newest N — or less, when the stored cursor
+    // says the subscriber already has some of them.
+    let replay = match (hello.cursor, mode) {
+        (Some(cursor), _) => Replay::SinceCursor(cursor.max(0)),
+        (None, ReplayMode::None) => Replay::None,
+        (None, ReplayMode::SinceCursor) => Replay::SinceCursor(stored),
+        (None, ReplayMode::MaxCount) => {
+            let n = u32::try_from(row.max_count).unwrap_or(crate::bus::DEFAULT_MAX_COUNT);
+            let newest = ctx
+                .store
+                .cursor_before_last(filter.clone(), n)
+                .await
+                .map_err(store_err)?;
+            Replay::SinceCursor(newest.max(stored))
+        }
+    };
+    let sub = ctx
+        .bus
+        .subscribe(SubscribeOptions {
+            filter,
+            forward_deltas: row.forward_deltas,
+            replay,
+            subscriber_id: Some(row.subscriber_id.clone()),
+        })
+        .await
+        .map_err(|e| (ErrorCode::ShuttingDown, e.to_string()))?;
+    let resp = pb::HelloResp {
+        subscriber_id: row.subscriber_id,
+        host_version: crate::VERSION.to_owned(),
+        replay_from: sub.position(),
+        replay_mode: mode.as_str().to_owned(),
+        forward_deltas: row.forward_deltas,
+        session_id: row.session_id.unwrap_or_default(),
+    };
+    Ok((sub, resp))
+}
+
+/// Answer one inbound binary frame; the replies to send, in order (none for an `Ack`).
+async fn handle_frame(ctx: &WsContext, sub: &Subscription, bytes: &[u8]) -> Vec<bytes::Bytes> {
+    let frame = match wire::decode(bytes) {
+        Ok(frame) => frame,
+        Err((request_id, e)) => {
+            return vec![wire::error_frame(request_id, e.code(), e.to_string())];
+        }
+    };
+    let id = frame.request_id;
+    match answer(ctx, sub, &frame).await {
+        Ok(Some(reply)) => vec![reply],
+        Ok(None) => vec![],
+        Err((code, message)) => vec![wire::error_frame(id, code, message)],
+    }
+}
+
+type Answer = Result<Option<bytes::Bytes>, (ErrorCode, String)>;
+
+fn session_err(e: SessionError) -> (ErrorCode, String) {
+    let message = e.to_string();
+    let code = match e {
+        SessionError::NotFound(_) => ErrorCode::SessionNotFound,
+        SessionError::CwdNotFound { .. } => ErrorCode::CwdNotFound,
+        SessionError::UnknownAgentType(_) => ErrorCode::UnknownAgentType,
+        SessionError::InvalidParams(_) => ErrorCode::InvalidParams,
+        SessionError::Store(_) => ErrorCode::StoreFailed,
+    };
+    (code, message)
+}
+
+fn bad_body(e: wire::WireError) -> (ErrorCode, String) {
+    (e.code(), e.to_string())
+}
+
+async fn answer(ctx: &WsContext, sub: &Subscription, frame: &Decoded) -> Answer {
+    let id = frame.request_id;
+    match frame.cmd {
+        CmdId::Ack => {
+            let ack: pb::Ack = frame.body().map_err(bad_body)?;
+            // Never past what this connection was actually given.
+            let cursor = ack.cursor.clamp(0, sub.position());
+            sub.ack(cursor)
+                .await
+                .map_err(|e| (ErrorCode::ShuttingDown, e.to_string()))?;
+            Ok(None)
+        }
+        CmdId::Ping => {
+            let ping: pb::Ping = frame.body().map_err(bad_body)?;
+            Ok(Some(wire::encode(
+                CmdId::Pong,
+                id,
+                &pb::Pong { nonce: ping.nonce },
+            )))
+        }
+        CmdId::RelayMessageReq => {
+            let req: pb::RelayMessageReq = frame.body().map_err(bad_body)?;
+            let session = ctx
+                .sessions
+                .get(&req.session_id)
+                .await
+                .map_err(session_err)?;
+            // Never a fake run: without an adapter nothing can take this prompt.
+            Err((
+                ErrorCode::NoAgent,
+                format!(
+                    "no agent for this session: this build has no adapter for agent type {:?} yet",
+                    session.agent_type
+                ),
+            ))
+        }
+        CmdId::CancelRunReq => {
+            let req: pb::CancelRunReq = frame.body().map_err(bad_body)?;
+            ctx.sessions
+                .get(&req.session_id)
+                .await
+                .map_err(session_err)?;
+            Err((
+                ErrorCode::RunNotFound,
+                format!("no run {:?} is active in this session", req.run_id),
+            ))
+        }
+        CmdId::PermissionDecisionReq => {
+            let req: pb::PermissionDecisionReq = frame.body().map_err(bad_body)?;
+            ctx.sessions
+                .get(&req.session_id)
+                .await
+                .map_err(session_err)?;
+            Err((
+                ErrorCode::PermissionNotFound,
+                format!("no permission request {:?} is pending", req.request_id),
+            ))
+        }
+        CmdId::ListHistorySessionsReq => {
+            let req: pb::ListHistorySessionsReq = frame.body().map_err(bad_body)?;
+            let mut rows = ctx.sessions.list().await.map_err(session_err)?;
+            if req.limit > 0 {
+                rows.truncate(req.limit as usize);
+            }
+            let sessions = rows
+                .into_iter()
+                .map(|r| pb::SessionInfo {
+                    session_id: r.session_id,
+                    agent_type: r.agent_type,
+                    cwd: r.cwd,
+                    title: r.title.unwrap_or_default(),
+                    state: r.state,
+                    parent_session_id: r.parent_session_id.unwrap_or_default(),
+                    native_session_id: r.native_session_id.unwrap_or_default(),
+                    created_at_ms: r.created_at_ms,
+                    updated_at_ms: r.updated_at_ms,
+                })
+                .collect();
+            Ok(Some(wire::encode(
+                CmdId::ListHistorySessionsResp,
+                id,
+                &pb::ListHistorySessionsResp { sessions },
+            )))
+        }
+        CmdId::ListSessionRunsReq => {
+            let req: pb::ListSessionRunsReq = frame.body().map_err(bad_body)?;
+            ctx.sessions
+                .get(&req.session_id)
+                .await
+                .map_err(session_err)?;
+            let runs = ctx
+                .store
+                .list_runs(req.session_id)
+                .await
+                .map_err(|e| (ErrorCode::StoreFailed, e.to_string()))?
+                .into_iter()
+                .map(|r| pb::RunInfo {
+                    run_id: r.run_id,
+                    state: r.state,
+                    client_msg_id: r.client_msg_id.unwrap_or_default(),
+                    error_category: r.error_category.unwrap_or_default(),
+                    created_at_ms: r.created_at_ms,
+                    ended_at_ms: r.ended_at_ms.unwrap_or_default(),
+                })
+                .collect();
+            Ok(Some(wire::encode(
+                CmdId::ListSessionRunsResp,
+                id,
+                &pb::ListSessionRunsResp { runs },
+            )))
+        }
+        CmdId::GetSessionHistoryReq => {
+            let req: pb::GetSessionHistoryReq = frame.body().map_err(bad_body)?;
+            let limit = if req.limit == 0 {
+                DEFAULT_HISTORY_LIMIT
+            } else {
+                req.limit
+            };
+            let events = ctx
+                .sessions
+                .history(&req.session_id, req.after_seq, limit)
+                .await
+                .map_err(session_err)?;
+            let next_after_seq = events.last().map_or(req.after_seq, |e| e.sequence_id);
+            let has_more = events.len() >= limit.min(crate::session::MAX_HISTORY_LIMIT) as usize;
+            Ok(Some(wire::encode(
+                CmdId::GetSessionHistoryResp,
+                id,
+                &pb::GetSessionHistoryResp {
+                    events: events.iter().map(Delivery::stored_push).collect(),
+                    next_after_seq,
+                    has_more,
+                },
+            )))
+        }
+        CmdId::Hello => Err((
+            ErrorCode::InvalidFrame,
+            "Hello was already received on this connection".to_owned(),
+        )),
+        CmdId::CmdUnspecified
+        | CmdId::HelloResp
+        | CmdId::EventPush
+        | CmdId::NewRoundResp
+        | CmdId::CancelRunResp
+        | CmdId::PermissionDecisionResp
+        | CmdId::ListHistorySessionsResp
+        | CmdId::ListSessionRunsResp
+        | CmdId::GetSessionHistoryResp
+        | CmdId::Pong
+        | CmdId::ErrorResp => Err((
+            ErrorCode::UnknownCmd,
+            format!(
+                "{:?} is sent by the server, not a client request",
+                frame.cmd
+            ),
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::Clock;
+
+    fn request(headers: &[(&str, &str)], path: &str) -> Request {
+        let mut builder = Request::builder().uri(path);
+        for (k, v) in headers {
+            builder = builder.header(*k, *v);
+        }
+        builder.body(()).unwrap()
+    }
+
+    #[test]
+    fn handshake_checks_path_host_origin_and_token() {
+        let grants = GrantStore::new(Clock::system());
+        let token = grants.mint("sub").unwrap();
+        let bearer = format!("Bearer {token}");
+        let proto = format!("{SUBPROTOCOL}, {TOKEN_SUBPROTOCOL_PREFIX}{token}");
+        let allowed = vec!["tauri://localhost".to_owned()];
+        let check = |headers: &[(&str, &str)], path: &str| {
+            authorize(&request(headers, path), &grants, 4000, &allowed).map_err(|(s, _)| s.as_u16())
+        };
+        let host = ("host", "127.0.0.1:4000");
+        assert_eq!(
+            check(&[host, ("authorization", &bearer)], "/subscribe"),
+            Ok(Authorized {
+                subscriber_id: "sub".into(),
+                select_subprotocol: false
+            })
+        );
+        assert_eq!(
+            check(
+                &[
+                    ("host", "localhost:4000"),
+                    ("sec-websocket-protocol", &proto)
+                ],
+                "/subscribe"
+            ),
+            Ok(Authorized {
+                subscriber_id: "sub".into(),
+                select_subprotocol: true
+            })
+        );
+        assert_eq!(
+            check(&[host, ("authorization", &bearer)], "/other"),
+            Err(404)
+        );
+        assert_eq!(
+            check(
+                &[("host", "evil.example:4000"), ("authorization", &bearer)],
+                "/subscribe"
+            ),
+            Err(403)
+        );
+        assert_eq!(
+            check(
+                &[("host", "127.0.0.1:4001"), ("authorization", &bearer)],
+                "/subscribe"
+            ),
+            Err(403)
+        );
+        assert_eq!(check(&[("authorization", &bearer)], "/subscribe"), Err(403));
+        assert_eq!(
+            check(
+                &[
+                    host,
+                    ("origin", "https://evil.example"),
+                    ("authorization", &bearer)
+                ],
+                "/subscribe"
+            ),
+            Err(403)
+        );
+        assert!(
+            check(
+                &[
+                    host,
+                    ("origin", "http://127.0.0.1:4000"),
+                    ("authorization", &bearer)
+                ],
+                "/subscribe"
+            )
+            .is_ok()
+        );
+        assert!(
+            check(
+                &[
+                    host,
+                    ("origin", "tauri://localhost"),
+                    ("authorization", &bearer)
+                ],
+                "/subscribe"
+            )
+            .is_ok()
+        );
+        assert_eq!(check(&[host], "/subscribe"), Err(401));
+        assert_eq!(
+            check(&[host, ("authorization", "Bearer wrong")], "/subscribe"),
+            Err(401)
+        );
+    }
+}
