@@ -11,7 +11,7 @@
 //! - [`ipc`] — the Unix-socket transport; [`ws`] — the loopback WebSocket transport.
 //! - [`instance`], [`config`] — the lock file and where things live.
 //! - [`daemon`] — wiring and ordered shutdown; [`run`] is its entry point.
-//! - [`client`] — the CLI's routing: local, IPC or hybrid.
+//! - [`client`] — the CLI's routing: local, IPC or hybrid; [`follow`] — the terminal follower.
 //!
 //! `docs/architecture.md` has the picture; `../shared/design.md` the contracts.
 
@@ -21,6 +21,7 @@ pub mod clock;
 pub mod config;
 pub mod daemon;
 pub mod dispatch;
+pub mod follow;
 pub mod instance;
 pub mod ipc;
 pub mod logging;

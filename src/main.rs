@@ -16,8 +16,11 @@ use clap::{CommandFactory, FromArgMatches, Parser};
 struct Cli {
     /// A whole envelope `{"command":…,"params":…}`, or a command name.
     input: String,
-    /// The params JSON, when INPUT is a command name.
+    /// The params JSON, when INPUT is a command name (for `follow`: a session id).
     params: Option<String>,
+    /// `follow` only: print raw canonical events, one JSON object per line.
+    #[arg(long)]
+    json: bool,
 }
 
 fn commands_help() -> String {
@@ -34,6 +37,9 @@ fn commands_help() -> String {
             spec.params
         ));
     }
+    text.push_str(
+        "  follow           [cli]   print a live stream: agent-host follow [session_id] [--json]\n",
+    );
     text.push_str(
         "\nExamples:\n  agent-host host.start\n  agent-host '{\"command\":\"session.create\",\"params\":{\"agent_type\":\"claude\",\"cwd\":\"/some/dir\"}}'\n  agent-host session.history '{\"session_id\":\"…\",\"after_seq\":0}'\n\nEnvironment: AGENT_HOST_HOME (default ~/.agent-host), AGENT_HOST_LOG (log filter).\nReply codes: docs/commands.md.",
     );
@@ -52,6 +58,40 @@ fn exit_code(reply: &Reply) -> ExitCode {
     } else {
         ExitCode::FAILURE
     }
+}
+
+/// `agent-host follow [session_id] [--json]`: a live stream on stdout until Ctrl-C; a failure
+/// to start is one JSON reply line, as for every command.
+fn follow(cli: Cli) -> anyhow::Result<ExitCode> {
+    agent_host::logging::init_cli_logging();
+    let config = match Config::from_env() {
+        Ok(config) => config,
+        Err(e) => {
+            let reply = Reply::error(
+                ErrorCode::HomeUnusable,
+                e.to_string(),
+                serde_json::Value::Null,
+            );
+            print_reply(&reply);
+            return Ok(exit_code(&reply));
+        }
+    };
+    let options = agent_host::follow::FollowOptions {
+        session_id: cli.params,
+        json: cli.json,
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    let reply = runtime.block_on(async {
+        let mut out = std::io::stdout();
+        let mut status = std::io::stderr();
+        agent_host::follow::run(&config, options, &mut out, &mut status).await
+    });
+    if !reply.is_ok() {
+        print_reply(&reply);
+    }
+    Ok(exit_code(&reply))
 }
 
 fn main() -> anyhow::Result<ExitCode> {
@@ -89,6 +129,9 @@ fn main() -> anyhow::Result<ExitCode> {
             return Ok(exit_code(&reply));
         }
     };
+    if cli.input == "follow" {
+        return follow(cli);
+    }
     let (command, envelope) = match client::parse_argv(&cli.input, cli.params.as_deref()) {
         Ok(parsed) => parsed,
         Err(e) => {

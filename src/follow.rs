@@ -1,0 +1,484 @@
+//! `agent-host follow [session_id] [--json]`: the terminal follower every user gets.
+//!
+//! It mints a grant over IPC (`subscriber.add`, with deltas, replaying the newest 200
+//! brackets), connects to the loopback WebSocket, and prints the stream as it comes: text as
+//! it streams, tool calls and their output, permission requests, run ends. When the connection
+//! drops (the host restarted, say) it gets a fresh grant (`subscriber.grant`) and reconnects
+//! with its cursor, with exponential backoff and jitter, so nothing is shown twice or missed.
+//! Ctrl-C (or SIGTERM) closes the connection, removes the subscriber, and exits 0.
+//!
+//! `--json` prints each canonical event as one JSON line instead, for scripts. Status lines
+//! ("reconnecting…") go to the second writer (stderr), never into the event stream.
+
+use std::io::Write;
+use std::time::Duration;
+
+use backon::{BackoffBuilder, ExponentialBackoff, ExponentialBuilder};
+use serde_json::{Value, json};
+
+use crate::config::Config;
+use crate::ipc;
+use crate::protocol::envelope::{ErrorCode, Reply};
+use crate::protocol::wire::{CmdId, PROTOCOL_VERSION, pb};
+use crate::ws::client::{self, ClientError, WsClient};
+
+const IPC_TIMEOUT: Duration = Duration::from_secs(10);
+
+#[derive(Debug, Clone, Default)]
+pub struct FollowOptions {
+    pub session_id: Option<String>,
+    pub json: bool,
+}
+
+/// Why one connection ended.
+enum Ended {
+    /// The user asked to stop.
+    Stop,
+    /// The connection dropped or could not be made; try again.
+    Lost(String),
+    /// Something retrying cannot fix.
+    Fatal(Reply),
+}
+
+/// Follow until Ctrl-C. Returns the reply to report (ok on a clean stop).
+pub async fn run(
+    config: &Config,
+    options: FollowOptions,
+    out: &mut (dyn Write + Send),
+    status: &mut (dyn Write + Send),
+) -> Reply {
+    let mut params = json!({
+        "type": "local",
+        "forward_deltas": true,
+        "replay_mode": "max_count",
+        "max_count": 200,
+    });
+    if let Some(id) = &options.session_id {
+        params["session_id"] = json!(id);
+    }
+    let added = ipc_call(config, "subscriber.add", params).await;
+    if !added.is_ok() {
+        return added;
+    }
+    let Some(subscriber_id) = added.data["subscriber_id"].as_str().map(str::to_owned) else {
+        return Reply::error(
+            ErrorCode::Internal,
+            "subscriber.add returned no id",
+            Value::Null,
+        );
+    };
+    let mut grant = added.data;
+    let mut renderer = Renderer::default();
+    let mut cursor: Option<i64> = None;
+    let stop = stop_signal();
+    tokio::pin!(stop);
+    let mut backoff = new_backoff();
+    let outcome = loop {
+        let ended = tokio::select! {
+            () = &mut stop => Ended::Stop,
+            ended = follow_once(&grant, &mut cursor, &options, &mut renderer, out, &mut backoff) => ended,
+        };
+        match ended {
+            Ended::Stop => break Reply::ok(json!({"stopped": true, "cursor": cursor})),
+            Ended::Fatal(reply) => break reply,
+            Ended::Lost(reason) => {
+                let delay = backoff.next().unwrap_or(Duration::from_secs(5));
+                let _status = writeln!(
+                    status,
+                    "agent-host follow: {reason}; reconnecting in {delay:?}"
+                );
+                tokio::select! {
+                    () = &mut stop => break Reply::ok(json!({"stopped": true, "cursor": cursor})),
+                    () = tokio::time::sleep(delay) => {}
+                }
+                // Tokens die with the host and after their TTL: ask for a fresh one each time.
+                let fresh = ipc_call(
+                    config,
+                    "subscriber.grant",
+                    json!({"subscriber_id": subscriber_id}),
+                )
+                .await;
+                match fresh.error_code() {
+                    None if fresh.is_ok() => grant = fresh.data,
+                    Some(ErrorCode::SubscriberNotFound) => break fresh,
+                    _ => {} // the host is not back yet: keep trying
+                }
+            }
+        }
+    };
+    let _flushed = out.flush();
+    // Leave no subscriber row behind. Best effort: the host may be gone.
+    let _removed = ipc_call(
+        config,
+        "subscriber.remove",
+        json!({"subscriber_id": subscriber_id}),
+    )
+    .await;
+    outcome
+}
+
+fn new_backoff() -> ExponentialBackoff {
+    ExponentialBuilder::default()
+        .with_min_delay(Duration::from_millis(50))
+        .with_max_delay(Duration::from_secs(5))
+        .with_jitter()
+        .without_max_times()
+        .build()
+}
+
+async fn ipc_call(config: &Config, command: &str, params: Value) -> Reply {
+    match ipc::request(
+        &config.ipc_path(),
+        &json!({"command": command, "params": params}),
+        IPC_TIMEOUT,
+    )
+    .await
+    {
+        Ok(reply) => reply,
+        Err(e) => Reply::error(ErrorCode::HostNotRunning, e.to_string(), Value::Null),
+    }
+}
+
+async fn follow_once(
+    grant: &Value,
+    cursor: &mut Option<i64>,
+    options: &FollowOptions,
+    renderer: &mut Renderer,
+    out: &mut (dyn Write + Send),
+    backoff: &mut ExponentialBackoff,
+) -> Ended {
+    let (Some(endpoint), Some(token)) = (grant["ws_endpoint"].as_str(), grant["ws_token"].as_str())
+    else {
+        return Ended::Fatal(Reply::error(
+            ErrorCode::Internal,
+            "the grant has no endpoint or token",
+            Value::Null,
+        ));
+    };
+    let hello = pb::Hello {
+        client_name: "agent-host follow".to_owned(),
+        cursor: *cursor,
+        protocol_version: PROTOCOL_VERSION,
+    };
+    let mut ws: WsClient = match client::connect(endpoint, token, hello).await {
+        Ok((ws, _resp)) => ws,
+        Err(ClientError::HelloFailed(reason)) if reason.starts_with("subscriber_not_found") => {
+            return Ended::Fatal(Reply::error(
+                ErrorCode::SubscriberNotFound,
+                reason,
+                Value::Null,
+            ));
+        }
+        Err(e) => return Ended::Lost(e.to_string()),
+    };
+    // Connected: the next loss starts its backoff from the bottom again.
+    *backoff = new_backoff();
+    loop {
+        let frame = match ws.next_frame().await {
+            Ok(Some(frame)) => frame,
+            Ok(None) => {
+                let reason = ws.last_close.take().map_or(
+                    "the host closed the connection".to_owned(),
+                    |(code, why)| format!("the host closed the connection ({code} {why})"),
+                );
+                return Ended::Lost(reason);
+            }
+            Err(e) => return Ended::Lost(e.to_string()),
+        };
+        match frame.cmd {
+            CmdId::EventPush => {
+                let Some(push) = client::event_of(&frame) else {
+                    continue;
+                };
+                let text = if options.json {
+                    format!("{}\n", push.event_json)
+                } else {
+                    renderer.render(&push)
+                };
+                if out
+                    .write_all(text.as_bytes())
+                    .and_then(|()| out.flush())
+                    .is_err()
+                {
+                    // Nobody reads our output any more (a closed pipe): stop like Ctrl-C.
+                    return Ended::Stop;
+                }
+                if !push.is_delta {
+                    *cursor = Some(push.sequence_id);
+                    if ws.ack(push.sequence_id).await.is_err() {
+                        return Ended::Lost("the connection failed while acknowledging".to_owned());
+                    }
+                }
+            }
+            CmdId::ErrorResp => {
+                if let Ok(err) = frame.body::<pb::ErrorResp>() {
+                    return Ended::Lost(format!("the host sent {} ({})", err.name, err.message));
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+/// Resolves on Ctrl-C or SIGTERM.
+async fn stop_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    match (
+        signal(SignalKind::interrupt()),
+        signal(SignalKind::terminate()),
+    ) {
+        (Ok(mut int), Ok(mut term)) => {
+            tokio::select! {
+                _ = int.recv() => {}
+                _ = term.recv() => {}
+            }
+        }
+        _ => std::future::pending().await,
+    }
+}
+
+/// Turns canonical events into readable lines. Pure: one event in, text out.
+#[derive(Debug, Default)]
+pub struct Renderer {
+    /// A text or thinking block is open and its prefix was printed.
+    open_block: bool,
+    /// Deltas of the open block were printed, so its end needs only a newline.
+    streamed: bool,
+}
+
+fn short(value: &Value, max: usize) -> String {
+    let text = match value {
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    };
+    if text.chars().count() > max {
+        let cut: String = text.chars().take(max).collect();
+        format!("{cut}…")
+    } else {
+        text
+    }
+}
+
+impl Renderer {
+    pub fn render(&mut self, push: &pb::EventPush) -> String {
+        let Ok(event) = serde_json::from_str::<Value>(&push.event_json) else {
+            return format!("[unreadable event {}]\n", push.sequence_id);
+        };
+        let s = |key: &str| {
+            event
+                .get(key)
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_owned()
+        };
+        let kind = s("k");
+        let run = s("runId");
+        match kind.as_str() {
+            "run.start" => format!("── run {run} started ──\n"),
+            "run.end" => {
+                let state = s("state");
+                let why = [s("category"), s("message")]
+                    .into_iter()
+                    .filter(|p| !p.is_empty())
+                    .collect::<Vec<_>>()
+                    .join(": ");
+                if why.is_empty() {
+                    format!("── run {run} {state} ──\n")
+                } else {
+                    format!("── run {run} {state} ({why}) ──\n")
+                }
+            }
+            "user.text" => format!("you: {}\n", s("text")),
+            "text.start" | "thinking.start" => {
+                self.open_block = true;
+                self.streamed = false;
+                if kind == "text.start" {
+                    "assistant: ".to_owned()
+                } else {
+                    "thinking: ".to_owned()
+                }
+            }
+            "text.delta" | "thinking.delta" => {
+                if !self.open_block {
+                    self.open_block = true;
+                    self.streamed = true;
+                    let prefix = if kind == "text.delta" {
+                        "assistant: "
+                    } else {
+                        "thinking: "
+                    };
+                    return format!("{prefix}{}", s("text"));
+                }
+                self.streamed = true;
+                s("text")
+            }
+            "text.end" | "thinking.end" => {
+                let prefix = if self.open_block {
+                    ""
+                } else if kind == "text.end" {
+                    "assistant: "
+                } else {
+                    "thinking: "
+                };
+                let line = if self.streamed {
+                    "\n".to_owned()
+                } else {
+                    format!("{prefix}{}\n", s("text"))
+                };
+                self.open_block = false;
+                self.streamed = false;
+                line
+            }
+            "tool.call.start" | "tool.call.delta" | "tool.exec.start" | "artifact.delta" => {
+                String::new()
+            }
+            "tool.call.end" => format!(
+                "⚙ {} {}\n",
+                s("name"),
+                short(event.get("input").unwrap_or(&Value::Null), 200)
+            ),
+            "tool.exec.update" => String::new(),
+            "tool.exec.end" => {
+                let mark = if event.get("isError").and_then(Value::as_bool) == Some(true) {
+                    "✗"
+                } else {
+                    "↳"
+                };
+                let output = s("output");
+                let mut lines: Vec<&str> = output.lines().take(20).collect();
+                if output.lines().count() > 20 {
+                    lines.push("…");
+                }
+                let body = lines.join("\n    ");
+                format!("  {mark} {body}\n")
+            }
+            "permission.request" => {
+                let options = event
+                    .get("options")
+                    .and_then(Value::as_array)
+                    .map(|o| {
+                        o.iter()
+                            .filter_map(Value::as_str)
+                            .collect::<Vec<_>>()
+                            .join("/")
+                    })
+                    .unwrap_or_default();
+                format!(
+                    "? permission requested: {} {} [request {}]{}\n",
+                    s("tool"),
+                    short(event.get("input").unwrap_or(&Value::Null), 200),
+                    s("requestId"),
+                    if options.is_empty() {
+                        String::new()
+                    } else {
+                        format!(" options: {options}")
+                    }
+                )
+            }
+            "permission.resolved" => {
+                format!("  permission {}: {}\n", s("requestId"), s("decision"))
+            }
+            "usage" => format!(
+                "  usage: {} in, {} out\n",
+                event
+                    .get("inputTokens")
+                    .and_then(Value::as_u64)
+                    .unwrap_or(0),
+                event
+                    .get("outputTokens")
+                    .and_then(Value::as_u64)
+                    .unwrap_or(0)
+            ),
+            "session.bound" => format!("  (agent session {})\n", s("nativeSessionId")),
+            "session.forked" => format!("  (forked from {})\n", s("parentSessionId")),
+            "warning" => format!("! {}: {}\n", s("code"), s("message")),
+            "error" => format!("✗ error ({}): {}\n", s("category"), s("message")),
+            other => format!("[{other}]\n"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn push(json: Value, is_delta: bool) -> pb::EventPush {
+        pb::EventPush {
+            sequence_id: 1,
+            message_id: "m".into(),
+            session_id: "s".into(),
+            run_id: "r".into(),
+            is_delta,
+            event_json: json.to_string(),
+        }
+    }
+
+    #[test]
+    fn renders_a_streamed_turn_readably() {
+        let mut r = Renderer::default();
+        let events = [
+            (json!({"k":"run.start","sessionId":"s","runId":"r1"}), false),
+            (
+                json!({"k":"user.text","sessionId":"s","runId":"r1","text":"hi"}),
+                false,
+            ),
+            (
+                json!({"k":"text.start","sessionId":"s","runId":"r1"}),
+                false,
+            ),
+            (
+                json!({"k":"text.delta","sessionId":"s","runId":"r1","text":"Hel"}),
+                true,
+            ),
+            (
+                json!({"k":"text.delta","sessionId":"s","runId":"r1","text":"lo"}),
+                true,
+            ),
+            (
+                json!({"k":"text.end","sessionId":"s","runId":"r1","text":"Hello"}),
+                false,
+            ),
+            (
+                json!({"k":"tool.call.end","sessionId":"s","runId":"r1","callId":"c","name":"Bash","input":{"command":"ls"}}),
+                false,
+            ),
+            (
+                json!({"k":"tool.exec.end","sessionId":"s","runId":"r1","callId":"c","output":"a\nb"}),
+                false,
+            ),
+            (
+                json!({"k":"permission.request","sessionId":"s","runId":"r1","requestId":"p1","tool":"Bash","input":{},"options":["allow","deny"]}),
+                false,
+            ),
+            (
+                json!({"k":"run.end","sessionId":"s","runId":"r1","state":"failed","category":"rate_limited"}),
+                false,
+            ),
+            (json!({"k":"hologram","sessionId":"s"}), false),
+        ];
+        let text: String = events
+            .iter()
+            .map(|(e, d)| r.render(&push(e.clone(), *d)))
+            .collect();
+        assert_eq!(
+            text,
+            "── run r1 started ──\nyou: hi\nassistant: Hello\n⚙ Bash {\"command\":\"ls\"}\n  ↳ a\n    b\n? permission requested: Bash {} [request p1] options: allow/deny\n── run r1 failed (rate_limited) ──\n[hologram]\n"
+        );
+    }
+
+    #[test]
+    fn a_replayed_block_without_deltas_prints_its_whole_text() {
+        let mut r = Renderer::default();
+        let a = r.render(&push(json!({"k":"text.start","sessionId":"s"}), false));
+        let b = r.render(&push(
+            json!({"k":"text.end","sessionId":"s","text":"whole"}),
+            false,
+        ));
+        assert_eq!(format!("{a}{b}"), "assistant: whole\n");
+        let c = r.render(&push(
+            json!({"k":"text.end","sessionId":"s","text":"alone"}),
+            false,
+        ));
+        assert_eq!(c, "assistant: alone\n");
+    }
+}

@@ -1,0 +1,147 @@
+//! An in-process host on a temp home (the real `agent_host::run`: store, bus, IPC, WebSocket),
+//! for tests that need to publish events through its bus and restart it.
+
+#![allow(dead_code, reason = "each test file uses part of this")]
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use agent_host::bus::Bus;
+use agent_host::clock::Clock;
+use agent_host::config::Config;
+use agent_host::protocol::envelope::Reply;
+use agent_host::protocol::events::{BlockEnd, BlockStart, Event, EventBody, TextDelta};
+use serde_json::{Value, json};
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+pub const WAIT: Duration = Duration::from_secs(20);
+
+pub struct TestHost {
+    pub home: PathBuf,
+    pub clock: Clock,
+    pub bus: Bus,
+    pub ws_port: u16,
+    stop: Option<oneshot::Sender<()>>,
+    task: Option<JoinHandle<()>>,
+}
+
+impl TestHost {
+    pub async fn start(home: &Path) -> TestHost {
+        Self::start_with(home, Clock::manual()).await
+    }
+
+    pub async fn start_with(home: &Path, clock: Clock) -> TestHost {
+        let mut config = Config::with_home(home).unwrap();
+        config.clock = clock.clone();
+        let (stop, stopped) = oneshot::channel::<()>();
+        let (ready_tx, ready_rx) = oneshot::channel();
+        let task = tokio::spawn(async move {
+            let shutdown = async {
+                let _ = stopped.await;
+            };
+            agent_host::run(config, shutdown, ready_tx).await.unwrap();
+        });
+        let ready = tokio::time::timeout(WAIT, ready_rx).await.unwrap().unwrap();
+        TestHost {
+            home: home.to_owned(),
+            clock,
+            bus: ready.bus,
+            ws_port: ready.info.ws_port.unwrap(),
+            stop: Some(stop),
+            task: Some(task),
+        }
+    }
+
+    /// Graceful shutdown, waiting until the host has fully stopped.
+    pub async fn stop(mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(task) = self.task.take() {
+            tokio::time::timeout(WAIT, task).await.unwrap().unwrap();
+        }
+    }
+
+    pub async fn restart(self) -> TestHost {
+        let home = self.home.clone();
+        self.stop().await;
+        TestHost::start(&home).await
+    }
+
+    pub async fn ipc(&self, command: &str, params: Value) -> Reply {
+        agent_host::ipc::request(
+            &self.home.join("host.sock"),
+            &json!({"command": command, "params": params}),
+            WAIT,
+        )
+        .await
+        .unwrap()
+    }
+
+    pub async fn ok(&self, command: &str, params: Value) -> Value {
+        let reply = self.ipc(command, params).await;
+        assert_eq!(reply.code, 0, "{command}: {}", reply.to_line());
+        reply.data
+    }
+
+    pub async fn session(&self, dir: &Path) -> String {
+        let data = self
+            .ok(
+                "session.create",
+                json!({"agent_type": "claude", "cwd": dir.display().to_string()}),
+            )
+            .await;
+        data["session_id"].as_str().unwrap().to_owned()
+    }
+
+    /// Publish and wait for the commit; the bracket's sequence id.
+    pub async fn bracket(&self, event: &Event) -> i64 {
+        self.bus
+            .publish(event)
+            .await
+            .unwrap()
+            .committed()
+            .await
+            .unwrap()
+            .unwrap()
+    }
+}
+
+pub fn text_end(session: &str, item: &str) -> Event {
+    Event::new(
+        session,
+        Some("r1".into()),
+        EventBody::TextEnd(BlockEnd {
+            item_id: Some(item.into()),
+            text: format!("text of {item}"),
+        }),
+    )
+}
+
+pub fn text_start(session: &str, item: &str) -> Event {
+    Event::new(
+        session,
+        Some("r1".into()),
+        EventBody::TextStart(BlockStart {
+            item_id: Some(item.into()),
+        }),
+    )
+}
+
+pub fn text_delta(session: &str, item: &str, text: &str) -> Event {
+    Event::new(
+        session,
+        Some("r1".into()),
+        EventBody::TextDelta(TextDelta {
+            item_id: Some(item.into()),
+            text: text.into(),
+        }),
+    )
+}
+
+/// The `itemId` of an event JSON.
+pub fn item_of(json: &str) -> String {
+    let v: Value = serde_json::from_str(json).unwrap();
+    v["itemId"].as_str().unwrap_or_default().to_owned()
+}

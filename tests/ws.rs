@@ -1,0 +1,633 @@
+//! The loopback WebSocket server through real sockets (issue 3): grants, fan-out, replay and
+//! reconnects, a subscriber that stops reading, hostile frames. Every wait is on an event
+//! (a frame, a reply, a task), bounded by a timeout.
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "a failing test should panic"
+)]
+
+mod common;
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use agent_host::protocol::wire::{CmdId, PROTOCOL_VERSION, pb};
+use agent_host::ws::client::{self, ClientError, WsClient};
+use common::{TestHost, WAIT, item_of, text_delta, text_end, text_start};
+use futures_util::{SinkExt, StreamExt};
+use serde_json::{Value, json};
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+use tokio_tungstenite::tungstenite::http::{HeaderValue, header};
+
+fn hello(cursor: Option<i64>) -> pb::Hello {
+    pb::Hello {
+        client_name: "test".into(),
+        cursor,
+        protocol_version: PROTOCOL_VERSION,
+    }
+}
+
+async fn grant(host: &TestHost, params: Value) -> (String, String, String) {
+    let data = host.ok("subscriber.add", params).await;
+    (
+        data["subscriber_id"].as_str().unwrap().to_owned(),
+        data["ws_endpoint"].as_str().unwrap().to_owned(),
+        data["ws_token"].as_str().unwrap().to_owned(),
+    )
+}
+
+async fn connect(endpoint: &str, token: &str, cursor: Option<i64>) -> WsClient {
+    tokio::time::timeout(WAIT, client::connect(endpoint, token, hello(cursor)))
+        .await
+        .unwrap()
+        .unwrap()
+        .0
+}
+
+async fn refused(endpoint: &str, token: &str) -> u16 {
+    match tokio::time::timeout(WAIT, client::connect(endpoint, token, hello(None)))
+        .await
+        .unwrap()
+    {
+        Err(ClientError::Refused(status)) => status.as_u16(),
+        Ok(_) => panic!("connected with token {token:?}"),
+        Err(e) => panic!("expected an HTTP refusal, got {e}"),
+    }
+}
+
+/// The next pushed event (skipping anything else).
+async fn next_push(ws: &mut WsClient) -> pb::EventPush {
+    loop {
+        let frame = tokio::time::timeout(WAIT, ws.next_frame())
+            .await
+            .expect("timed out waiting for a push")
+            .unwrap()
+            .expect("connection closed");
+        if let Some(push) = client::event_of(&frame) {
+            return push;
+        }
+    }
+}
+
+/// The next non-push frame (a response or an error).
+async fn next_reply(ws: &mut WsClient) -> agent_host::protocol::wire::Decoded {
+    loop {
+        let frame = tokio::time::timeout(WAIT, ws.next_frame())
+            .await
+            .expect("timed out waiting for a reply")
+            .unwrap()
+            .expect("connection closed");
+        if frame.cmd != CmdId::EventPush {
+            return frame;
+        }
+    }
+}
+
+fn local_all() -> Value {
+    json!({"type": "local", "replay_mode": "since_cursor"})
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grants_decide_who_gets_in() {
+    let dir = tempfile::tempdir().unwrap();
+    let host = TestHost::start(dir.path()).await;
+    let (_id, endpoint, token) = grant(&host, local_all()).await;
+
+    // A valid token works, twice within its TTL (a reconnect).
+    let first = connect(&endpoint, &token, None).await;
+    first.close().await;
+    let second = connect(&endpoint, &token, None).await;
+    second.close().await;
+
+    // Wrong and missing tokens.
+    assert_eq!(refused(&endpoint, "not-a-token").await, 401);
+    let mut request = endpoint.as_str().into_client_request().unwrap();
+    request.headers_mut().remove(header::AUTHORIZATION);
+    match tokio_tungstenite::connect_async(request).await {
+        Err(tokio_tungstenite::tungstenite::Error::Http(r)) => assert_eq!(r.status(), 401),
+        other => panic!("missing token: {other:?}"),
+    }
+
+    // The token as a Sec-WebSocket-Protocol entry (browsers); the server selects ours.
+    let mut request = endpoint.as_str().into_client_request().unwrap();
+    request.headers_mut().insert(
+        header::SEC_WEBSOCKET_PROTOCOL,
+        HeaderValue::from_str(&format!("agent-host.v1, bearer.{token}")).unwrap(),
+    );
+    let (_ws, response) = tokio_tungstenite::connect_async(request).await.unwrap();
+    assert_eq!(
+        response
+            .headers()
+            .get(header::SEC_WEBSOCKET_PROTOCOL)
+            .unwrap(),
+        "agent-host.v1"
+    );
+
+    // A foreign Host (DNS rebinding) or Origin (a cross-site page) gets nothing.
+    for (name, value) in [
+        (header::HOST, "attacker.example:80".to_owned()),
+        (header::ORIGIN, "https://attacker.example".to_owned()),
+    ] {
+        let mut request = endpoint.as_str().into_client_request().unwrap();
+        request.headers_mut().insert(
+            header::AUTHORIZATION,
+            HeaderValue::from_str(&format!("Bearer {token}")).unwrap(),
+        );
+        request
+            .headers_mut()
+            .insert(name.clone(), HeaderValue::from_str(&value).unwrap());
+        match tokio_tungstenite::connect_async(request).await {
+            Err(tokio_tungstenite::tungstenite::Error::Http(r)) => {
+                assert_eq!(r.status(), 403, "{name}: {value}")
+            }
+            other => panic!("{name}: {value}: {other:?}"),
+        }
+    }
+
+    // Expired: move the injected clock past the 60 s TTL.
+    host.clock.advance(Duration::from_secs(61));
+    assert_eq!(refused(&endpoint, &token).await, 401);
+
+    // A host restart voids every token; a fresh grant for the same subscriber works.
+    let (id, endpoint, token) = grant(&host, local_all()).await;
+    let host = host.restart().await;
+    let new_endpoint = format!("ws://127.0.0.1:{}/subscribe", host.ws_port);
+    assert_eq!(refused(&new_endpoint, &token).await, 401);
+    let data = host
+        .ok("subscriber.grant", json!({"subscriber_id": id}))
+        .await;
+    assert_eq!(data["ws_endpoint"], json!(new_endpoint));
+    let ws = connect(&new_endpoint, data["ws_token"].as_str().unwrap(), None).await;
+    ws.close().await;
+    drop(endpoint);
+    host.stop().await;
+}
+
+/// Reads `/proc/net/tcp{,6}`: every listening socket on `port` is bound to 127.0.0.1 only.
+fn listeners_on(port: u16) -> Vec<String> {
+    let mut found = Vec::new();
+    for file in ["/proc/net/tcp", "/proc/net/tcp6"] {
+        let text = std::fs::read_to_string(file).unwrap_or_default();
+        for line in text.lines().skip(1) {
+            let cols: Vec<&str> = line.split_whitespace().collect();
+            let (Some(local), Some(state)) = (cols.get(1), cols.get(3)) else {
+                continue;
+            };
+            let Some((addr, p)) = local.rsplit_once(':') else {
+                continue;
+            };
+            if *state == "0A" && u16::from_str_radix(p, 16).ok() == Some(port) {
+                found.push(addr.to_owned());
+            }
+        }
+    }
+    found
+}
+
+#[tokio::test]
+async fn the_server_listens_on_loopback_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let host = TestHost::start(dir.path()).await;
+    // The kernel's own table: one listener for the port, on 127.0.0.1 (0100007F), none on a
+    // wildcard or another address.
+    assert_eq!(listeners_on(host.ws_port), vec!["0100007F".to_owned()]);
+    // Another address of the machine (here: another loopback address, so the test sends no
+    // traffic off the machine) is refused.
+    let other = tokio::net::TcpStream::connect(("127.0.0.2", host.ws_port)).await;
+    assert!(other.is_err(), "reachable on 127.0.0.2");
+    let status = host.ok("host.status", json!({})).await;
+    assert_eq!(status["ws_port"], json!(host.ws_port));
+    let lock: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("host.lock")).unwrap())
+            .unwrap();
+    assert_eq!(lock["ws_port"], json!(host.ws_port));
+    host.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hundred_subscribers_get_every_bracket_once_and_deltas_where_asked() {
+    let dir = tempfile::tempdir().unwrap();
+    let host = TestHost::start(dir.path()).await;
+    let session = host.session(dir.path()).await;
+    let mut readers = Vec::new();
+    for i in 0..100 {
+        let deltas = i % 2 == 0;
+        let (_id, endpoint, token) = grant(
+            &host,
+            json!({"type": "local", "session_id": session, "forward_deltas": deltas, "replay_mode": "since_cursor"}),
+        )
+        .await;
+        let mut ws = connect(&endpoint, &token, None).await;
+        readers.push(tokio::spawn(async move {
+            let mut brackets = Vec::new();
+            let mut deltas_seen = 0;
+            let mut last_seq = 0;
+            while brackets.len() < 200 {
+                let push = next_push(&mut ws).await;
+                assert!(push.sequence_id >= last_seq, "out of order");
+                last_seq = push.sequence_id;
+                if push.is_delta {
+                    deltas_seen += 1;
+                } else {
+                    brackets.push((push.sequence_id, item_of(&push.event_json)));
+                }
+            }
+            (deltas, brackets, deltas_seen)
+        }));
+    }
+    let mut published = Vec::new();
+    for i in 0..100 {
+        let item = format!("i{i}");
+        host.bus
+            .publish(&text_start(&session, &item))
+            .await
+            .unwrap();
+        host.bus
+            .publish(&text_delta(&session, &item, "x"))
+            .await
+            .unwrap();
+        let seq = host.bracket(&text_end(&session, &item)).await;
+        published.push(item);
+        let _ = seq;
+    }
+    for reader in readers {
+        let (asked, brackets, deltas_seen) =
+            tokio::time::timeout(WAIT, reader).await.unwrap().unwrap();
+        let items: Vec<&str> = brackets.iter().map(|(_, i)| i.as_str()).collect();
+        let want: Vec<&str> = published
+            .iter()
+            .flat_map(|i| [i.as_str(), i.as_str()])
+            .collect();
+        assert_eq!(items, want, "every bracket once, in order");
+        let seqs: HashSet<i64> = brackets.iter().map(|(s, _)| *s).collect();
+        assert_eq!(seqs.len(), 200, "no duplicate sequence ids");
+        if asked {
+            assert!(deltas_seen > 0, "asked for deltas, got none");
+        } else {
+            assert_eq!(deltas_seen, 0, "got deltas without asking");
+        }
+    }
+    host.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cut_connection_resumes_with_its_cursor_and_replay_modes_hold_across_restarts() {
+    let dir = tempfile::tempdir().unwrap();
+    let host = TestHost::start(dir.path()).await;
+    let session = host.session(dir.path()).await;
+    let (id, endpoint, token) = grant(&host, local_all()).await;
+    let mut ws = connect(&endpoint, &token, None).await;
+    let mut seqs = Vec::new();
+    for i in 0..10 {
+        seqs.push(host.bracket(&text_end(&session, &format!("a{i}"))).await);
+    }
+    let mut last = 0;
+    for i in 0..4 {
+        let push = next_push(&mut ws).await;
+        assert_eq!(item_of(&push.event_json), format!("a{i}"));
+        last = push.sequence_id;
+    }
+    ws.ack(last).await.unwrap();
+    // Cut mid-stream: no close handshake.
+    drop(ws);
+    for i in 10..15 {
+        seqs.push(host.bracket(&text_end(&session, &format!("a{i}"))).await);
+    }
+    let mut ws = connect(&endpoint, &token, Some(last)).await;
+    for i in 4..15 {
+        let push = next_push(&mut ws).await;
+        assert_eq!(
+            item_of(&push.event_json),
+            format!("a{i}"),
+            "exactly what was missed"
+        );
+    }
+    ws.ack(seqs[14]).await.unwrap();
+    // The ack is saved in a batch; the cursor is visible in subscriber.list once it is.
+    ws.close().await;
+
+    // Three more subscribers, one per replay mode, then a restart.
+    let (none_id, _, _) = grant(&host, json!({"type": "local", "replay_mode": "none"})).await;
+    let (since_id, _, _) = grant(
+        &host,
+        json!({"type": "local", "replay_mode": "since_cursor"}),
+    )
+    .await;
+    let (max_id, _, _) = grant(
+        &host,
+        json!({"type": "local", "replay_mode": "max_count", "max_count": 3}),
+    )
+    .await;
+    let host = host.restart().await;
+    for i in 15..18 {
+        host.bracket(&text_end(&session, &format!("a{i}"))).await;
+    }
+    let connect_as = |id: String| {
+        let host = &host;
+        async move {
+            let data = host
+                .ok("subscriber.grant", json!({"subscriber_id": id}))
+                .await;
+            connect(
+                data["ws_endpoint"].as_str().unwrap(),
+                data["ws_token"].as_str().unwrap(),
+                None,
+            )
+            .await
+        }
+    };
+    let mut none = connect_as(none_id).await;
+    let mut since = connect_as(since_id).await;
+    let mut max = connect_as(max_id).await;
+    let mut first = connect_as(id.clone()).await;
+    let marker = host.bracket(&text_end(&session, "marker")).await;
+    // none: only what came after it connected.
+    assert_eq!(item_of(&next_push(&mut none).await.event_json), "marker");
+    // since_cursor with a stored cursor of 0: everything, then the marker.
+    for i in 0..18 {
+        assert_eq!(
+            item_of(&next_push(&mut since).await.event_json),
+            format!("a{i}")
+        );
+    }
+    assert_eq!(item_of(&next_push(&mut since).await.event_json), "marker");
+    // max_count 3: the newest three before it connected, then the marker.
+    for i in 15..18 {
+        assert_eq!(
+            item_of(&next_push(&mut max).await.event_json),
+            format!("a{i}")
+        );
+    }
+    assert_eq!(item_of(&next_push(&mut max).await.event_json), "marker");
+    // The first subscriber's acked cursor (a14) survived the restart.
+    for i in 15..18 {
+        assert_eq!(
+            item_of(&next_push(&mut first).await.event_json),
+            format!("a{i}")
+        );
+    }
+    let push = next_push(&mut first).await;
+    assert_eq!(push.sequence_id, marker);
+    let list = host.ok("subscriber.list", json!({})).await;
+    let row = list["subscribers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["subscriber_id"] == json!(id))
+        .unwrap()
+        .clone();
+    assert_eq!(row["most_recent_sequence_id"], json!(seqs[14]));
+    assert_eq!(row["connected"], json!(true));
+    host.stop().await;
+}
+
+/// RSS of this process in KiB.
+fn rss_kib() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subscriber_that_stops_reading_costs_bounded_memory_and_catches_up() {
+    const EVENTS: usize = 40_000;
+    let dir = tempfile::tempdir().unwrap();
+    let host = TestHost::start(dir.path()).await;
+    let session = host.session(dir.path()).await;
+    let (_, endpoint, token) = grant(&host, local_all()).await;
+    let mut stuck = connect(&endpoint, &token, None).await;
+    let (_, endpoint2, token2) = grant(&host, local_all()).await;
+    let mut reader = connect(&endpoint2, &token2, None).await;
+    let reading = tokio::spawn(async move {
+        for i in 0..EVENTS {
+            let push = next_push(&mut reader).await;
+            assert_eq!(item_of(&push.event_json), format!("b{i}"));
+        }
+        reader
+    });
+    let before = rss_kib();
+    let pad = "x".repeat(2000);
+    let mut receipts = Vec::new();
+    for i in 0..EVENTS {
+        let mut e = text_end(&session, &format!("b{i}"));
+        if let agent_host::protocol::events::EventBody::TextEnd(b) = &mut e.body {
+            b.text = pad.clone();
+        }
+        receipts.push(host.bus.publish(&e).await.unwrap());
+    }
+    for r in receipts {
+        r.committed().await.unwrap();
+    }
+    // The reading subscriber got everything although the other never read a byte.
+    let reader = tokio::time::timeout(WAIT * 3, reading)
+        .await
+        .unwrap()
+        .unwrap();
+    let grown_mib = rss_kib().saturating_sub(before) / 1024;
+    let published_mib = (EVENTS * 2100) / (1024 * 1024);
+    eprintln!("published {published_mib} MiB; RSS grew {grown_mib} MiB");
+    assert!(
+        grown_mib < published_mib as u64 / 2,
+        "memory grew {grown_mib} MiB for {published_mib} MiB published: not bounded"
+    );
+    // Now the stuck one reads: everything, in order, no gap, no duplicate.
+    for i in 0..EVENTS {
+        let push = next_push(&mut stuck).await;
+        assert_eq!(item_of(&push.event_json), format!("b{i}"));
+    }
+    reader.close().await;
+    stuck.close().await;
+    host.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_frames_get_an_error_or_a_close_and_nobody_else_notices() {
+    let dir = tempfile::tempdir().unwrap();
+    let host = TestHost::start(dir.path()).await;
+    let session = host.session(dir.path()).await;
+    let (_, endpoint, token) = grant(&host, local_all()).await;
+    let mut bystander = connect(&endpoint, &token, None).await;
+    let mut ws = connect(&endpoint, &token, None).await;
+
+    let error_of = |frame: agent_host::protocol::wire::Decoded| {
+        assert_eq!(frame.cmd, CmdId::ErrorResp, "{frame:?}");
+        frame.body::<pb::ErrorResp>().unwrap()
+    };
+    // Garbage bytes.
+    ws.send_raw(Message::Binary(vec![0xff, 0x00, 0x13, 0x37].into()))
+        .await
+        .unwrap();
+    assert_eq!(error_of(next_reply(&mut ws).await).name, "invalid_frame");
+    // A truncated protobuf frame.
+    let good = client::raw_frame(CmdId::Ping as i32, 7, vec![8, 1]);
+    ws.send_raw(Message::Binary(good[..good.len() - 1].to_vec().into()))
+        .await
+        .unwrap();
+    assert_eq!(error_of(next_reply(&mut ws).await).name, "invalid_frame");
+    // An unknown CmdId: answered, paired by request id.
+    ws.send_raw(Message::Binary(client::raw_frame(999, 42, vec![]).into()))
+        .await
+        .unwrap();
+    let reply = next_reply(&mut ws).await;
+    assert_eq!(reply.request_id, 42);
+    assert_eq!(error_of(reply).code, 1012);
+    // A known cmd whose body does not decode.
+    ws.send_raw(Message::Binary(
+        client::raw_frame(CmdId::RelayMessageReq as i32, 5, vec![0xff; 3]).into(),
+    ))
+    .await
+    .unwrap();
+    assert_eq!(error_of(next_reply(&mut ws).await).name, "invalid_frame");
+    // A text message.
+    ws.send_raw(Message::Text("hello?".into())).await.unwrap();
+    assert_eq!(error_of(next_reply(&mut ws).await).name, "invalid_frame");
+    // A frame only the server sends.
+    ws.send(CmdId::EventPush, &pb::EventPush::default())
+        .await
+        .unwrap();
+    assert_eq!(error_of(next_reply(&mut ws).await).name, "unknown_cmd");
+    // Requests still work on the same connection: a prompt has no agent yet (never a fake run).
+    let id = ws
+        .send(
+            CmdId::RelayMessageReq,
+            &pb::RelayMessageReq {
+                session_id: session.clone(),
+                text: "hi".into(),
+                client_msg_id: "c1".into(),
+            },
+        )
+        .await
+        .unwrap();
+    let reply = next_reply(&mut ws).await;
+    assert_eq!(reply.request_id, id);
+    let err = error_of(reply);
+    assert_eq!((err.code, err.name.as_str()), (4002, "no_agent"));
+    assert!(
+        err.message.contains("no agent for this session"),
+        "{}",
+        err.message
+    );
+    ws.send(CmdId::Ping, &pb::Ping { nonce: 99 }).await.unwrap();
+    let pong = next_reply(&mut ws).await;
+    assert_eq!(pong.cmd, CmdId::Pong);
+    assert_eq!(pong.body::<pb::Pong>().unwrap().nonce, 99);
+
+    // A 64 MiB message: the server closes with 1009 and a reason, without reading it all.
+    let mut request = endpoint.as_str().into_client_request().unwrap();
+    request.headers_mut().insert(
+        header::AUTHORIZATION,
+        HeaderValue::from_str(&format!("Bearer {token}")).unwrap(),
+    );
+    let (raw, _) = tokio_tungstenite::connect_async(request).await.unwrap();
+    let (mut sink, mut stream) = raw.split();
+    sink.send(Message::Binary(
+        client::raw_frame(CmdId::Hello as i32, 1, vec![]).into(),
+    ))
+    .await
+    .unwrap();
+    let big = vec![0u8; 64 * 1024 * 1024];
+    let sender = tokio::spawn(async move {
+        // The server stops reading and closes: this send may fail, which is the point.
+        let _ = sink.send(Message::Binary(big.into())).await;
+    });
+    let mut close = None;
+    while let Ok(Some(msg)) = tokio::time::timeout(WAIT, stream.next()).await {
+        match msg {
+            Ok(Message::Close(frame)) => {
+                close = frame;
+                break;
+            }
+            Ok(_) => {}
+            Err(_) => break,
+        }
+    }
+    let close = close.expect("the server closed with a close frame");
+    assert_eq!(u16::from(close.code), 1009);
+    assert!(close.reason.contains("frame_too_large"), "{}", close.reason);
+    sender.abort();
+
+    // The host and the bystander carry on.
+    let seq = host.bracket(&text_end(&session, "still-here")).await;
+    let push = next_push(&mut bystander).await;
+    assert_eq!(
+        (push.sequence_id, item_of(&push.event_json).as_str()),
+        (seq, "still-here")
+    );
+    let push = next_push(&mut ws).await;
+    assert_eq!(push.sequence_id, seq);
+    host.ok("host.status", json!({})).await;
+    host.stop().await;
+}
+
+#[tokio::test]
+async fn requests_over_the_socket_answer_from_the_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let host = TestHost::start(dir.path()).await;
+    let session = host.session(dir.path()).await;
+    for i in 0..3 {
+        host.bracket(&text_end(&session, &format!("h{i}"))).await;
+    }
+    let (_, endpoint, token) = grant(&host, json!({"type": "local", "replay_mode": "none"})).await;
+    let mut ws = connect(&endpoint, &token, None).await;
+    ws.send(
+        CmdId::ListHistorySessionsReq,
+        &pb::ListHistorySessionsReq { limit: 0 },
+    )
+    .await
+    .unwrap();
+    let list: pb::ListHistorySessionsResp = next_reply(&mut ws).await.body().unwrap();
+    assert_eq!(list.sessions.len(), 1);
+    assert_eq!(list.sessions[0].session_id, session);
+    ws.send(
+        CmdId::GetSessionHistoryReq,
+        &pb::GetSessionHistoryReq {
+            session_id: session.clone(),
+            after_seq: 0,
+            limit: 2,
+        },
+    )
+    .await
+    .unwrap();
+    let page: pb::GetSessionHistoryResp = next_reply(&mut ws).await.body().unwrap();
+    assert_eq!(page.events.len(), 2);
+    assert!(page.has_more);
+    assert_eq!(item_of(&page.events[1].event_json), "h1");
+    ws.send(
+        CmdId::ListSessionRunsReq,
+        &pb::ListSessionRunsReq {
+            session_id: "nope".into(),
+        },
+    )
+    .await
+    .unwrap();
+    let err: pb::ErrorResp = next_reply(&mut ws).await.body().unwrap();
+    assert_eq!(err.name, "session_not_found");
+    // Removing the subscriber closes its connection.
+    let list = host.ok("subscriber.list", json!({})).await;
+    let id = list["subscribers"][0]["subscriber_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    host.ok("subscriber.remove", json!({"subscriber_id": id}))
+        .await;
+    let end = tokio::time::timeout(WAIT, async {
+        loop {
+            match ws.next_frame().await {
+                Ok(Some(_)) => continue,
+                other => return other.map(|_| ()),
+            }
+        }
+    })
+    .await
+    .unwrap();
+    assert!(end.is_ok());
+    assert_eq!(ws.last_close.as_ref().map(|c| c.0), Some(1001));
+    host.stop().await;
+}
