@@ -609,8 +609,10 @@ async fn a_failed_commit_stops_appends_instead_of_leaving_a_gap() {
 #[tokio::test]
 async fn recv_after_a_store_error_can_be_called_again() {
     let dir = tempfile::tempdir().unwrap();
-    let host = open(dir.path()).await;
-    host.store
+    // A row the bus cannot read back, written before the bus starts (so catch-up must read it
+    // from SQLite rather than from the hub's ring).
+    let (store, threads) = Store::open(&dir.path().join("host.db")).unwrap();
+    store
         .write(|conn| {
             conn.execute(
                 "INSERT INTO messages (message_id, session_id, kind, payload, created_at) \
@@ -621,6 +623,9 @@ async fn recv_after_a_store_error_can_be_called_again() {
         })
         .await
         .unwrap();
+    drop(store);
+    threads.shutdown().await;
+    let host = open(dir.path()).await;
     let mut sub = host
         .bus
         .subscribe(subscribe_opts(

@@ -8,9 +8,14 @@
 //!   the `Lagged` marker, so a subscriber that falls behind is told so in band, after the last
 //!   event it did get;
 //! - a slot's `floor` is the highest bracket it has (or will read from SQLite): brackets at or
-//!   below it are never sent to it again, which is what makes catch-up duplicate-free.
+//!   below it are never sent to it again, which is what makes catch-up duplicate-free;
+//! - `ring` holds the most recent fanned brackets (bounded by count and bytes), in order, and
+//!   every bracket fanned after `evicted_upto` is in it. A subscriber catching up from a
+//!   position at or after `evicted_upto` is served from the ring — the same shared events, with
+//!   their frames already encoded — and is made live in the same step, which cannot leave a
+//!   gap because the hub is the one sequencer. Older positions are read from SQLite first.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -26,7 +31,7 @@ pub(super) type SlotId = u64;
 pub(super) enum QueueItem {
     Event(Arc<Delivery>),
     /// The queue overflowed on a bracket: nothing more comes live until the subscriber has
-    /// caught up from SQLite and rejoined.
+    /// caught up (from the ring or SQLite) and asked to go live again.
     Lagged,
 }
 
@@ -41,14 +46,34 @@ pub(super) enum HubCmd {
         forward_deltas: bool,
         reply: oneshot::Sender<Registered>,
     },
-    /// The subscriber has read SQLite up to `position` and wants live delivery again.
-    Rejoin {
+    /// The subscriber has everything matching up to `after` and wants what follows: from the
+    /// ring (and then live), or word to read SQLite first.
+    CatchUp {
         slot: SlotId,
-        position: i64,
-        reply: oneshot::Sender<i64>,
+        after: i64,
+        reply: oneshot::Sender<CatchUp>,
     },
     IngestClosed,
 }
+
+/// The hub's answer to a catch-up request.
+#[derive(Debug)]
+pub(super) enum CatchUp {
+    /// These are all the matching brackets after the position; the slot is live again, and
+    /// everything later arrives through its queue.
+    Live(Vec<Arc<Delivery>>),
+    /// The first of the matching brackets after the position; ask again after the last one.
+    More(Vec<Arc<Delivery>>),
+    /// The position is older than the ring: read SQLite, then ask again.
+    Store,
+}
+
+/// How many recent brackets the ring keeps, and how many bytes at most (payload plus its
+/// encoded frame, which an entry keeps once a transport has built it).
+const RING_EVENTS: usize = 16 * 1024;
+const RING_BYTES: usize = 16 * 1024 * 1024;
+/// The most brackets one catch-up answer carries.
+const CATCH_UP_MAX: usize = 4096;
 
 /// A new slot: its id and its dropped-delta counter, shared with the subscription.
 pub(super) struct Registered {
@@ -113,6 +138,10 @@ struct Hub {
     slots: HashMap<SlotId, Slot>,
     next_id: SlotId,
     last_fanned: i64,
+    ring: VecDeque<Arc<Delivery>>,
+    ring_bytes: usize,
+    /// Every bracket fanned with a larger `sequence_id` is in the ring.
+    evicted_upto: i64,
 }
 
 pub(super) async fn run(mut rx: mpsc::Receiver<HubCmd>, last_seq: i64) {
@@ -120,6 +149,10 @@ pub(super) async fn run(mut rx: mpsc::Receiver<HubCmd>, last_seq: i64) {
         slots: HashMap::new(),
         next_id: 1,
         last_fanned: last_seq,
+        ring: VecDeque::new(),
+        ring_bytes: 0,
+        // Brackets from before this start are only in SQLite.
+        evicted_upto: last_seq,
     };
     while let Some(cmd) = rx.recv().await {
         match cmd {
@@ -147,18 +180,9 @@ pub(super) async fn run(mut rx: mpsc::Receiver<HubCmd>, last_seq: i64) {
                 );
                 let _subscriber_gone = reply.send(Registered { id, dropped });
             }
-            HubCmd::Rejoin {
-                slot,
-                position,
-                reply,
-            } => {
-                // Everything up to `last_fanned` is committed: the subscriber reads the gap
-                // (position, last_fanned] from SQLite, and gets everything after it live.
-                if let Some(s) = hub.slots.get_mut(&slot) {
-                    s.live = true;
-                    s.floor = position.max(hub.last_fanned);
-                }
-                let _subscriber_gone = reply.send(hub.last_fanned);
+            HubCmd::CatchUp { slot, after, reply } => {
+                let answer = hub.catch_up(slot, after);
+                let _subscriber_gone = reply.send(answer);
             }
             HubCmd::IngestClosed => break,
         }
@@ -167,6 +191,48 @@ pub(super) async fn run(mut rx: mpsc::Receiver<HubCmd>, last_seq: i64) {
 }
 
 impl Hub {
+    fn catch_up(&mut self, slot: SlotId, after: i64) -> CatchUp {
+        if after < self.evicted_upto {
+            return CatchUp::Store;
+        }
+        let Some(s) = self.slots.get_mut(&slot) else {
+            return CatchUp::Live(Vec::new());
+        };
+        let start = self.ring.partition_point(|d| d.sequence_id <= after);
+        let mut events = Vec::new();
+        for d in self.ring.range(start..) {
+            if !s.filter.matches(&d.session_id) {
+                continue;
+            }
+            if events.len() == CATCH_UP_MAX {
+                return CatchUp::More(events);
+            }
+            events.push(d.clone());
+        }
+        // Everything up to `last_fanned` is in `events` (or was read from SQLite up to
+        // `after`); everything later will be queued.
+        s.live = true;
+        s.floor = after.max(self.last_fanned);
+        CatchUp::Live(events)
+    }
+
+    /// What an entry may cost: its JSON, and about as much again for its frame.
+    fn cost(item: &Delivery) -> usize {
+        2 * item.json.len() + 256
+    }
+
+    fn remember(&mut self, item: &Arc<Delivery>) {
+        self.ring_bytes += Self::cost(item);
+        self.ring.push_back(item.clone());
+        while self.ring.len() > RING_EVENTS || self.ring_bytes > RING_BYTES {
+            let Some(old) = self.ring.pop_front() else {
+                break;
+            };
+            self.ring_bytes -= Self::cost(&old);
+            self.evicted_upto = old.sequence_id;
+        }
+    }
+
     async fn fan_out(
         &mut self,
         batch: Vec<Prepared>,
@@ -212,6 +278,9 @@ impl Hub {
                 self.last_fanned = seq;
             }
             let item = Arc::new(delivery);
+            if !item.is_delta {
+                self.remember(&item);
+            }
             for (id, slot) in &mut self.slots {
                 if let Offer::Gone = slot.offer(&item) {
                     gone.push(*id);
@@ -279,16 +348,16 @@ mod tests {
         (registered.await.unwrap().id, rx)
     }
 
-    async fn rejoin(hub: &mpsc::Sender<HubCmd>, slot: SlotId, position: i64) -> i64 {
+    async fn catch_up(hub: &mpsc::Sender<HubCmd>, slot: SlotId, after: i64) -> CatchUp {
         let (reply, answer) = oneshot::channel();
-        hub.send(HubCmd::Rejoin {
-            slot,
-            position,
-            reply,
-        })
-        .await
-        .unwrap();
+        hub.send(HubCmd::CatchUp { slot, after, reply })
+            .await
+            .unwrap();
         answer.await.unwrap()
+    }
+
+    fn seqs(events: &[Arc<Delivery>]) -> Vec<i64> {
+        events.iter().map(|d| d.sequence_id).collect()
     }
 
     fn drain(rx: &mut mpsc::Receiver<QueueItem>) -> Vec<(i64, bool)> {
@@ -310,7 +379,7 @@ mod tests {
         let (hub, rx) = mpsc::channel(16);
         let task = tokio::spawn(run(rx, 3));
         let (slot, mut queue) = register(&hub, 64).await;
-        assert_eq!(rejoin(&hub, slot, 5).await, 3);
+        assert!(matches!(catch_up(&hub, slot, 5).await, CatchUp::Live(v) if v.is_empty()));
         let batch = vec![
             prepared("text.start", false),
             prepared("text.delta", true),
@@ -330,7 +399,7 @@ mod tests {
         let (hub, rx) = mpsc::channel(16);
         let task = tokio::spawn(run(rx, 0));
         let (slot, mut queue) = register(&hub, 4).await; // room for 3 + the marker
-        rejoin(&hub, slot, 0).await;
+        catch_up(&hub, slot, 0).await;
         let batch = vec![
             prepared("text.start", false),
             prepared("text.delta", true),
@@ -346,5 +415,43 @@ mod tests {
             drain(&mut queue),
             vec![(1, false), (1, true), (1, true), (-1, false)]
         );
+    }
+
+    /// A lagging subscriber is served from the ring and made live in one step; a position
+    /// older than the ring is sent to SQLite.
+    #[tokio::test]
+    async fn catch_up_comes_from_the_ring_until_it_is_too_old() {
+        let (hub, rx) = mpsc::channel(16);
+        let task = tokio::spawn(run(rx, 100));
+        let (slot, mut queue) = register(&hub, 64).await;
+        assert!(
+            matches!(catch_up(&hub, slot, 99).await, CatchUp::Store),
+            "before the ring"
+        );
+        let batch = (0..5).map(|_| prepared("text.end", false)).collect();
+        hub.send(committed(batch, vec![101, 102, 103, 104, 105]))
+            .await
+            .unwrap();
+        match catch_up(&hub, slot, 102).await {
+            CatchUp::Live(events) => assert_eq!(seqs(&events), vec![103, 104, 105]),
+            other => panic!("{other:?}"),
+        }
+        // Live now: the next bracket is queued, nothing twice.
+        hub.send(committed(vec![prepared("text.end", false)], vec![106]))
+            .await
+            .unwrap();
+        // Push enough to evict the first entries from the ring.
+        let many: Vec<i64> = (107..107 + RING_EVENTS as i64).collect();
+        let batch = many.iter().map(|_| prepared("text.end", false)).collect();
+        hub.send(committed(batch, many)).await.unwrap();
+        let (slot2, _queue2) = register(&hub, 64).await;
+        assert!(matches!(catch_up(&hub, slot2, 101).await, CatchUp::Store));
+        match catch_up(&hub, slot2, 106 + RING_EVENTS as i64 - 10).await {
+            CatchUp::Live(events) => assert_eq!(events.len(), 10),
+            other => panic!("{other:?}"),
+        }
+        hub.send(HubCmd::IngestClosed).await.unwrap();
+        task.await.unwrap();
+        assert_eq!(drain(&mut queue).first(), Some(&(106, false)));
     }
 }

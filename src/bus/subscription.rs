@@ -2,18 +2,18 @@
 //! [`Subscription::recv`].
 //!
 //! States:
-//! - **catching up** from `position`: read SQLite pages after `position`; when a page comes back
-//!   short, ask the hub to go live. The hub answers with `fill_to`, the last bracket it fanned
-//!   out; whatever lies in `(position, fill_to]` is read from SQLite before the live queue.
-//!   Because the hub fans out only committed brackets, and never sends this slot a bracket at
-//!   or below `fill_to` again, the switch has no gap and no duplicate.
+//! - **catching up** from `position` (everything matching up to it has been handed out): ask
+//!   the hub for what follows. If `position` is recent enough, the hub answers from its ring of
+//!   recent brackets and makes the slot live in the same step — no gap, since the hub is the
+//!   one sequencer, and no duplicate, since it never queues a bracket at or below the slot's
+//!   floor. If `position` is older than the ring, read one SQLite page after it and ask again.
 //! - **live**: read the queue. A `Lagged` marker in it means the hub stopped sending after the
 //!   previous item; go back to catching up from the last bracket received.
 //!
 //! [`Subscription::recv`] is cancel-safe, so a transport may `select!` on it: state changes
 //! only between awaits, and the answers it waits for (a page from the store, the hub's answer
-//! to a rejoin) are kept in `pending_page` / `pending_rejoin` and picked up by the next call,
-//! so a caller that keeps cancelling still makes progress.
+//! to a catch-up) are kept in `pending_page` / `pending_catch_up` and picked up by the next
+//! call, so a caller that keeps cancelling still makes progress.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -22,7 +22,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use tokio::sync::{mpsc, oneshot};
 
 use super::cursors::CursorCmd;
-use super::hub::{HubCmd, QueueItem, Registered, SlotId};
+use super::hub::{CatchUp, HubCmd, QueueItem, Registered, SlotId};
 use super::{BusError, Delivery, SubscribeOptions};
 use crate::store::{Page, SessionFilter, Store, StoreError};
 
@@ -31,10 +31,10 @@ const PAGE: u32 = 512;
 
 enum Mode {
     CatchingUp {
-        /// Everything matching up to here has been read (or was never there).
+        /// Everything matching up to here has been handed out (or was never there).
         position: i64,
-        /// Read up to here before going live (`None`: until a short page).
-        fill_to: Option<i64>,
+        /// The hub said `position` is older than its ring: read SQLite next.
+        from_store: bool,
     },
     Live,
 }
@@ -53,9 +53,9 @@ pub struct Subscription {
     catch_ups: u64,
     /// A page asked of the store for the current catch-up position, not read yet.
     pending_page: Option<oneshot::Receiver<Result<Page, StoreError>>>,
-    /// A rejoin the hub has been sent, whose answer has not been read yet.
-    pending_rejoin: Option<oneshot::Receiver<i64>>,
-    /// The hub feeds this subscription's queue (a rejoin was sent, no lag since).
+    /// A catch-up request the hub has been sent, whose answer has not been read yet.
+    pending_catch_up: Option<oneshot::Receiver<CatchUp>>,
+    /// The hub feeds this subscription's queue (it said so, and no lag since).
     joined: bool,
     hub: mpsc::Sender<HubCmd>,
     cursors: mpsc::Sender<CursorCmd>,
@@ -77,7 +77,7 @@ impl Subscription {
             rx,
             mode: Mode::CatchingUp {
                 position: start,
-                fill_to: None,
+                from_store: false,
             },
             buffer: VecDeque::new(),
             last_bracket: start,
@@ -86,7 +86,7 @@ impl Subscription {
             dropped: registered.dropped,
             catch_ups: 0,
             pending_page: None,
-            pending_rejoin: None,
+            pending_catch_up: None,
             joined: false,
             hub,
             cursors,
@@ -120,34 +120,62 @@ impl Subscription {
                         );
                         self.mode = Mode::CatchingUp {
                             position: self.last_bracket,
-                            fill_to: None,
+                            from_store: false,
                         };
                     }
                     None => return Ok(None),
                 },
-                Mode::CatchingUp { position, fill_to } => {
-                    if let Some(answer) = self.pending_rejoin.as_mut() {
+                Mode::CatchingUp {
+                    position,
+                    from_store,
+                } => {
+                    if let Some(answer) = self.pending_catch_up.as_mut() {
                         // Clear it before looking at the result: a completed receiver must
                         // never be polled again, even after an error.
                         let answered = answer.await;
-                        self.pending_rejoin = None;
-                        let Ok(hub_last) = answered else {
-                            return Ok(None);
-                        };
-                        self.mode = if hub_last > position {
-                            Mode::CatchingUp {
-                                position,
-                                fill_to: Some(hub_last),
+                        self.pending_catch_up = None;
+                        self.mode = match answered {
+                            Err(_) => return Ok(None),
+                            Ok(CatchUp::Live(events)) => {
+                                self.buffer.extend(events);
+                                self.joined = true;
+                                Mode::Live
                             }
-                        } else {
-                            Mode::Live
+                            Ok(CatchUp::More(events)) => {
+                                let next = events.last().map_or(position, |d| d.sequence_id);
+                                self.buffer.extend(events);
+                                Mode::CatchingUp {
+                                    position: next,
+                                    from_store: false,
+                                }
+                            }
+                            Ok(CatchUp::Store) => Mode::CatchingUp {
+                                position,
+                                from_store: true,
+                            },
                         };
+                        continue;
+                    }
+                    if !from_store {
+                        let (reply, answer) = oneshot::channel();
+                        let asked = self
+                            .hub
+                            .send(HubCmd::CatchUp {
+                                slot: self.slot,
+                                after: position,
+                                reply,
+                            })
+                            .await;
+                        if asked.is_err() {
+                            return Ok(None);
+                        }
+                        self.pending_catch_up = Some(answer);
                         continue;
                     }
                     if self.pending_page.is_none() {
                         match self
                             .store
-                            .page_after_start(self.filter.clone(), position, fill_to, PAGE)
+                            .page_after_start(self.filter.clone(), position, None, PAGE)
                             .await
                         {
                             Ok(answer) => self.pending_page = Some(answer),
@@ -165,48 +193,54 @@ impl Subscription {
                         Ok(Err(StoreError::Closed)) | Err(_) => return Ok(None),
                         Ok(Err(e)) => return Err(e.into()),
                     };
-                    let short = page.events.len() < PAGE as usize;
                     let mut next = page.events.last().map_or(position, |e| e.sequence_id);
-                    if short {
-                        // Nothing else matches up to the snapshot (or up to `fill_to`).
-                        next = next.max(fill_to.unwrap_or(page.snapshot_max));
+                    if page.events.len() < PAGE as usize {
+                        // Nothing else matches up to the snapshot.
+                        next = next.max(page.snapshot_max);
                     }
                     self.buffer.extend(
                         page.events
                             .into_iter()
                             .map(|e| Arc::new(Delivery::from_stored(e))),
                     );
-                    self.mode = match (short, fill_to) {
-                        (true, Some(_)) => Mode::Live,
-                        _ => Mode::CatchingUp {
-                            position: next,
-                            fill_to,
-                        },
+                    // Ask the hub again: the ring may cover the rest now.
+                    self.mode = Mode::CatchingUp {
+                        position: next,
+                        from_store: false,
                     };
-                    if short && fill_to.is_none() {
-                        let Ok(answer) = self.send_rejoin(next).await else {
-                            return Ok(None);
-                        };
-                        self.pending_rejoin = Some(answer);
-                        self.joined = true;
-                    }
                 }
             }
         }
     }
 
-    /// Ask the hub to go live from `position`; the answer is awaited by `recv`.
-    async fn send_rejoin(&self, position: i64) -> Result<oneshot::Receiver<i64>, BusError> {
-        let (reply, answer) = oneshot::channel();
-        self.hub
-            .send(HubCmd::Rejoin {
-                slot: self.slot,
-                position,
-                reply,
-            })
-            .await
-            .map_err(|_| BusError::Closed)?;
-        Ok(answer)
+    /// The next event if one is ready right now, without waiting (for batching writes). `None`
+    /// when nothing is ready or the subscription has to catch up first; `recv` handles that.
+    pub fn try_next(&mut self) -> Option<Arc<Delivery>> {
+        if let Some(item) = self.buffer.pop_front() {
+            self.last_bracket = self.last_bracket.max(item.sequence_id);
+            return Some(item);
+        }
+        if !matches!(self.mode, Mode::Live) {
+            return None;
+        }
+        match self.rx.try_recv() {
+            Ok(QueueItem::Event(item)) => {
+                if !item.is_delta {
+                    self.last_bracket = item.sequence_id;
+                }
+                Some(item)
+            }
+            Ok(QueueItem::Lagged) => {
+                self.catch_ups += 1;
+                self.joined = false;
+                self.mode = Mode::CatchingUp {
+                    position: self.last_bracket,
+                    from_store: false,
+                };
+                None
+            }
+            Err(_) => None,
+        }
     }
 
     /// Record that everything up to `sequence_id` was handled; durable subscribers have their

@@ -230,7 +230,11 @@ impl Store {
             })?;
         let mut write_conn = open_connection(path)?;
         schema::migrate(&mut write_conn)?;
+        // Checkpoints run on their own thread, so a commit never waits for one.
+        write_conn.pragma_update(None, "wal_autocheckpoint", 0)?;
         let read_conn = open_connection(path)?;
+        let checkpoint_conn = open_connection(path)?;
+        let (poke, pokes) = std::sync::mpsc::sync_channel::<()>(1);
 
         let (writer_tx, writer_rx) = mpsc::channel(QUEUE_DEPTH);
         let (reader_tx, reader_rx) = mpsc::channel(QUEUE_DEPTH);
@@ -240,7 +244,11 @@ impl Store {
         };
         let writer = std::thread::Builder::new()
             .name("store-writer".into())
-            .spawn(move || writer_loop(write_conn, writer_rx))
+            .spawn(move || writer_loop(write_conn, writer_rx, poke))
+            .map_err(spawn_err)?;
+        let checkpointer = std::thread::Builder::new()
+            .name("store-checkpoint".into())
+            .spawn(move || checkpoint_loop(checkpoint_conn, pokes))
             .map_err(spawn_err)?;
         let reader = std::thread::Builder::new()
             .name("store-reader".into())
@@ -252,7 +260,7 @@ impl Store {
                 reader: reader_tx.clone(),
             },
             StoreThreads {
-                handles: vec![writer, reader],
+                handles: vec![writer, reader, checkpointer],
                 writer: writer_tx,
                 reader: reader_tx,
             },
@@ -676,7 +684,30 @@ fn reader_loop(mut conn: Connection, mut rx: mpsc::Receiver<ReadCmd>) {
     }
 }
 
-fn writer_loop(mut conn: Connection, mut rx: mpsc::Receiver<WriteCmd>) {
+/// Rows committed between two checkpoint requests (about 1000 WAL pages of typical events).
+const CHECKPOINT_EVERY_ROWS: usize = 4000;
+
+/// Copy the WAL back into the database whenever the writer says it has grown, off the commit
+/// path. PASSIVE never blocks the writer or readers; the writer reuses the WAL from its start
+/// once a checkpoint has caught up. Ends when the writer ends (the sender drops).
+fn checkpoint_loop(conn: Connection, pokes: std::sync::mpsc::Receiver<()>) {
+    while pokes.recv().is_ok() {
+        if let Err(e) = conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(())) {
+            tracing::warn!(error = %e, "WAL checkpoint failed");
+        }
+    }
+    // A last full checkpoint at shutdown leaves a small WAL for the next start.
+    if let Err(e) = conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(())) {
+        tracing::debug!(error = %e, "final WAL checkpoint skipped");
+    }
+}
+
+fn writer_loop(
+    mut conn: Connection,
+    mut rx: mpsc::Receiver<WriteCmd>,
+    checkpoint: std::sync::mpsc::SyncSender<()>,
+) {
+    let mut rows_since_checkpoint = 0usize;
     // A command taken off the queue while gathering a group that is not an append; it runs
     // after the group commits, which keeps FIFO order.
     let mut held: Option<WriteCmd> = None;
@@ -718,6 +749,12 @@ fn writer_loop(mut conn: Connection, mut rx: mpsc::Receiver<WriteCmd>) {
                 }
                 if let Err(reason) = commit_group(&mut conn, group) {
                     stopped = Some(reason);
+                }
+                rows_since_checkpoint += rows;
+                if rows_since_checkpoint >= CHECKPOINT_EVERY_ROWS {
+                    rows_since_checkpoint = 0;
+                    // Full means one is already pending, which covers this one too.
+                    let _pending = checkpoint.try_send(());
                 }
             }
         }

@@ -13,9 +13,10 @@
 //!    (> 1 MiB) closes the connection with code 1009 and a reason. Nothing a client sends
 //!    stops the host or other connections.
 //!
-//! Overload: events are written by a writer task through a bounded queue (64 frames). A client
-//! that stops reading blocks its writer, then its queue, then its bus subscription, which the
-//! hub then moves to catch-up from SQLite — memory stays bounded and nobody else waits.
+//! Overload: a connection's task writes its events in batches (one flush each). A client that
+//! stops reading blocks that write; the task then takes nothing from its bus subscription,
+//! which the hub moves to catch-up from SQLite — memory stays bounded and nobody else waits.
+//! A write blocked for 60 s ends the connection.
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::Arc;
@@ -23,7 +24,6 @@ use std::time::Duration;
 
 use futures_util::{SinkExt, StreamExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::mpsc;
 use tokio_tungstenite::tungstenite::handshake::server::{ErrorResponse, Request, Response};
 use tokio_tungstenite::tungstenite::http::{HeaderValue, StatusCode, header};
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
@@ -44,8 +44,6 @@ use crate::store::{SessionFilter, Store};
 
 /// How long a client has to finish the HTTP upgrade, and then to send `Hello`.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-/// Frames queued for one connection's writer.
-const OUT_QUEUE: usize = 64;
 
 /// What every connection task needs.
 pub struct WsContext {
@@ -239,31 +237,56 @@ fn close(code: CloseCode, reason: &str) -> Message {
     }))
 }
 
-/// Everything after the upgrade.
-async fn session(ws: Ws, ctx: Arc<WsContext>, subscriber_id: String, cancel: CancellationToken) {
-    let (mut sink, mut inbound) = ws.split();
-    let (out, mut out_rx) = mpsc::channel::<Message>(OUT_QUEUE);
-    // The writer: feeds frames, flushes whenever its queue is momentarily empty, and ends
-    // after a Close or when the socket fails.
-    let writer = tokio::spawn(async move {
-        while let Some(first) = out_rx.recv().await {
-            let mut next = Some(first);
-            while let Some(msg) = next.take() {
-                let closing = matches!(msg, Message::Close(_));
-                if sink.feed(msg).await.is_err() {
-                    return;
-                }
-                if closing {
-                    let _closed = sink.close().await;
-                    return;
-                }
-                next = out_rx.try_recv().ok();
+/// Bound on writing one batch or one reply: a client that stops reading for this long while
+/// the host has something for it is dropped (its subscriber catches up on reconnect).
+const WRITE_TIMEOUT: Duration = Duration::from_secs(60);
+/// Frames written per flush at most.
+const MAX_WRITE_BATCH: usize = 256;
+
+/// The connection's writing side: every frame goes out through here, and every write is
+/// bounded by the connection's cancellation and [`WRITE_TIMEOUT`].
+struct Writer {
+    sink: futures_util::stream::SplitSink<Ws, Message>,
+    cancel: CancellationToken,
+}
+
+impl Writer {
+    /// Write frames and flush once. `false` when the connection is finished.
+    async fn write(&mut self, frames: impl IntoIterator<Item = Message>) -> bool {
+        let sink = &mut self.sink;
+        let work = async {
+            for frame in frames {
+                sink.feed(frame).await?;
             }
-            if sink.flush().await.is_err() {
-                return;
-            }
+            sink.flush().await
+        };
+        tokio::select! {
+            () = self.cancel.cancelled() => false,
+            done = tokio::time::timeout(WRITE_TIMEOUT, work) => matches!(done, Ok(Ok(()))),
         }
-    });
+    }
+
+    /// Send a close frame (bounded) and end the connection.
+    async fn close(mut self, code: CloseCode, reason: &str) {
+        let frame = close(code, reason);
+        let _sent = tokio::time::timeout(Duration::from_secs(2), async {
+            self.sink.send(frame).await?;
+            self.sink.close().await
+        })
+        .await;
+    }
+}
+
+/// Everything after the upgrade. One task per connection does both directions: it waits for
+/// an inbound frame or the next event, and writes what it has in batches. While a write is
+/// blocked (the client does not read) nothing is taken from the subscription, which the hub
+/// then moves to catch-up: memory stays bounded.
+async fn session(ws: Ws, ctx: Arc<WsContext>, subscriber_id: String, cancel: CancellationToken) {
+    let (sink, mut inbound) = ws.split();
+    let mut writer = Writer {
+        sink,
+        cancel: cancel.clone(),
+    };
 
     // 1. Hello.
     let hello = match tokio::time::timeout(HANDSHAKE_TIMEOUT, inbound.next()).await {
@@ -274,15 +297,14 @@ async fn session(ws: Ws, ctx: Arc<WsContext>, subscriber_id: String, cancel: Can
         _ => None,
     };
     let Some((hello_id, hello)) = hello else {
-        let _gone = out
-            .send(Message::Binary(wire::error_frame(
-                0,
-                ErrorCode::HelloRequired,
-                "the first frame must be a Hello",
-            )))
-            .await;
-        let _gone = out.send(close(CloseCode::Policy, "hello_required")).await;
-        let _writer_done = writer.await;
+        let refusal = wire::error_frame(
+            0,
+            ErrorCode::HelloRequired,
+            "the first frame must be a Hello",
+        );
+        if writer.write([Message::Binary(refusal)]).await {
+            writer.close(CloseCode::Policy, "hello_required").await;
+        }
         return;
     };
 
@@ -290,17 +312,18 @@ async fn session(ws: Ws, ctx: Arc<WsContext>, subscriber_id: String, cancel: Can
     let mut sub = match open_subscription(&ctx, &subscriber_id, &hello).await {
         Ok((sub, resp)) => {
             let frame = wire::encode(CmdId::HelloResp, hello_id, &resp);
-            if out.send(Message::Binary(frame)).await.is_err() {
+            if !writer.write([Message::Binary(frame)]).await {
                 return;
             }
             sub
         }
         Err((code, message)) => {
-            let _gone = out
-                .send(Message::Binary(wire::error_frame(hello_id, code, message)))
-                .await;
-            let _gone = out.send(close(CloseCode::Policy, code.name())).await;
-            let _writer_done = writer.await;
+            if writer
+                .write([Message::Binary(wire::error_frame(hello_id, code, message))])
+                .await
+            {
+                writer.close(CloseCode::Policy, code.name()).await;
+            }
             return;
         }
     };
@@ -308,17 +331,16 @@ async fn session(ws: Ws, ctx: Arc<WsContext>, subscriber_id: String, cancel: Can
     tracing::info!(client = %hello.client_name, "subscriber connected");
 
     // 3. Events out, frames in.
-    let end = loop {
+    let end: Option<(CloseCode, &str)> = loop {
         tokio::select! {
             biased;
-            () = cancel.cancelled() => break Some(close(CloseCode::Away, "host shutting down or subscriber removed")),
+            () = cancel.cancelled() => break Some((CloseCode::Away, "host shutting down or subscriber removed")),
             frame = inbound.next() => match frame {
                 None | Some(Ok(Message::Close(_))) => break None,
                 Some(Ok(Message::Binary(bytes))) => {
-                    for reply in handle_frame(&ctx, &sub, &bytes).await {
-                        if out.send(Message::Binary(reply)).await.is_err() {
-                            break;
-                        }
+                    let replies = handle_frame(&ctx, &sub, &bytes).await;
+                    if !replies.is_empty() && !writer.write(replies.into_iter().map(Message::Binary)).await {
+                        break None;
                     }
                 }
                 Some(Ok(Message::Text(_))) => {
@@ -327,50 +349,46 @@ async fn session(ws: Ws, ctx: Arc<WsContext>, subscriber_id: String, cancel: Can
                         ErrorCode::InvalidFrame,
                         "text messages are not part of the protocol: send binary Frames",
                     );
-                    if out.send(Message::Binary(reply)).await.is_err() {
+                    if !writer.write([Message::Binary(reply)]).await {
                         break None;
                     }
                 }
                 Some(Ok(_ping_pong_or_raw)) => {}
                 Some(Err(WsError::Capacity(e))) => {
                     tracing::info!(error = %e, "closing: message too large");
-                    break Some(close(CloseCode::Size, "frame_too_large: messages are limited to 1 MiB"));
+                    break Some((CloseCode::Size, "frame_too_large: messages are limited to 1 MiB"));
                 }
                 Some(Err(WsError::Protocol(e))) => {
                     tracing::info!(error = %e, "closing: WebSocket protocol violation");
-                    break Some(close(CloseCode::Protocol, "invalid_frame: WebSocket protocol violation"));
+                    break Some((CloseCode::Protocol, "invalid_frame: WebSocket protocol violation"));
                 }
                 Some(Err(_)) => break None,
             },
-            next = next_event(&out, &mut sub) => match next {
-                Some((permit, delivery)) => permit.send(Message::Binary(delivery.push_frame())),
-                None => break Some(close(CloseCode::Away, "host shutting down")),
+            next = sub.recv() => match next {
+                Ok(Some(first)) => {
+                    // Write whatever else is ready with it: one flush per batch.
+                    let mut batch = vec![Message::Binary(first.push_frame())];
+                    while batch.len() < MAX_WRITE_BATCH {
+                        let Some(more) = sub.try_next() else { break };
+                        batch.push(Message::Binary(more.push_frame()));
+                    }
+                    if !writer.write(batch).await {
+                        break None;
+                    }
+                }
+                Ok(None) => break Some((CloseCode::Away, "host shutting down")),
+                Err(e) => {
+                    tracing::error!(error = %e, "subscription failed");
+                    break Some((CloseCode::Error, "internal: the subscription failed"));
+                }
             },
         }
     };
     ctx.grants.disconnected(&subscriber_id, connection);
-    if let Some(close_msg) = end {
-        let _gone = out.send(close_msg).await;
+    if let Some((code, reason)) = end {
+        writer.close(code, reason).await;
     }
-    drop(out);
-    let _writer_done = writer.await;
     tracing::info!("subscriber disconnected");
-}
-
-/// Wait for room in the writer's queue, then for the next event. Cancel-safe.
-async fn next_event<'a>(
-    out: &'a mpsc::Sender<Message>,
-    sub: &mut Subscription,
-) -> Option<(mpsc::Permit<'a, Message>, Arc<Delivery>)> {
-    let permit = out.reserve().await.ok()?;
-    match sub.recv().await {
-        Ok(Some(delivery)) => Some((permit, delivery)),
-        Ok(None) => None,
-        Err(e) => {
-            tracing::error!(error = %e, "subscription failed");
-            None
-        }
-    }
 }
 
 async fn open_subscription(
