@@ -9,7 +9,7 @@
 //!    Clients are identical in both: they count binary messages.
 //! 3. Latency: publish→receive at 1,000 events/s to 10 subscribers, p50/p99, for brackets.
 //!
-//! Run: `cargo bench --bench ws` (optional arg: events per client, default 2000).
+//! Run: `cargo bench --bench ws` (optional arg: events per client, default 10000).
 
 #![allow(clippy::print_stdout, reason = "a benchmark reports on stdout")]
 
@@ -47,9 +47,8 @@ async fn count(
 ) -> anyhow::Result<()> {
     let mut got = 0;
     while got < n {
-        match stream.next().await.context("closed early")?? {
-            Message::Binary(_) => got += 1,
-            _ => {}
+        if let Message::Binary(_) = stream.next().await.context("closed early")?? {
+            got += 1;
         }
     }
     Ok(())
@@ -310,7 +309,7 @@ fn main() -> anyhow::Result<()> {
     let events: usize = std::env::args()
         .skip(1)
         .find_map(|a| a.parse().ok())
-        .unwrap_or(2000);
+        .unwrap_or(10_000);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
