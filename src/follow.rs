@@ -171,8 +171,7 @@ async fn follow_once(
         }
         Err(e) => return Ended::Lost(e.to_string()),
     };
-    // Connected: the next loss starts its backoff from the bottom again.
-    *backoff = new_backoff();
+    let mut healthy = false;
     loop {
         let frame = match ws.next_frame().await {
             Ok(Some(frame)) => frame,
@@ -202,6 +201,11 @@ async fn follow_once(
                 {
                     // Nobody reads our output any more (a closed pipe): stop like Ctrl-C.
                     return Ended::Stop;
+                }
+                if !healthy {
+                    // Events flow: the next loss starts its backoff from the bottom again.
+                    healthy = true;
+                    *backoff = new_backoff();
                 }
                 if !push.is_delta {
                     *cursor = Some(push.sequence_id);
@@ -242,8 +246,8 @@ async fn stop_signal() {
 pub struct Renderer {
     /// A text or thinking block is open and its prefix was printed.
     open_block: bool,
-    /// Deltas of the open block were printed, so its end needs only a newline.
-    streamed: bool,
+    /// The text of the open block printed so far from its deltas.
+    printed: String,
 }
 
 fn short(value: &Value, max: usize) -> String {
@@ -291,7 +295,7 @@ impl Renderer {
             "user.text" => format!("you: {}\n", s("text")),
             "text.start" | "thinking.start" => {
                 self.open_block = true;
-                self.streamed = false;
+                self.printed.clear();
                 if kind == "text.start" {
                     "assistant: ".to_owned()
                 } else {
@@ -299,20 +303,20 @@ impl Renderer {
                 }
             }
             "text.delta" | "thinking.delta" => {
-                if !self.open_block {
-                    self.open_block = true;
-                    self.streamed = true;
-                    let prefix = if kind == "text.delta" {
-                        "assistant: "
-                    } else {
-                        "thinking: "
-                    };
-                    return format!("{prefix}{}", s("text"));
-                }
-                self.streamed = true;
-                s("text")
+                let text = s("text");
+                let prefix = if self.open_block {
+                    ""
+                } else if kind == "text.delta" {
+                    "assistant: "
+                } else {
+                    "thinking: "
+                };
+                self.open_block = true;
+                self.printed.push_str(&text);
+                format!("{prefix}{text}")
             }
             "text.end" | "thinking.end" => {
+                let full = s("text");
                 let prefix = if self.open_block {
                     ""
                 } else if kind == "text.end" {
@@ -320,13 +324,14 @@ impl Renderer {
                 } else {
                     "thinking: "
                 };
-                let line = if self.streamed {
-                    "\n".to_owned()
-                } else {
-                    format!("{prefix}{}\n", s("text"))
+                // Deltas may have been dropped (a slow terminal, a reconnect): the end carries
+                // the whole text, so print whatever the deltas did not.
+                let line = match full.strip_prefix(self.printed.as_str()) {
+                    Some(rest) => format!("{prefix}{rest}\n"),
+                    None => format!("{prefix}\n  (in full) {full}\n"),
                 };
                 self.open_block = false;
-                self.streamed = false;
+                self.printed.clear();
                 line
             }
             "tool.call.start" | "tool.call.delta" | "tool.exec.start" | "artifact.delta" => {
@@ -464,6 +469,37 @@ mod tests {
             text,
             "── run r1 started ──\nyou: hi\nassistant: Hello\n⚙ Bash {\"command\":\"ls\"}\n  ↳ a\n    b\n? permission requested: Bash {} [request p1] options: allow/deny\n── run r1 failed (rate_limited) ──\n[hologram]\n"
         );
+    }
+
+    #[test]
+    fn dropped_deltas_are_made_up_from_the_end() {
+        let mut r = Renderer::default();
+        let parts = [
+            r.render(&push(json!({"k":"text.start","sessionId":"s"}), false)),
+            r.render(&push(
+                json!({"k":"text.delta","sessionId":"s","text":"Hel"}),
+                true,
+            )),
+            // "lo, world" was dropped on the way.
+            r.render(&push(
+                json!({"k":"text.end","sessionId":"s","text":"Hello, world"}),
+                false,
+            )),
+        ];
+        assert_eq!(parts.concat(), "assistant: Hello, world\n");
+        // A delta that does not match the end: the full text is shown once more.
+        let mut r = Renderer::default();
+        let odd = [
+            r.render(&push(
+                json!({"k":"text.delta","sessionId":"s","text":"Hi"}),
+                true,
+            )),
+            r.render(&push(
+                json!({"k":"text.end","sessionId":"s","text":"Hello"}),
+                false,
+            )),
+        ];
+        assert_eq!(odd.concat(), "assistant: Hi\n  (in full) Hello\n");
     }
 
     #[test]

@@ -665,3 +665,82 @@ async fn a_cursor_past_the_end_does_not_silence_a_subscriber() {
     assert_eq!(key_of_json(&recv(&mut sub).await.json), key(&e));
     close(host).await;
 }
+
+/// Deleting the session that holds the newest events must not make a new subscriber spin
+/// between the hub and the store (the cursor is the highest id ever assigned, not the highest
+/// id still present).
+#[tokio::test]
+async fn deleting_the_newest_session_leaves_catch_up_sound() {
+    let dir = tempfile::tempdir().unwrap();
+    let host = open(dir.path()).await;
+    host.bus
+        .publish(&end("a", "a1"))
+        .await
+        .unwrap()
+        .committed()
+        .await
+        .unwrap();
+    host.bus
+        .publish(&end("b", "b1"))
+        .await
+        .unwrap()
+        .committed()
+        .await
+        .unwrap();
+    close(host).await;
+    let host = open(dir.path()).await;
+    host.store.delete_session("b".into()).await.unwrap();
+    let mut sub = host
+        .bus
+        .subscribe(subscribe_opts(SessionFilter::All, false, Replay::None))
+        .await
+        .unwrap();
+    // Nothing is published, so `recv` cannot return; within the bound it must have caught up
+    // and gone live (before the fix it bounced between the hub and the store for ever).
+    let idle = tokio::time::timeout(Duration::from_millis(500), sub.recv()).await;
+    assert!(idle.is_err(), "nothing was published");
+    assert!(sub.is_live(), "the subscriber never went live");
+    let marker = end("a", "marker");
+    host.bus
+        .publish(&marker)
+        .await
+        .unwrap()
+        .committed()
+        .await
+        .unwrap();
+    assert_eq!(key_of_json(&recv(&mut sub).await.json), key(&marker));
+    // And a replay from the start skips the deleted session's row without a gap or a stall.
+    let mut all = host
+        .bus
+        .subscribe(subscribe_opts(
+            SessionFilter::All,
+            false,
+            Replay::SinceCursor(0),
+        ))
+        .await
+        .unwrap();
+    assert_eq!(item(&*recv(&mut all).await), "a1");
+    assert_eq!(item(&*recv(&mut all).await), "marker");
+    close(host).await;
+}
+
+fn item(d: &Delivery) -> String {
+    let v: Value = serde_json::from_str(&d.json).unwrap();
+    v["itemId"].as_str().unwrap().to_owned()
+}
+
+#[tokio::test]
+async fn an_event_over_the_size_limit_is_refused_at_publish() {
+    let dir = tempfile::tempdir().unwrap();
+    let host = open(dir.path()).await;
+    let mut big = end("s", "big");
+    if let EventBody::TextEnd(b) = &mut big.body {
+        b.text = "x".repeat(agent_host::bus::MAX_EVENT_BYTES);
+    }
+    let err = host.bus.publish(&big).await.err().expect("refused");
+    assert!(
+        matches!(err, agent_host::bus::BusError::TooLarge(_)),
+        "{err}"
+    );
+    close(host).await;
+}

@@ -39,6 +39,10 @@ use crate::store::{SessionFilter, Store, StoreError, StoredEvent, now_ms};
 
 pub use subscription::Subscription;
 
+/// The largest event the bus takes (its canonical JSON). Adapters cut larger tool output and
+/// say so in the event; a client can then always receive any single event.
+pub const MAX_EVENT_BYTES: usize = 4 * 1024 * 1024;
+
 /// The bound of each subscriber's live queue (design §6).
 pub const SUBSCRIBER_QUEUE: usize = 1024;
 /// The bound of the ingest queue: publishers wait when this many events are in flight.
@@ -62,6 +66,8 @@ pub enum BusError {
     Encode(#[from] serde_json::Error),
     #[error("the commit of this event failed: {0}")]
     CommitFailed(String),
+    #[error("the event is {0} bytes; the limit is {MAX_EVENT_BYTES}")]
+    TooLarge(usize),
 }
 
 /// One event as subscribers receive it, shared by all of them.
@@ -251,7 +257,11 @@ impl Bus {
 
     /// Publish one event. Awaits queue room only; await the [`Receipt`] for the commit.
     pub async fn publish(&self, event: &Event) -> Result<Receipt, BusError> {
-        let json: Arc<str> = serde_json::to_string(event)?.into();
+        let json = serde_json::to_string(event)?;
+        if json.len() > MAX_EVENT_BYTES {
+            return Err(BusError::TooLarge(json.len()));
+        }
+        let json: Arc<str> = json.into();
         let is_delta = !event.is_bracket();
         let (ack, receipt) = if is_delta {
             (None, Receipt::Delta)

@@ -24,8 +24,11 @@ pub use pb::CmdId;
 
 /// The wire protocol version carried in `Hello`.
 pub const PROTOCOL_VERSION: u32 = 1;
-/// The largest WebSocket message either side accepts.
+/// The largest WebSocket message the server accepts from a client.
 pub const MAX_FRAME_BYTES: usize = 1024 * 1024;
+/// The largest WebSocket message a client should accept from the server: one event is at most
+/// 4 MiB of JSON and a history page at most 8 MiB of events, plus framing.
+pub const MAX_PUSH_BYTES: usize = 16 * 1024 * 1024;
 /// The subprotocol the server selects; browsers offer it next to `bearer.<token>`.
 pub const SUBPROTOCOL: &str = "agent-host.v1";
 /// The prefix of the `Sec-WebSocket-Protocol` entry that carries a grant token.

@@ -36,6 +36,8 @@ pub struct AgentFamily {
 /// The most a page of history may hold.
 pub const MAX_HISTORY_LIMIT: u32 = 5000;
 pub const DEFAULT_HISTORY_LIMIT: u32 = 200;
+/// The most payload bytes one page of history carries (always at least one event).
+pub const MAX_HISTORY_BYTES: usize = 8 * 1024 * 1024;
 /// The longest session title accepted.
 pub const MAX_TITLE_BYTES: usize = 1024;
 
@@ -138,7 +140,8 @@ impl SessionManager {
         }
     }
 
-    /// Brackets after `after_seq`; the session must exist.
+    /// Brackets after `after_seq`, at most `limit` and about [`MAX_HISTORY_BYTES`]; the session
+    /// must exist.
     pub async fn history(
         &self,
         session_id: &str,
@@ -147,10 +150,22 @@ impl SessionManager {
     ) -> Result<Vec<StoredEvent>, SessionError> {
         self.get(session_id).await?;
         let limit = limit.clamp(1, MAX_HISTORY_LIMIT);
-        Ok(self
+        let mut events = self
             .store
             .history(session_id.to_owned(), after_seq.max(0), limit)
-            .await?)
+            .await?;
+        // Keep a page within a size any client accepts; the caller pages on from the last one.
+        let mut bytes = 0;
+        let keep = events
+            .iter()
+            .take_while(|e| {
+                bytes += e.payload.len();
+                bytes <= MAX_HISTORY_BYTES
+            })
+            .count()
+            .max(1);
+        events.truncate(keep);
+        Ok(events)
     }
 }
 

@@ -147,6 +147,11 @@ pub struct Page {
     pub snapshot_max: i64,
 }
 
+/// The largest `sequence_id` ever assigned: AUTOINCREMENT's own counter, which, unlike
+/// `max(sequence_id)`, does not go back when the newest rows are deleted with their session.
+const MAX_SEQ_SQL: &str =
+    "SELECT coalesce((SELECT seq FROM sqlite_sequence WHERE name = 'messages'), 0)";
+
 type Job = Box<dyn FnOnce(&mut Connection) + Send>;
 
 enum WriteCmd {
@@ -459,11 +464,7 @@ impl Store {
                 )?
                 .collect::<Result<Vec<_>, _>>()?
             };
-            let snapshot_max: i64 = tx.query_row(
-                "SELECT coalesce(max(sequence_id), 0) FROM messages",
-                [],
-                |r| r.get(0),
-            )?;
+            let snapshot_max: i64 = tx.query_row(MAX_SEQ_SQL, [], |r| r.get(0))?;
             tx.commit()?;
             Ok(Page {
                 events,
@@ -490,14 +491,8 @@ impl Store {
 
     /// The largest committed `sequence_id`, 0 for an empty store.
     pub async fn max_sequence_id(&self) -> StoreResult<i64> {
-        self.read(|conn| {
-            Ok(conn.query_row(
-                "SELECT coalesce(max(sequence_id), 0) FROM messages",
-                [],
-                |r| r.get(0),
-            )?)
-        })
-        .await
+        self.read(|conn| Ok(conn.query_row(MAX_SEQ_SQL, [], |r| r.get(0))?))
+            .await
     }
 
     /// A session's runs, oldest first.

@@ -11,7 +11,7 @@ use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 use tokio_tungstenite::tungstenite::{Error as WsError, Message};
 use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 
-use crate::protocol::wire::{self, CmdId, Decoded, MAX_FRAME_BYTES, pb};
+use crate::protocol::wire::{self, CmdId, Decoded, MAX_PUSH_BYTES, pb};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
@@ -51,8 +51,8 @@ pub async fn connect(
         .map_err(|e| ClientError::Request(e.to_string()))?;
     request.headers_mut().insert(header::AUTHORIZATION, bearer);
     let config = WebSocketConfig::default()
-        .max_message_size(Some(MAX_FRAME_BYTES))
-        .max_frame_size(Some(MAX_FRAME_BYTES));
+        .max_message_size(Some(MAX_PUSH_BYTES))
+        .max_frame_size(Some(MAX_PUSH_BYTES));
     let (ws, _response) = tokio_tungstenite::connect_async_with_config(request, Some(config), true)
         .await
         .map_err(|e| match e {

@@ -44,6 +44,8 @@ use crate::store::{SessionFilter, Store};
 
 /// How long a client has to finish the HTTP upgrade, and then to send `Hello`.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Connections that may be in the upgrade or `Hello` at once; more wait for a slot.
+const MAX_HANDSHAKES: usize = 64;
 
 /// What every connection task needs.
 pub struct WsContext {
@@ -67,7 +69,14 @@ pub async fn serve(
     cancel: CancellationToken,
     tracker: TaskTracker,
 ) {
+    let handshakes = Arc::new(tokio::sync::Semaphore::new(MAX_HANDSHAKES));
     loop {
+        let Ok(permit) = (tokio::select! {
+            () = cancel.cancelled() => break,
+            permit = handshakes.clone().acquire_owned() => permit,
+        }) else {
+            break;
+        };
         let (stream, peer) = tokio::select! {
             () = cancel.cancelled() => break,
             accepted = listener.accept() => match accepted {
@@ -87,7 +96,7 @@ pub async fn serve(
         let ctx = ctx.clone();
         let cancel = cancel.child_token();
         tracker.spawn(async move {
-            if let Err(e) = connection(stream, ctx, cancel).await {
+            if let Err(e) = connection(stream, ctx, cancel, permit).await {
                 tracing::debug!(%peer, error = %e, "WebSocket connection ended with an error");
             }
         });
@@ -191,6 +200,7 @@ async fn connection(
     stream: TcpStream,
     ctx: Arc<WsContext>,
     cancel: CancellationToken,
+    handshake: tokio::sync::OwnedSemaphorePermit,
 ) -> Result<(), ConnError> {
     stream.set_nodelay(true)?;
     let mut granted: Option<String> = None;
@@ -217,14 +227,17 @@ async fn connection(
     };
     let upgrade =
         tokio_tungstenite::accept_hdr_async_with_config(stream, callback, Some(ws_config()));
-    let ws = tokio::time::timeout(HANDSHAKE_TIMEOUT, upgrade)
-        .await
-        .map_err(|_| ConnError::Timeout)??;
+    let ws = tokio::select! {
+        () = cancel.cancelled() => return Ok(()),
+        upgraded = tokio::time::timeout(HANDSHAKE_TIMEOUT, upgrade) => {
+            upgraded.map_err(|_| ConnError::Timeout)??
+        }
+    };
     let Some(subscriber_id) = granted else {
         return Ok(());
     };
     let span = tracing::info_span!("ws", subscriber_id = %subscriber_id);
-    tracing::Instrument::instrument(session(ws, ctx, subscriber_id, cancel), span).await;
+    tracing::Instrument::instrument(session(ws, ctx, subscriber_id, cancel, handshake), span).await;
     Ok(())
 }
 
@@ -235,6 +248,20 @@ fn close(code: CloseCode, reason: &str) -> Message {
         code,
         reason: reason.into(),
     }))
+}
+
+/// Unregisters a connection however the session ends.
+struct Registration<'a> {
+    grants: &'a GrantStore,
+    subscriber_id: &'a str,
+    connection: u64,
+}
+
+impl Drop for Registration<'_> {
+    fn drop(&mut self) {
+        self.grants
+            .disconnected(self.subscriber_id, self.connection);
+    }
 }
 
 /// Bound on writing one batch or one reply: a client that stops reading for this long while
@@ -281,15 +308,32 @@ impl Writer {
 /// an inbound frame or the next event, and writes what it has in batches. While a write is
 /// blocked (the client does not read) nothing is taken from the subscription, which the hub
 /// then moves to catch-up: memory stays bounded.
-async fn session(ws: Ws, ctx: Arc<WsContext>, subscriber_id: String, cancel: CancellationToken) {
+async fn session(
+    ws: Ws,
+    ctx: Arc<WsContext>,
+    subscriber_id: String,
+    cancel: CancellationToken,
+    handshake: tokio::sync::OwnedSemaphorePermit,
+) {
     let (sink, mut inbound) = ws.split();
     let mut writer = Writer {
         sink,
         cancel: cancel.clone(),
     };
+    // Registered before anything is read, so a `subscriber.remove` from now on closes us.
+    let connection = ctx.grants.connected(&subscriber_id, cancel.clone());
+    let _registered = Registration {
+        grants: &ctx.grants,
+        subscriber_id: &subscriber_id,
+        connection,
+    };
 
     // 1. Hello.
-    let hello = match tokio::time::timeout(HANDSHAKE_TIMEOUT, inbound.next()).await {
+    let hello = tokio::select! {
+        () = cancel.cancelled() => return,
+        first = tokio::time::timeout(HANDSHAKE_TIMEOUT, inbound.next()) => first,
+    };
+    let hello = match hello {
         Ok(Some(Ok(Message::Binary(bytes)))) => wire::decode(&bytes)
             .ok()
             .filter(|f| f.cmd == CmdId::Hello)
@@ -309,7 +353,11 @@ async fn session(ws: Ws, ctx: Arc<WsContext>, subscriber_id: String, cancel: Can
     };
 
     // 2. Subscribe per the stored row; the client's cursor wins.
-    let mut sub = match open_subscription(&ctx, &subscriber_id, &hello).await {
+    let opened = tokio::select! {
+        () = cancel.cancelled() => return,
+        opened = open_subscription(&ctx, &subscriber_id, &hello) => opened,
+    };
+    let mut sub = match opened {
         Ok((sub, resp)) => {
             let frame = wire::encode(CmdId::HelloResp, hello_id, &resp);
             if !writer.write([Message::Binary(frame)]).await {
@@ -327,7 +375,7 @@ async fn session(ws: Ws, ctx: Arc<WsContext>, subscriber_id: String, cancel: Can
             return;
         }
     };
-    let connection = ctx.grants.connected(&subscriber_id, cancel.clone());
+    drop(handshake);
     tracing::info!(client = %hello.client_name, "subscriber connected");
 
     // 3. Events out, frames in.
@@ -384,7 +432,6 @@ async fn session(ws: Ws, ctx: Arc<WsContext>, subscriber_id: String, cancel: Can
             },
         }
     };
-    ctx.grants.disconnected(&subscriber_id, connection);
     if let Some((code, reason)) = end {
         writer.close(code, reason).await;
     }
@@ -608,7 +655,12 @@ async fn answer(ctx: &WsContext, sub: &Subscription, frame: &Decoded) -> Answer 
                 .await
                 .map_err(session_err)?;
             let next_after_seq = events.last().map_or(req.after_seq, |e| e.sequence_id);
-            let has_more = events.len() >= limit.min(crate::session::MAX_HISTORY_LIMIT) as usize;
+            // A full page (by count, or cut by size) may have more behind it; an empty next
+            // page settles it.
+            let page_bytes: usize = events.iter().map(|e| e.payload.len()).sum();
+            let has_more = events.len() >= limit.min(crate::session::MAX_HISTORY_LIMIT) as usize
+                || page_bytes + events.last().map_or(0, |e| e.payload.len())
+                    > crate::session::MAX_HISTORY_BYTES;
             Ok(Some(wire::encode(
                 CmdId::GetSessionHistoryResp,
                 id,
