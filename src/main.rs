@@ -60,21 +60,26 @@ fn exit_code(reply: &Reply) -> ExitCode {
     }
 }
 
+/// The configuration, or the printed refusal's exit code.
+fn load_config() -> Result<Config, ExitCode> {
+    Config::from_env().map_err(|e| {
+        let reply = Reply::error(
+            ErrorCode::HomeUnusable,
+            e.to_string(),
+            serde_json::Value::Null,
+        );
+        print_reply(&reply);
+        exit_code(&reply)
+    })
+}
+
 /// `agent-host follow [session_id] [--json]`: a live stream on stdout until Ctrl-C; a failure
 /// to start is one JSON reply line, as for every command.
 fn follow(cli: Cli) -> anyhow::Result<ExitCode> {
     agent_host::logging::init_cli_logging();
-    let config = match Config::from_env() {
+    let config = match load_config() {
         Ok(config) => config,
-        Err(e) => {
-            let reply = Reply::error(
-                ErrorCode::HomeUnusable,
-                e.to_string(),
-                serde_json::Value::Null,
-            );
-            print_reply(&reply);
-            return Ok(exit_code(&reply));
-        }
+        Err(reply) => return Ok(reply),
     };
     let options = agent_host::follow::FollowOptions {
         session_id: cli.params,
@@ -140,17 +145,9 @@ fn main() -> anyhow::Result<ExitCode> {
             return Ok(exit_code(&reply));
         }
     };
-    let config = match Config::from_env() {
+    let config = match load_config() {
         Ok(config) => config,
-        Err(e) => {
-            let reply = Reply::error(
-                ErrorCode::HomeUnusable,
-                e.to_string(),
-                serde_json::Value::Null,
-            );
-            print_reply(&reply);
-            return Ok(exit_code(&reply));
-        }
+        Err(reply) => return Ok(reply),
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
