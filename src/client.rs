@@ -11,13 +11,13 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, BufReader};
 
+use crate::adapter;
 use crate::config::Config;
 use crate::daemon::{self, DaemonError};
 use crate::dispatch::status_json;
 use crate::instance::{self, InstanceError};
 use crate::ipc::{self, IpcError};
 use crate::protocol::envelope::{Command, ErrorCode, Reply, RequestError, Route};
-use crate::session::AGENT_FAMILIES;
 
 /// How long the CLI waits for the host to answer one request.
 const IPC_TIMEOUT: Duration = Duration::from_secs(30);
@@ -97,17 +97,12 @@ async fn local(command: Command, config: &Config) -> Reply {
             "schema_version": crate::store::SCHEMA_VERSION,
         })),
         Command::AgentList => {
-            let agents: Vec<Value> = AGENT_FAMILIES
-                .iter()
-                .map(|f| {
-                    json!({
-                        "agent_type": f.agent_type,
-                        "protocol": f.protocol,
-                        // Declared, never faked: no adapter can run a turn in this build yet.
-                        "adapter_available": false,
-                    })
-                })
-                .collect();
+            let base_env = adapter::spawn::filter_env(config.env.iter().cloned());
+            let mut agents = Vec::new();
+            for family in adapter::FAMILIES {
+                let configured = config.agent_binary(family.agent_type, family.binary_env);
+                agents.push(adapter::probe(family, configured.as_deref(), &base_env).await);
+            }
             Reply::ok(json!({"agents": agents}))
         }
         Command::HostStart(_) => start_detached(config).await,

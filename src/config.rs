@@ -53,6 +53,21 @@ pub struct FileConfig {
     /// Extra `Origin`s allowed on the WebSocket, e.g. a desktop shell's `tauri://localhost`.
     #[serde(default)]
     pub ws_allowed_origins: Vec<String>,
+    /// Per agent family: `[agents.claude] binary = "/path/to/claude"`, `env = { … }`.
+    #[serde(default)]
+    pub agents: std::collections::BTreeMap<String, AgentConfig>,
+}
+
+/// One agent family's settings in `config.toml`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AgentConfig {
+    /// A path, or a name looked up on `PATH`.
+    #[serde(default)]
+    pub binary: Option<String>,
+    /// Variables set for this agent's processes (over the ones passed through).
+    #[serde(default)]
+    pub env: std::collections::BTreeMap<String, String>,
 }
 
 /// Everything the host and the CLI need to know about where things live.
@@ -68,6 +83,11 @@ pub struct Config {
     pub ws_allowed_origins: Vec<String>,
     /// The clock grants expire by; tests inject a manual one.
     pub clock: crate::clock::Clock,
+    /// The host's environment, read once at start. The spawn policy decides what of it an
+    /// agent gets; nothing else reads the environment.
+    pub env: Vec<(String, String)>,
+    /// Per-family agent settings from `config.toml`.
+    pub agents: std::collections::BTreeMap<String, AgentConfig>,
 }
 
 impl Config {
@@ -82,6 +102,7 @@ impl Config {
             }
         };
         let mut config = Config::with_home(home)?;
+        config.env = std::env::vars().collect();
         if let Some(port) = std::env::var("AGENT_HOST_WS_PORT")
             .ok()
             .and_then(|v| v.parse::<u16>().ok())
@@ -111,7 +132,26 @@ impl Config {
             ws_port: file.ws_port.unwrap_or(0),
             ws_allowed_origins: file.ws_allowed_origins,
             clock: crate::clock::Clock::system(),
+            env: Vec::new(),
+            agents: file.agents,
         })
+    }
+
+    /// A variable of the environment snapshot.
+    pub fn env_var(&self, name: &str) -> Option<&str> {
+        self.env
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// The binary configured for an agent family: its environment variable, else
+    /// `config.toml`, else `None` (the family's default name on `PATH`).
+    pub fn agent_binary(&self, agent_type: &str, env_name: &str) -> Option<String> {
+        self.env_var(env_name)
+            .filter(|v| !v.is_empty())
+            .map(str::to_owned)
+            .or_else(|| self.agents.get(agent_type).and_then(|a| a.binary.clone()))
     }
 
     pub fn lock_path(&self) -> PathBuf {

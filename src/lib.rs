@@ -7,6 +7,7 @@
 //! - [`store`] — SQLite on its own threads; group commit; the only user of `rusqlite`.
 //! - [`bus`] — persist-then-publish pipeline, subscriber queues, replay and catch-up.
 //! - [`session`] — sessions (and, with the adapters, one actor per live session).
+//! - [`adapter`] — the agent contract, the one spawn policy, binary probing.
 //! - [`dispatch`] — typed command → reply inside the host; module errors → wire codes.
 //! - [`ipc`] — the Unix-socket transport; [`ws`] — the loopback WebSocket transport.
 //! - [`instance`], [`config`] — the lock file and where things live.
@@ -15,6 +16,7 @@
 //!
 //! `docs/architecture.md` has the picture; `../shared/design.md` the contracts.
 
+pub mod adapter;
 pub mod bus;
 pub mod client;
 pub mod clock;

@@ -336,7 +336,7 @@ pub const COMMANDS: &[CommandSpec] = &[
         name: "agent.list",
         route: Route::Local,
         params: "{}",
-        summary: "the agent families this build knows",
+        summary: "each agent family: binary, version, capabilities, usable or why not",
     },
     CommandSpec {
         name: "session.create",

@@ -1,0 +1,361 @@
+//! Agent adapters (design §9): the contract every protocol family fulfils, the one spawn
+//! policy ([`spawn`]), and finding and probing each family's binary.
+//!
+//! So far this module holds the parts every family shares: a [`Descriptor`] with explicit
+//! capabilities (a capability a family lacks is declared, never faked), binary resolution
+//! (config / env / `PATH`), and [`probe`] (found, version, usable or why not), which
+//! `agent.list` reports. The per-family translators and drivers that run turns come next; until
+//! then a descriptor says `turns: false`.
+
+pub mod spawn;
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Serialize;
+use tokio::io::AsyncReadExt;
+
+use crate::protocol::events::ErrorCategory;
+
+/// An adapter failure, always with one of the shared categories.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("{message}")]
+pub struct AdapterError {
+    pub category: ErrorCategory,
+    pub message: String,
+}
+
+impl AdapterError {
+    pub fn new(category: ErrorCategory, message: impl Into<String>) -> Self {
+        AdapterError {
+            category,
+            message: message.into(),
+        }
+    }
+}
+
+/// How a family resumes a session.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ResumeKind {
+    /// By the agent's native session id, in a new process.
+    NativeId,
+    /// Not at all.
+    None,
+}
+
+/// What a family can do. Read by the session layer before it promises anything to a client.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Capabilities {
+    pub resume: ResumeKind,
+    pub permissions: bool,
+    pub cancel: bool,
+    pub steer: bool,
+    pub fork: bool,
+    pub usage: bool,
+    pub persistent_process: bool,
+}
+
+/// A protocol family.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Descriptor {
+    pub agent_type: &'static str,
+    pub protocol: &'static str,
+    /// The command looked up on `PATH` when no binary is configured.
+    pub default_binary: &'static str,
+    /// The environment variable that names the binary (wins over `config.toml`).
+    pub binary_env: &'static str,
+    /// `--version` (or equivalent) arguments for the probe.
+    pub version_args: &'static [&'static str],
+    pub capabilities: Capabilities,
+    /// Whether this build can run turns with it yet.
+    pub turns: bool,
+}
+
+/// Every family this build knows.
+pub const FAMILIES: &[Descriptor] = &[
+    Descriptor {
+        agent_type: "claude",
+        protocol: "claude-code stream-json",
+        default_binary: "claude",
+        binary_env: "AGENT_HOST_CLAUDE_BIN",
+        version_args: &["--version"],
+        capabilities: Capabilities {
+            resume: ResumeKind::NativeId,
+            permissions: true,
+            cancel: true,
+            steer: false,
+            fork: true,
+            usage: true,
+            persistent_process: true,
+        },
+        turns: false,
+    },
+    Descriptor {
+        agent_type: "codex",
+        protocol: "codex app-server JSON-RPC",
+        default_binary: "codex",
+        binary_env: "AGENT_HOST_CODEX_BIN",
+        version_args: &["--version"],
+        capabilities: Capabilities {
+            resume: ResumeKind::NativeId,
+            permissions: true,
+            cancel: true,
+            steer: true,
+            fork: true,
+            usage: true,
+            persistent_process: true,
+        },
+        turns: false,
+    },
+    Descriptor {
+        agent_type: "acp",
+        protocol: "Agent Client Protocol v1",
+        default_binary: "claude-agent-acp",
+        binary_env: "AGENT_HOST_ACP_BIN",
+        version_args: &["--version"],
+        capabilities: Capabilities {
+            resume: ResumeKind::NativeId,
+            permissions: true,
+            cancel: true,
+            steer: false,
+            fork: false,
+            usage: false,
+            persistent_process: true,
+        },
+        turns: false,
+    },
+];
+
+/// The family of an agent type.
+pub fn descriptor(agent_type: &str) -> Option<&'static Descriptor> {
+    FAMILIES.iter().find(|d| d.agent_type == agent_type)
+}
+
+/// Where a family's binary is, or the error with the path (or name) tried.
+pub fn resolve_binary(
+    configured: Option<&str>,
+    default_name: &str,
+    search_path: Option<&str>,
+    cwd: &Path,
+) -> Result<PathBuf, AdapterError> {
+    let wanted = configured.unwrap_or(default_name);
+    if wanted.contains('/') {
+        let path = PathBuf::from(wanted);
+        if is_executable(&path) {
+            return Ok(path);
+        }
+        return Err(AdapterError::new(
+            ErrorCategory::BinaryUnavailable,
+            format!("{} is not an executable file", path.display()),
+        ));
+    }
+    which::which_in(wanted, search_path, cwd).map_err(|_| {
+        AdapterError::new(
+            ErrorCategory::BinaryUnavailable,
+            format!(
+                "{wanted} not found on PATH ({})",
+                search_path.unwrap_or("PATH is not set")
+            ),
+        )
+    })
+}
+
+fn is_executable(path: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(path).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+}
+
+/// What `agent.list` reports for one family.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ProbeReport {
+    pub agent_type: &'static str,
+    pub protocol: &'static str,
+    pub capabilities: Capabilities,
+    /// The binary found (or tried).
+    pub binary: String,
+    pub version: Option<String>,
+    pub usable: bool,
+    /// Why not usable: a category from design §9 and a sentence.
+    pub error: Option<ErrorCategory>,
+    pub reason: Option<String>,
+    /// Whether this build runs turns with this family yet.
+    pub turns: bool,
+}
+
+/// How long a `--version` may take.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// Find and ask the binary for its version, under the spawn policy.
+pub async fn probe(
+    family: &'static Descriptor,
+    configured: Option<&str>,
+    base_env: &[(String, String)],
+) -> ProbeReport {
+    let search_path = base_env
+        .iter()
+        .find(|(k, _)| k == "PATH")
+        .map(|(_, v)| v.as_str());
+    let cwd = std::env::temp_dir();
+    let mut report = ProbeReport {
+        agent_type: family.agent_type,
+        protocol: family.protocol,
+        capabilities: family.capabilities,
+        binary: configured.unwrap_or(family.default_binary).to_owned(),
+        version: None,
+        usable: false,
+        error: None,
+        reason: None,
+        turns: family.turns,
+    };
+    let binary = match resolve_binary(configured, family.default_binary, search_path, &cwd) {
+        Ok(binary) => binary,
+        Err(e) => {
+            report.error = Some(e.category);
+            report.reason = Some(e.message);
+            return report;
+        }
+    };
+    report.binary = binary.display().to_string();
+    match version_of(&binary, family, base_env, &cwd).await {
+        Ok(version) => {
+            report.version = Some(version);
+            report.usable = true;
+        }
+        Err(e) => {
+            report.error = Some(e.category);
+            report.reason = Some(e.message);
+        }
+    }
+    report
+}
+
+async fn version_of(
+    binary: &Path,
+    family: &Descriptor,
+    base_env: &[(String, String)],
+    cwd: &Path,
+) -> Result<String, AdapterError> {
+    let mut child = spawn::spawn(&spawn::SpawnSpec {
+        program: binary.to_owned(),
+        args: family
+            .version_args
+            .iter()
+            .map(|a| (*a).to_owned())
+            .collect(),
+        cwd: cwd.to_owned(),
+        base_env: base_env.to_vec(),
+        extra_env: Vec::new(),
+        session_id: None,
+        label: format!("{} probe", family.agent_type),
+    })?;
+    drop(child.stdin.take());
+    let mut out = String::new();
+    let read = async {
+        if let Some(stdout) = child.stdout.as_mut() {
+            // A version line is short; never read an unbounded amount from a stranger.
+            stdout.take(64 * 1024).read_to_string(&mut out).await?;
+        }
+        child.wait().await
+    };
+    let status = tokio::time::timeout(PROBE_TIMEOUT, read)
+        .await
+        .map_err(|_| {
+            AdapterError::new(
+                ErrorCategory::AgentFailed,
+                format!(
+                    "{} --version did not answer within {PROBE_TIMEOUT:?}",
+                    binary.display()
+                ),
+            )
+        })?
+        .map_err(|e| AdapterError::new(ErrorCategory::AgentFailed, e.to_string()))?;
+    if !status.success() {
+        return Err(AdapterError::new(
+            ErrorCategory::AgentFailed,
+            format!("{} --version exited with {status}", binary.display()),
+        ));
+    }
+    parse_version(&out).ok_or_else(|| {
+        AdapterError::new(
+            ErrorCategory::ProtocolIncompatible,
+            format!(
+                "no version in the output of {} --version: {:?}",
+                binary.display(),
+                out.trim()
+            ),
+        )
+    })
+}
+
+/// The first token that looks like a version (`2.1.197 (Claude Code)`, `codex-cli 0.171.0`).
+pub fn parse_version(text: &str) -> Option<String> {
+    text.split(|c: char| c.is_whitespace() || c == '(' || c == ')' || c == ',')
+        .map(|t| t.trim_start_matches('v'))
+        .find(|t| {
+            let mut parts = t.split('.');
+            let numeric = |p: Option<&str>| {
+                p.is_some_and(|p| !p.is_empty() && p.chars().all(|c| c.is_ascii_digit()))
+            };
+            numeric(parts.next()) && numeric(parts.next())
+        })
+        .map(str::to_owned)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn versions_are_found_in_the_usual_shapes() {
+        assert_eq!(
+            parse_version("2.1.197 (Claude Code)\n").as_deref(),
+            Some("2.1.197")
+        );
+        assert_eq!(
+            parse_version("codex-cli 0.171.0").as_deref(),
+            Some("0.171.0")
+        );
+        assert_eq!(parse_version("tool v1.2").as_deref(), Some("1.2"));
+        assert_eq!(parse_version("no version here"), None);
+    }
+
+    #[test]
+    fn missing_binaries_name_what_was_tried() {
+        let err = resolve_binary(
+            None,
+            "surely-no-such-agent",
+            Some("/nonexistent"),
+            Path::new("/"),
+        )
+        .unwrap_err();
+        assert_eq!(err.category, ErrorCategory::BinaryUnavailable);
+        assert!(
+            err.message.contains("surely-no-such-agent") && err.message.contains("/nonexistent")
+        );
+        let err = resolve_binary(Some("/nonexistent/claude"), "claude", None, Path::new("/"))
+            .unwrap_err();
+        assert!(
+            err.message.contains("/nonexistent/claude"),
+            "{}",
+            err.message
+        );
+        assert_eq!(
+            resolve_binary(Some("/bin/sh"), "x", None, Path::new("/")).unwrap(),
+            PathBuf::from("/bin/sh")
+        );
+    }
+
+    #[test]
+    fn every_family_is_a_session_agent_type() {
+        for family in FAMILIES {
+            assert!(
+                crate::session::AGENT_FAMILIES
+                    .iter()
+                    .any(|f| f.agent_type == family.agent_type),
+                "{}",
+                family.agent_type
+            );
+        }
+    }
+}

@@ -1,0 +1,382 @@
+//! The one spawn policy for agent processes (design §9, style 7). Every agent child goes
+//! through [`spawn`]:
+//! - an explicit environment: only what an agent needs passes through from the host's own
+//!   (HOME, PATH, locale, proxies, CA bundles, provider keys and base URLs such as
+//!   `ANTHROPIC_*` / `OPENAI_*`, `CLAUDE_CONFIG_DIR`, `CODEX_HOME`, telemetry switches), plus
+//!   the agent's own `env` from config, plus our markers `AGENTHOST_SESSION_ID` and
+//!   `AGENTHOST_OWNED=1`. Nesting markers of a surrounding agent (`CLAUDECODE`, …) never pass;
+//! - its own process group, so stopping it reaches wrappers (`npx`, node shims) and tools;
+//! - a parent-death signal, so a host that dies without cleaning up takes its children along;
+//! - stdin and stdout piped for the protocol; stderr drained line by line into `tracing`;
+//! - kill-on-drop as the last resort; [`Spawned::stop`] is the orderly way: SIGTERM to the
+//!   group, a grace period, then SIGKILL to the group.
+
+use std::path::PathBuf;
+use std::process::{ExitStatus, Stdio};
+use std::time::Duration;
+
+use nix::sys::signal::{Signal, killpg};
+use nix::unistd::Pid;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, ChildStdin, ChildStdout, Command};
+
+use super::AdapterError;
+use crate::protocol::events::ErrorCategory;
+
+/// Names passed through from the host's environment as they are.
+const PASS_EXACT: &[&str] = &[
+    "HOME",
+    "PATH",
+    "USER",
+    "LOGNAME",
+    "SHELL",
+    "LANG",
+    "LANGUAGE",
+    "TZ",
+    "TMPDIR",
+    "TERM",
+    "http_proxy",
+    "https_proxy",
+    "no_proxy",
+    "all_proxy",
+    "HTTP_PROXY",
+    "HTTPS_PROXY",
+    "NO_PROXY",
+    "ALL_PROXY",
+    "SSL_CERT_FILE",
+    "SSL_CERT_DIR",
+    "NODE_EXTRA_CA_CERTS",
+    "CLAUDE_CONFIG_DIR",
+    "CODEX_HOME",
+    "XDG_CONFIG_HOME",
+    "XDG_DATA_HOME",
+    "XDG_CACHE_HOME",
+    "XDG_STATE_HOME",
+    "XDG_RUNTIME_DIR",
+    "DISABLE_TELEMETRY",
+    "DISABLE_ERROR_REPORTING",
+    "DISABLE_AUTOUPDATER",
+    "IS_SANDBOX",
+];
+
+/// Prefixes passed through (provider keys and base URLs, locale).
+const PASS_PREFIX: &[&str] = &[
+    "LC_",
+    "ANTHROPIC_",
+    "OPENAI_",
+    "CLAUDE_CODE_",
+    "GEMINI_",
+    "GOOGLE_",
+    "AWS_",
+];
+
+/// Never passed, even when a prefix matches: markers that tell an agent it runs inside
+/// another agent (it would then refuse or change behaviour), and our own markers, which are
+/// set per child.
+const BLOCKED: &[&str] = &[
+    "CLAUDECODE",
+    "CLAUDE_CODE_ENTRYPOINT",
+    "CLAUDE_CODE_SSE_PORT",
+    "AGENTHOST_SESSION_ID",
+    "AGENTHOST_OWNED",
+];
+
+/// Whether a variable of the host's environment passes to agents.
+pub fn passes(name: &str) -> bool {
+    !BLOCKED.contains(&name)
+        && (PASS_EXACT.contains(&name) || PASS_PREFIX.iter().any(|p| name.starts_with(p)))
+}
+
+/// The part of an environment that passes to agents (the config keeps this snapshot, taken
+/// once at start).
+pub fn filter_env(env: impl IntoIterator<Item = (String, String)>) -> Vec<(String, String)> {
+    env.into_iter().filter(|(k, _)| passes(k)).collect()
+}
+
+/// Everything needed to start one agent process.
+#[derive(Debug, Clone)]
+pub struct SpawnSpec {
+    pub program: PathBuf,
+    pub args: Vec<String>,
+    pub cwd: PathBuf,
+    /// The host environment snapshot that passes (see [`filter_env`]).
+    pub base_env: Vec<(String, String)>,
+    /// The agent's own variables from config; they win over `base_env`.
+    pub extra_env: Vec<(String, String)>,
+    /// The agent-host session this child serves, if any (`AGENTHOST_SESSION_ID`).
+    pub session_id: Option<String>,
+    /// A name for logs.
+    pub label: String,
+}
+
+/// A running agent process in its own process group.
+#[derive(Debug)]
+pub struct Spawned {
+    child: Child,
+    pgid: Option<Pid>,
+    pub stdin: Option<ChildStdin>,
+    pub stdout: Option<ChildStdout>,
+}
+
+impl Spawned {
+    /// The process (and process group) id.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.id()
+    }
+
+    /// Wait for the process to exit by itself.
+    pub async fn wait(&mut self) -> std::io::Result<ExitStatus> {
+        self.child.wait().await
+    }
+
+    /// Stop the whole group: SIGTERM, up to `grace` for the leader to exit, then SIGKILL to the
+    /// group (which also takes any children the leader left behind).
+    pub async fn stop(mut self, grace: Duration) -> std::io::Result<ExitStatus> {
+        // Closing stdin first lets a well-behaved agent finish on its own.
+        drop(self.stdin.take());
+        if let Some(pgid) = self.pgid {
+            let _gone = killpg(pgid, Signal::SIGTERM);
+        }
+        let status = match tokio::time::timeout(grace, self.child.wait()).await {
+            Ok(status) => status,
+            Err(_) => {
+                tracing::warn!(pid = ?self.pgid, "agent did not stop within the grace period; killing its group");
+                self.kill_group();
+                self.child.wait().await
+            }
+        };
+        // The leader is gone; anything left in its group goes now.
+        self.kill_group();
+        status
+    }
+
+    fn kill_group(&self) {
+        if let Some(pgid) = self.pgid {
+            let _gone = killpg(pgid, Signal::SIGKILL);
+        }
+    }
+}
+
+impl Drop for Spawned {
+    fn drop(&mut self) {
+        // Dropped without `stop` (a panic, a cancelled task): no orphans either way.
+        self.kill_group();
+    }
+}
+
+/// Start an agent process under the policy above.
+pub fn spawn(spec: &SpawnSpec) -> Result<Spawned, AdapterError> {
+    let mut cmd = Command::new(&spec.program);
+    cmd.args(&spec.args)
+        .current_dir(&spec.cwd)
+        .env_clear()
+        .envs(spec.base_env.iter().map(|(k, v)| (k, v)))
+        .envs(
+            spec.extra_env
+                .iter()
+                .filter(|(k, _)| !BLOCKED.contains(&k.as_str()))
+                .map(|(k, v)| (k, v)),
+        )
+        .env("AGENTHOST_OWNED", "1")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .kill_on_drop(true);
+    if let Some(session) = &spec.session_id {
+        cmd.env("AGENTHOST_SESSION_ID", session);
+    }
+    set_parent_death_signal(&mut cmd);
+    let mut child = cmd.spawn().map_err(|e| {
+        let category = if e.kind() == std::io::ErrorKind::NotFound {
+            ErrorCategory::BinaryUnavailable
+        } else if !spec.cwd.is_dir() {
+            ErrorCategory::WorkspaceUnavailable
+        } else {
+            ErrorCategory::AgentFailed
+        };
+        AdapterError::new(
+            category,
+            format!(
+                "cannot start {} ({}): {e}",
+                spec.label,
+                spec.program.display()
+            ),
+        )
+    })?;
+    let pgid = child
+        .id()
+        .and_then(|pid| i32::try_from(pid).ok())
+        .map(Pid::from_raw);
+    if let Some(stderr) = child.stderr.take() {
+        let label = spec.label.clone();
+        let pid = child.id();
+        // stderr is log, never protocol: drained so the child never blocks on it.
+        tokio::spawn(async move {
+            let mut lines = BufReader::new(stderr).lines();
+            while let Ok(Some(line)) = lines.next_line().await {
+                tracing::debug!(agent = %label, ?pid, "stderr: {line}");
+            }
+        });
+    }
+    Ok(Spawned {
+        stdin: child.stdin.take(),
+        stdout: child.stdout.take(),
+        child,
+        pgid,
+    })
+}
+
+/// Linux: the child gets SIGKILL when the host dies, even by SIGKILL.
+#[cfg(target_os = "linux")]
+#[allow(
+    unsafe_code,
+    reason = "pre_exec is unsafe by signature; the closure only calls prctl, which is async-signal-safe"
+)]
+fn set_parent_death_signal(cmd: &mut Command) {
+    // SAFETY: runs in the forked child before exec; prctl(PR_SET_PDEATHSIG) allocates nothing
+    // and takes no locks.
+    unsafe {
+        cmd.pre_exec(|| {
+            nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(std::io::Error::from)
+        });
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn set_parent_death_signal(_cmd: &mut Command) {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_what_agents_need_passes() {
+        let env = [
+            ("HOME", "/h"),
+            ("PATH", "/bin"),
+            ("ANTHROPIC_API_KEY", "k"),
+            ("ANTHROPIC_BASE_URL", "http://127.0.0.1:1"),
+            ("OPENAI_API_KEY", "k"),
+            ("LC_ALL", "C"),
+            ("CLAUDECODE", "1"),
+            ("CLAUDE_CODE_ENTRYPOINT", "cli"),
+            ("AGENTHOST_SESSION_ID", "outer"),
+            ("AWS_PROFILE", "p"),
+            ("SECRET_OF_SOMETHING_ELSE", "x"),
+            ("CARGO_HOME", "/c"),
+        ]
+        .map(|(k, v)| (k.to_owned(), v.to_owned()));
+        let mut passed: Vec<String> = filter_env(env).into_iter().map(|(k, _)| k).collect();
+        passed.sort();
+        assert_eq!(
+            passed,
+            [
+                "ANTHROPIC_API_KEY",
+                "ANTHROPIC_BASE_URL",
+                "AWS_PROFILE",
+                "HOME",
+                "LC_ALL",
+                "OPENAI_API_KEY",
+                "PATH"
+            ]
+        );
+    }
+
+    fn spec(script: &str) -> SpawnSpec {
+        SpawnSpec {
+            program: "/bin/sh".into(),
+            args: vec!["-c".into(), script.into()],
+            cwd: "/".into(),
+            base_env: filter_env([("PATH".to_owned(), "/usr/bin:/bin".to_owned())]),
+            extra_env: vec![
+                ("MY_AGENT_FLAG".into(), "on".into()),
+                ("CLAUDECODE".into(), "1".into()),
+            ],
+            session_id: Some("sess-1".into()),
+            label: "test".into(),
+        }
+    }
+
+    #[tokio::test]
+    async fn the_child_sees_exactly_its_environment() {
+        let mut child = spawn(&spec("env | sort")).unwrap();
+        let mut out = String::new();
+        tokio::io::AsyncReadExt::read_to_string(child.stdout.as_mut().unwrap(), &mut out)
+            .await
+            .unwrap();
+        assert!(child.wait().await.unwrap().success());
+        let names: Vec<&str> = out
+            .lines()
+            .filter_map(|l| l.split_once('=').map(|(k, _)| k))
+            .filter(|k| *k != "PWD" && *k != "SHLVL" && *k != "_")
+            .collect();
+        assert_eq!(
+            names,
+            [
+                "AGENTHOST_OWNED",
+                "AGENTHOST_SESSION_ID",
+                "MY_AGENT_FLAG",
+                "PATH"
+            ]
+        );
+        assert!(out.contains("AGENTHOST_SESSION_ID=sess-1"));
+    }
+
+    #[tokio::test]
+    async fn stop_takes_the_whole_group_including_grandchildren() {
+        // The leader ignores SIGTERM and leaves a grandchild behind: both must go.
+        let mut child = spawn(&spec("trap '' TERM; sleep 300 & echo $!; wait")).unwrap();
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        let grandchild: i32 = lines
+            .next_line()
+            .await
+            .unwrap()
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        let pgid = child.pid().unwrap() as i32;
+        let status = child.stop(Duration::from_millis(200)).await.unwrap();
+        assert!(!status.success());
+        // Nothing in the group still runs (a killed child whose reaper is slow may linger as
+        // a zombie, which holds no resources but the pid).
+        let alive = running_in_group(pgid);
+        assert!(
+            alive.is_empty(),
+            "still running in the group: {alive:?} (grandchild {grandchild})"
+        );
+    }
+
+    /// Pids of processes in group `pgid` that are not zombies, from `/proc/*/stat`.
+    fn running_in_group(pgid: i32) -> Vec<i32> {
+        let mut found = Vec::new();
+        for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+            let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
+                continue;
+            };
+            let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+                continue;
+            };
+            let Some((_, rest)) = stat.rsplit_once(')') else {
+                continue;
+            };
+            let fields: Vec<&str> = rest.split_whitespace().collect();
+            // After the command: state, ppid, pgrp.
+            if fields.get(2).and_then(|g| g.parse::<i32>().ok()) == Some(pgid)
+                && fields.first() != Some(&"Z")
+            {
+                found.push(pid);
+            }
+        }
+        found
+    }
+
+    #[tokio::test]
+    async fn a_missing_binary_is_binary_unavailable() {
+        let mut s = spec("true");
+        s.program = "/nonexistent/agent".into();
+        let err = spawn(&s).unwrap_err();
+        assert_eq!(err.category, ErrorCategory::BinaryUnavailable);
+    }
+}

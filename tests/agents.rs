@@ -1,0 +1,115 @@
+//! `agent.list` against the real agent CLI (issue 4, acceptance 1): the pinned
+//! `@anthropic-ai/claude-code` from `agents/package.json`, installed by this test into
+//! `agents/node_modules` (npm ci, reused when present), probed through the spawn policy.
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "a failing test should panic"
+)]
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde_json::Value;
+
+const BIN: &str = env!("CARGO_BIN_EXE_agent-host");
+
+/// The pinned claude CLI, installed once per checkout (a lock keeps parallel tests from
+/// installing twice).
+fn ensure_claude() -> PathBuf {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("agents");
+    let bin = root.join("node_modules/.bin/claude");
+    let lock = File::create(root.join(".install.lock")).unwrap();
+    let _held = nix::fcntl::Flock::lock(lock, nix::fcntl::FlockArg::LockExclusive).unwrap();
+    if !bin.exists() {
+        let status = Command::new("npm")
+            .args(["ci", "--no-audit", "--no-fund", "--loglevel=error"])
+            .current_dir(&root)
+            .status()
+            .expect("npm is needed to install the agent CLIs the tests drive");
+        assert!(status.success(), "npm ci in agents/ failed");
+    }
+    assert!(bin.exists(), "{} missing after npm ci", bin.display());
+    bin
+}
+
+fn pinned_version() -> String {
+    let package: Value = serde_json::from_str(
+        &std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("agents/package.json"))
+            .unwrap(),
+    )
+    .unwrap();
+    package["dependencies"]["@anthropic-ai/claude-code"]
+        .as_str()
+        .unwrap()
+        .to_owned()
+}
+
+fn agent_list(env: &[(&str, &str)]) -> Vec<Value> {
+    let home = tempfile::tempdir().unwrap();
+    let mut cmd = Command::new(BIN);
+    cmd.arg("agent.list").env("AGENT_HOST_HOME", home.path());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let reply: Value = serde_json::from_slice(&out.stdout).unwrap();
+    reply["data"]["agents"].as_array().unwrap().clone()
+}
+
+fn family<'a>(agents: &'a [Value], agent_type: &str) -> &'a Value {
+    agents
+        .iter()
+        .find(|a| a["agent_type"] == agent_type)
+        .unwrap_or_else(|| panic!("{agent_type} missing from {agents:?}"))
+}
+
+#[test]
+fn agent_list_reports_the_installed_claude_with_version_and_capabilities() {
+    let claude = ensure_claude();
+    let agents = agent_list(&[("AGENT_HOST_CLAUDE_BIN", claude.to_str().unwrap())]);
+    let c = family(&agents, "claude");
+    assert_eq!(c["usable"], true, "{c}");
+    assert_eq!(c["version"], Value::from(pinned_version()));
+    assert_eq!(c["binary"], Value::from(claude.display().to_string()));
+    assert_eq!(c["capabilities"]["resume"], "native_id");
+    assert_eq!(c["capabilities"]["permissions"], true);
+    assert_eq!(c["capabilities"]["persistent_process"], true);
+    assert_eq!(c["error"], Value::Null);
+    // Found on PATH too, when no binary is configured.
+    let dir = claude.parent().unwrap().display().to_string();
+    let agents = agent_list(&[("PATH", &format!("{dir}:/usr/bin:/bin"))]);
+    assert_eq!(
+        family(&agents, "claude")["version"],
+        Value::from(pinned_version())
+    );
+}
+
+#[test]
+fn agent_list_says_binary_unavailable_with_the_path_tried() {
+    let agents = agent_list(&[("AGENT_HOST_CLAUDE_BIN", "/nonexistent/bin/claude")]);
+    let c = family(&agents, "claude");
+    assert_eq!(c["usable"], false);
+    assert_eq!(c["error"], "binary_unavailable");
+    assert!(
+        c["reason"]
+            .as_str()
+            .unwrap()
+            .contains("/nonexistent/bin/claude"),
+        "{c}"
+    );
+    let empty = tempfile::tempdir().unwrap();
+    let path = empty.path().display().to_string();
+    let agents = agent_list(&[("PATH", &path)]);
+    for a in &agents {
+        assert_eq!(a["error"], "binary_unavailable", "{a}");
+        assert!(a["reason"].as_str().unwrap().contains(&path), "{a}");
+    }
+}
