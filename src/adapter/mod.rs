@@ -7,6 +7,7 @@
 //! `agent.list` reports. The per-family translators and drivers that run turns come next; until
 //! then a descriptor says `turns: false`.
 
+pub mod claude;
 pub mod spawn;
 
 use std::path::{Path, PathBuf};
