@@ -8,32 +8,16 @@
     reason = "a failing test should panic"
 )]
 
-use std::fs::File;
-use std::path::{Path, PathBuf};
+mod common;
+
+use std::path::Path;
 use std::process::Command;
+
+use common::agents::ensure_claude;
 
 use serde_json::Value;
 
 const BIN: &str = env!("CARGO_BIN_EXE_agent-host");
-
-/// The pinned claude CLI, installed once per checkout (a lock keeps parallel tests from
-/// installing twice).
-fn ensure_claude() -> PathBuf {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("agents");
-    let bin = root.join("node_modules/.bin/claude");
-    let lock = File::create(root.join(".install.lock")).unwrap();
-    let _held = nix::fcntl::Flock::lock(lock, nix::fcntl::FlockArg::LockExclusive).unwrap();
-    if !bin.exists() {
-        let status = Command::new("npm")
-            .args(["ci", "--no-audit", "--no-fund", "--loglevel=error"])
-            .current_dir(&root)
-            .status()
-            .expect("npm is needed to install the agent CLIs the tests drive");
-        assert!(status.success(), "npm ci in agents/ failed");
-    }
-    assert!(bin.exists(), "{} missing after npm ci", bin.display());
-    bin
-}
 
 fn pinned_version() -> String {
     let package: Value = serde_json::from_str(

@@ -3,6 +3,9 @@
 
 #![allow(dead_code, reason = "each test file uses part of this")]
 
+pub mod agents;
+pub mod mock_model;
+
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 

@@ -1,0 +1,156 @@
+//! The real `claude` CLI (pinned in agents/package.json) driven through the project's spawn
+//! policy and its stream-json translator, against the project's mock model server, inside a
+//! network namespace that has only loopback: a turn, a tool call approved over the control
+//! protocol, and a third turn that proves the conversation is remembered.
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "a failing test should panic"
+)]
+
+mod common;
+
+use std::time::Duration;
+
+use agent_host::adapter::claude::{self, Translator};
+use agent_host::adapter::spawn::{SpawnSpec, filter_env, spawn};
+use agent_host::protocol::events::{EventBody, RunState};
+use common::agents::{ensure_claude, in_loopback_only_netns};
+use common::mock_model::MockModel;
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+
+const SESSION: &str = "0a0b0c0d-1111-4222-8333-444455556666";
+
+#[test]
+fn real_claude_turns_translate_into_canonical_events() {
+    let bin = ensure_claude();
+    if !in_loopback_only_netns("real_claude_turns_translate_into_canonical_events") {
+        return;
+    }
+    // Inside: the only network interface is loopback (/proc/self/net is this namespace's view;
+    // /sys/class/net would still show the mount's).
+    let interfaces: Vec<String> = std::fs::read_to_string("/proc/self/net/dev")
+        .unwrap()
+        .lines()
+        .skip(2)
+        .filter_map(|l| l.split(':').next().map(|n| n.trim().to_owned()))
+        .collect();
+    assert_eq!(interfaces, ["lo"], "not isolated");
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async move {
+        let mock = MockModel::start(0).await.unwrap();
+        let home = tempfile::tempdir().unwrap();
+        let work = home.path().join("work");
+        std::fs::create_dir(&work).unwrap();
+        let env = [
+            ("HOME", home.path().to_str().unwrap().to_owned()),
+            ("PATH", "/usr/bin:/bin".to_owned()),
+            ("ANTHROPIC_BASE_URL", mock.base_url()),
+            ("ANTHROPIC_API_KEY", "mock-key".to_owned()),
+            ("DISABLE_TELEMETRY", "1".to_owned()),
+            ("DISABLE_ERROR_REPORTING", "1".to_owned()),
+            ("DISABLE_AUTOUPDATER", "1".to_owned()),
+            ("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1".to_owned()),
+            ("CLAUDE_CODE_MAX_RETRIES", "0".to_owned()),
+            // A surrounding agent's marker must not reach the child.
+            ("CLAUDECODE", "1".to_owned()),
+        ]
+        .map(|(k, v)| (k.to_owned(), v));
+        let mut child = spawn(&SpawnSpec {
+            program: bin,
+            args: claude::launch_args(Some(SESSION), None),
+            cwd: work.clone(),
+            base_env: filter_env(env),
+            extra_env: Vec::new(),
+            session_id: Some("host-session".into()),
+            label: "claude".into(),
+        })
+        .unwrap();
+        let mut stdin = child.stdin.take().unwrap();
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        let mut translator = Translator::new();
+
+        // One turn: write the prompt, translate until run.end, answer permission requests.
+        let mut turn = async |prompt: &str, allow: bool| -> Vec<EventBody> {
+            let line = claude::user_frame(prompt) + "\n";
+            stdin.write_all(line.as_bytes()).await.unwrap();
+            let mut events = Vec::new();
+            loop {
+                let line = tokio::time::timeout(Duration::from_secs(60), lines.next_line())
+                    .await
+                    .expect("the CLI went silent")
+                    .unwrap()
+                    .expect("the CLI exited mid-turn");
+                for event in translator.on_stdout_line(&line) {
+                    if let EventBody::PermissionRequest(p) = &event {
+                        let answer =
+                            claude::permission_frame(&p.request_id, allow, &p.input, None) + "\n";
+                        stdin.write_all(answer.as_bytes()).await.unwrap();
+                    }
+                    let end = matches!(event, EventBody::RunEnd(_));
+                    events.push(event);
+                    if end {
+                        return events;
+                    }
+                }
+            }
+        };
+
+        let first = turn("hello live", true).await;
+        let kinds: Vec<&str> = first.iter().map(EventBody::kind).collect();
+        assert_eq!(kinds.first(), Some(&"session.bound"), "{kinds:?}");
+        match &first[0] {
+            EventBody::SessionBound(b) => assert_eq!(b.native_session_id, SESSION),
+            other => panic!("{other:?}"),
+        }
+        let text = first.iter().find_map(|e| match e {
+            EventBody::TextEnd(t) => Some(t.text.clone()),
+            _ => None,
+        });
+        assert_eq!(
+            text.as_deref(),
+            Some("echo: hello live [user turns seen: 1; first: hello live]")
+        );
+        assert!(kinds.contains(&"text.delta") && kinds.contains(&"usage"));
+        assert!(
+            matches!(first.last(), Some(EventBody::RunEnd(e)) if e.state == RunState::Completed)
+        );
+
+        let second = turn("TOOLCALL `touch live-made && echo live-tool`", true).await;
+        let kinds: Vec<&str> = second.iter().map(EventBody::kind).collect();
+        for k in [
+            "tool.call.start",
+            "tool.call.end",
+            "permission.request",
+            "tool.exec.end",
+        ] {
+            assert!(kinds.contains(&k), "{k} missing from {kinds:?}");
+        }
+        let output = second.iter().find_map(|e| match e {
+            EventBody::ToolExecEnd(t) => Some(t.output.clone()),
+            _ => None,
+        });
+        assert_eq!(output.as_deref(), Some("live-tool"));
+        assert!(
+            work.join("live-made").exists(),
+            "the approved tool ran in the session's cwd"
+        );
+
+        let third = turn("and again", true).await;
+        let text = third.iter().find_map(|e| match e {
+            EventBody::TextEnd(t) => Some(t.text.clone()),
+            _ => None,
+        });
+        let text = text.unwrap();
+        assert!(text.contains("first: hello live"), "history lost: {text}");
+        assert_eq!(translator.native_id(), Some(SESSION));
+
+        let status = child.stop(Duration::from_secs(5)).await.unwrap();
+        assert!(status.code().is_some() || !status.success());
+        assert!(mock.requests.load(std::sync::atomic::Ordering::Relaxed) >= 4);
+    });
+}

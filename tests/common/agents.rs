@@ -1,0 +1,58 @@
+//! The real agent CLIs the tests drive: installed from `agents/package.json` (pinned) into
+//! `agents/node_modules` by `npm ci`, once per checkout, and run offline.
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// The pinned claude CLI, installed if missing (a lock keeps parallel tests from installing
+/// twice).
+pub fn ensure_claude() -> PathBuf {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("agents");
+    let bin = root.join("node_modules/.bin/claude");
+    let lock = File::create(root.join(".install.lock")).unwrap();
+    let _held = nix::fcntl::Flock::lock(lock, nix::fcntl::FlockArg::LockExclusive).unwrap();
+    if !bin.exists() {
+        let status = Command::new("npm")
+            .args(["ci", "--no-audit", "--no-fund", "--loglevel=error"])
+            .current_dir(&root)
+            .status()
+            .expect("npm is needed to install the agent CLIs the tests drive");
+        assert!(status.success(), "npm ci in agents/ failed");
+    }
+    assert!(bin.exists(), "{} missing after npm ci", bin.display());
+    bin
+}
+
+/// Set in a test process that runs inside its own network namespace.
+pub const NETNS_MARKER: &str = "AGENT_HOST_TEST_NETNS";
+
+/// Run the named test of this test binary again inside a new network namespace that has only
+/// loopback (`unshare -n`, root; `unshare -rn` otherwise), so a real agent CLI can reach the
+/// mock model on 127.0.0.1 and nothing else. Returns `true` in the child (go on with the test),
+/// and `false` in the parent once the child passed.
+pub fn in_loopback_only_netns(test_name: &str) -> bool {
+    if std::env::var_os(NETNS_MARKER).is_some() {
+        return true;
+    }
+    let exe = std::env::current_exe().unwrap();
+    let root = nix::unistd::geteuid().is_root();
+    let unshare_flags = if root { "-n" } else { "-rn" };
+    let status = Command::new("unshare")
+        .args([
+            unshare_flags,
+            "sh",
+            "-c",
+            "ip link set lo up && exec \"$0\" \"$@\"",
+        ])
+        .arg(&exe)
+        .args([test_name, "--exact", "--nocapture", "--test-threads=1"])
+        .env(NETNS_MARKER, "1")
+        .status()
+        .expect("unshare (util-linux) runs the real CLIs in a loopback-only namespace");
+    assert!(
+        status.success(),
+        "{test_name} failed inside its network namespace"
+    );
+    false
+}
