@@ -98,11 +98,13 @@ async fn local(command: Command, config: &Config) -> Reply {
         })),
         Command::AgentList => {
             let base_env = adapter::spawn::filter_env(config.env.iter().cloned());
-            let mut agents = Vec::new();
-            for family in adapter::FAMILIES {
+            // Probed at once: each may take up to its timeout.
+            let probes = adapter::FAMILIES.iter().map(|family| {
                 let configured = config.agent_binary(family.agent_type, family.binary_env);
-                agents.push(adapter::probe(family, configured.as_deref(), &base_env).await);
-            }
+                let base_env = &base_env;
+                async move { adapter::probe(family, configured.as_deref(), base_env).await }
+            });
+            let agents = futures_util::future::join_all(probes).await;
             Reply::ok(json!({"agents": agents}))
         }
         Command::HostStart(_) => start_detached(config).await,

@@ -102,7 +102,10 @@ impl Config {
             }
         };
         let mut config = Config::with_home(home)?;
-        config.env = std::env::vars().collect();
+        // Only variables that are valid UTF-8 (`vars()` would panic on the others).
+        config.env = std::env::vars_os()
+            .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
+            .collect();
         if let Some(port) = std::env::var("AGENT_HOST_WS_PORT")
             .ok()
             .and_then(|v| v.parse::<u16>().ok())

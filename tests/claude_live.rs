@@ -147,10 +147,28 @@ fn real_claude_turns_translate_into_canonical_events() {
         });
         let text = text.unwrap();
         assert!(text.contains("first: hello live"), "history lost: {text}");
+        drop(turn);
         assert_eq!(translator.native_id(), Some(SESSION));
 
-        let status = child.stop(Duration::from_secs(5)).await.unwrap();
-        assert!(status.code().is_some() || !status.success());
+        // The child got the policy's environment: our markers, not a surrounding agent's.
+        let environ = std::fs::read(format!("/proc/{}/environ", child.pid().unwrap())).unwrap();
+        let vars: Vec<String> = environ
+            .split(|b| *b == 0)
+            .map(|v| String::from_utf8_lossy(v).into_owned())
+            .collect();
+        assert!(vars.iter().any(|v| v == "AGENTHOST_OWNED=1"), "{vars:?}");
+        assert!(
+            vars.iter()
+                .any(|v| v == "AGENTHOST_SESSION_ID=host-session")
+        );
+        assert!(
+            !vars.iter().any(|v| v.starts_with("CLAUDECODE=")),
+            "{vars:?}"
+        );
+        // Closing stdin ends it cleanly (exit 0) within the grace period.
+        drop(stdin);
+        let status = child.stop(Duration::from_secs(10)).await.unwrap();
+        assert!(status.success(), "{status}");
         assert!(mock.requests.load(std::sync::atomic::Ordering::Relaxed) >= 4);
     });
 }

@@ -113,15 +113,20 @@ struct Block {
     tool_id: String,
     name: String,
     closed: bool,
+    /// An `assistant` frame has repeated this block already.
+    repeated: bool,
 }
 
 /// From stdout lines to canonical event bodies; the driver adds `sessionId` and `runId`.
 #[derive(Debug, Default)]
 pub struct Translator {
     native_id: Option<String>,
-    message_id: String,
-    /// Blocks of the current message by stream index.
-    blocks: HashMap<u64, Block>,
+    /// The message being streamed, per stream (the main agent, or a sub-agent by its
+    /// `parent_tool_use_id`): sub-agent streams may interleave with the main one.
+    current: HashMap<String, String>,
+    /// Blocks of the turn by (message id, stream index), in arrival order.
+    blocks: Vec<((String, u64), Block)>,
+    /// Tool names by call id, until the tool's result arrives.
     tool_names: HashMap<String, String>,
     skipped: u64,
 }
@@ -152,7 +157,10 @@ impl Translator {
         };
         match str_of(&frame, "type") {
             "system" => self.on_system(&frame),
-            "stream_event" => self.on_stream_event(frame.get("event").unwrap_or(&Value::Null)),
+            "stream_event" => {
+                let stream = str_of(&frame, "parent_tool_use_id").to_owned();
+                self.on_stream_event(&stream, frame.get("event").unwrap_or(&Value::Null))
+            }
             "assistant" => self.on_assistant(&frame),
             "user" => self.on_user(&frame),
             "control_request" => self.on_control_request(&frame),
@@ -200,6 +208,11 @@ impl Translator {
         if str_of(frame, "subtype") != "init" {
             return Vec::new();
         }
+        self.adopt_session_id(frame)
+    }
+
+    /// Adopt the newest session id the CLI names (`init`, and `result` after it).
+    fn adopt_session_id(&mut self, frame: &Value) -> Vec<EventBody> {
         let id = str_of(frame, "session_id");
         if id.is_empty() || self.native_id.as_deref() == Some(id) {
             return Vec::new();
@@ -210,21 +223,30 @@ impl Translator {
         })]
     }
 
-    fn on_stream_event(&mut self, event: &Value) -> Vec<EventBody> {
+    fn block_mut(&mut self, key: &(String, u64)) -> Option<&mut Block> {
+        self.blocks
+            .iter_mut()
+            .find(|(k, _)| k == key)
+            .map(|(_, b)| b)
+    }
+
+    fn on_stream_event(&mut self, stream: &str, event: &Value) -> Vec<EventBody> {
         let index = event.get("index").and_then(Value::as_u64).unwrap_or(0);
+        let message_id = self.current.get(stream).cloned().unwrap_or_default();
+        let key = (message_id.clone(), index);
         match str_of(event, "type") {
             "message_start" => {
-                self.message_id = event
+                let id = event
                     .pointer("/message/id")
                     .and_then(Value::as_str)
                     .unwrap_or_default()
                     .to_owned();
-                self.blocks.clear();
+                self.current.insert(stream.to_owned(), id);
                 Vec::new()
             }
             "content_block_start" => {
                 let block = event.get("content_block").unwrap_or(&Value::Null);
-                let item_id = format!("{}:{index}", self.message_id);
+                let item_id = format!("{message_id}:{index}");
                 let (kind, body) = match str_of(block, "type") {
                     "text" => (
                         Kind::Text,
@@ -249,8 +271,8 @@ impl Translator {
                     }
                     _ => return Vec::new(),
                 };
-                self.blocks.insert(
-                    index,
+                self.blocks.push((
+                    key,
                     Block {
                         kind,
                         item_id,
@@ -258,13 +280,14 @@ impl Translator {
                         tool_id: str_of(block, "id").to_owned(),
                         name: str_of(block, "name").to_owned(),
                         closed: false,
+                        repeated: false,
                     },
-                );
+                ));
                 vec![body]
             }
             "content_block_delta" => {
                 let delta = event.get("delta").unwrap_or(&Value::Null);
-                let Some(block) = self.blocks.get_mut(&index).filter(|b| !b.closed) else {
+                let Some(block) = self.block_mut(&key).filter(|b| !b.closed) else {
                     return Vec::new();
                 };
                 match (str_of(delta, "type"), block.kind) {
@@ -295,7 +318,7 @@ impl Translator {
                     _ => Vec::new(),
                 }
             }
-            "content_block_stop" => match self.blocks.get_mut(&index) {
+            "content_block_stop" => match self.block_mut(&key) {
                 Some(block) if !block.closed => vec![close(block, None)],
                 _ => Vec::new(),
             },
@@ -322,26 +345,38 @@ impl Translator {
                 _ => continue,
             };
             let tool_id = str_of(&content, "id");
-            // The streamed block this repeats: same kind (and tool id), newest first.
+            let message_id = str_of(message, "id");
+            // The streamed block of this message that this repeats: the first of its kind (and
+            // tool id) not repeated yet.
             let streamed = self
                 .blocks
                 .iter_mut()
-                .filter(|(_, b)| b.kind == kind && (kind != Kind::Tool || b.tool_id == tool_id))
-                .max_by_key(|(i, _)| **i)
-                .map(|(_, b)| b);
+                .filter(|((m, _), b)| {
+                    m == message_id
+                        && !b.repeated
+                        && b.kind == kind
+                        && (kind != Kind::Tool || b.tool_id == tool_id)
+                })
+                .map(|(_, b)| b)
+                .next();
             match streamed {
-                Some(block) if block.closed => {}
-                Some(block) => out.push(close(block, Some(&content))),
+                Some(block) => {
+                    block.repeated = true;
+                    if !block.closed {
+                        out.push(close(block, Some(&content)));
+                    }
+                }
                 None => {
                     // Never streamed: the whole block at once.
                     let index = 1000 + self.blocks.len() as u64;
                     let mut block = Block {
                         kind,
-                        item_id: format!("{}:{index}", str_of(message, "id")),
+                        item_id: format!("{message_id}:{index}"),
                         text: String::new(),
                         tool_id: tool_id.to_owned(),
                         name: str_of(&content, "name").to_owned(),
                         closed: false,
+                        repeated: true,
                     };
                     out.push(match kind {
                         Kind::Text => EventBody::TextStart(BlockStart {
@@ -360,7 +395,7 @@ impl Translator {
                         }
                     });
                     out.push(close(&mut block, Some(&content)));
-                    self.blocks.insert(index, block);
+                    self.blocks.push(((message_id.to_owned(), index), block));
                 }
             }
         }
@@ -387,7 +422,7 @@ impl Translator {
             };
             out.push(EventBody::ToolExecStart(ToolExecStart {
                 call_id: call_id.clone(),
-                name: self.tool_names.get(&call_id).cloned(),
+                name: self.tool_names.remove(&call_id),
             }));
             out.push(EventBody::ToolExecEnd(ToolExecEnd {
                 call_id,
@@ -416,9 +451,11 @@ impl Translator {
     }
 
     fn close_open_blocks(&mut self) -> Vec<EventBody> {
-        let mut open: Vec<_> = self.blocks.iter_mut().filter(|(_, b)| !b.closed).collect();
-        open.sort_by_key(|(i, _)| **i);
-        open.into_iter().map(|(_, b)| close(b, None)).collect()
+        self.blocks
+            .iter_mut()
+            .filter(|(_, b)| !b.closed)
+            .map(|(_, b)| close(b, None))
+            .collect()
     }
 
     fn on_result(&mut self, frame: &Value) -> Vec<EventBody> {
@@ -427,21 +464,27 @@ impl Translator {
             // A compaction notice mid-turn, not the end of the turn.
             return Vec::new();
         }
-        let mut out = self.close_open_blocks();
+        let mut out = self.adopt_session_id(frame);
+        out.extend(self.close_open_blocks());
         self.blocks.clear();
+        self.current.clear();
         let usage = frame.get("usage").unwrap_or(&Value::Null);
         let tokens = |k: &str| usage.get(k).and_then(Value::as_u64).unwrap_or(0);
         out.push(EventBody::Usage(Usage {
-            input_tokens: tokens("input_tokens") + tokens("cache_creation_input_tokens"),
+            input_tokens: tokens("input_tokens")
+                .saturating_add(tokens("cache_creation_input_tokens")),
             output_tokens: tokens("output_tokens"),
             cached_input_tokens: Some(tokens("cache_read_input_tokens")),
             cost_usd: frame.get("total_cost_usd").and_then(Value::as_f64),
         }));
         let terminal = str_of(frame, "terminal_reason");
+        // `error_*` subtypes (max turns, budget, during execution) fail the run even where
+        // `is_error` is absent or false.
         let is_error = frame
             .get("is_error")
             .and_then(Value::as_bool)
-            .unwrap_or(false);
+            .unwrap_or(false)
+            || subtype.starts_with("error");
         let text = str_of(frame, "result").to_owned();
         if terminal.starts_with("aborted") {
             out.push(EventBody::RunEnd(RunEnd {
@@ -567,6 +610,67 @@ mod tests {
         assert!(t.on_stdout_line(r#"{"type":"hologram"}"#).is_empty());
         assert!(t.on_stdout_line("[1,2]").is_empty());
         assert_eq!(t.skipped(), 3);
+    }
+
+    #[test]
+    fn unstreamed_blocks_and_interleaved_sub_agent_streams_keep_their_text() {
+        let mut t = Translator::new();
+        // Two text blocks in one assistant frame, never streamed: both come out whole.
+        let out = t.on_stdout_line(
+            r#"{"type":"assistant","message":{"id":"m1","model":"x","content":[{"type":"text","text":"A"},{"type":"text","text":"B"}]}}"#,
+        );
+        let texts: Vec<String> = out
+            .iter()
+            .filter_map(|e| match e {
+                EventBody::TextEnd(b) => Some(b.text.clone()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(texts, ["A", "B"]);
+        // A second unstreamed message is not mistaken for a repeat of the first.
+        let out = t.on_stdout_line(
+            r#"{"type":"assistant","message":{"id":"m2","model":"x","content":[{"type":"text","text":"C"}]}}"#,
+        );
+        assert_eq!(kinds(&out), ["text.start", "text.end"]);
+        // Main and sub-agent streams interleave; each delta lands in its own block.
+        let lines = [
+            r#"{"type":"stream_event","parent_tool_use_id":null,"event":{"type":"message_start","message":{"id":"ma"}}}"#,
+            r#"{"type":"stream_event","parent_tool_use_id":"toolu_sub","event":{"type":"message_start","message":{"id":"mb"}}}"#,
+            r#"{"type":"stream_event","parent_tool_use_id":null,"event":{"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}}"#,
+            r#"{"type":"stream_event","parent_tool_use_id":"toolu_sub","event":{"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}}"#,
+            r#"{"type":"stream_event","parent_tool_use_id":null,"event":{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"AAA"}}}"#,
+            r#"{"type":"stream_event","parent_tool_use_id":"toolu_sub","event":{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"BBB"}}}"#,
+            r#"{"type":"stream_event","parent_tool_use_id":null,"event":{"type":"content_block_stop","index":0}}"#,
+            r#"{"type":"stream_event","parent_tool_use_id":"toolu_sub","event":{"type":"content_block_stop","index":0}}"#,
+        ];
+        let ends: Vec<(String, String)> = lines
+            .iter()
+            .flat_map(|l| t.on_stdout_line(l))
+            .filter_map(|e| match e {
+                EventBody::TextEnd(b) => Some((b.item_id.unwrap_or_default(), b.text)),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(
+            ends,
+            [
+                ("ma:0".to_owned(), "AAA".to_owned()),
+                ("mb:0".to_owned(), "BBB".to_owned())
+            ]
+        );
+    }
+
+    #[test]
+    fn error_subtypes_fail_and_huge_counts_do_not_overflow() {
+        let mut t = Translator::new();
+        let out = t.on_stdout_line(
+            r#"{"type":"result","subtype":"error_max_turns","is_error":false,"session_id":"s2","usage":{"input_tokens":18446744073709551615,"cache_creation_input_tokens":5}}"#,
+        );
+        assert_eq!(kinds(&out), ["session.bound", "usage", "error", "run.end"]);
+        match out.last() {
+            Some(EventBody::RunEnd(e)) => assert_eq!(e.state, RunState::Failed),
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]

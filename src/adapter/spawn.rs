@@ -17,11 +17,14 @@ use std::time::Duration;
 
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
-use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::io::AsyncReadExt;
 use tokio::process::{Child, ChildStdin, ChildStdout, Command};
 
 use super::AdapterError;
 use crate::protocol::events::ErrorCategory;
+
+/// The longest stderr line logged; the rest of a longer one is dropped (still read).
+const MAX_STDERR_LINE: usize = 16 * 1024;
 
 /// Names passed through from the host's environment as they are.
 const PASS_EXACT: &[&str] = &[
@@ -57,6 +60,10 @@ const PASS_EXACT: &[&str] = &[
     "DISABLE_ERROR_REPORTING",
     "DISABLE_AUTOUPDATER",
     "IS_SANDBOX",
+    "SSH_AUTH_SOCK",
+    "REQUESTS_CA_BUNDLE",
+    "CLOUD_ML_REGION",
+    "MAX_THINKING_TOKENS",
 ];
 
 /// Prefixes passed through (provider keys and base URLs, locale).
@@ -64,6 +71,8 @@ const PASS_PREFIX: &[&str] = &[
     "LC_",
     "ANTHROPIC_",
     "OPENAI_",
+    "AZURE_OPENAI_",
+    "OPENROUTER_",
     "CLAUDE_CODE_",
     "GEMINI_",
     "GOOGLE_",
@@ -77,6 +86,8 @@ const BLOCKED: &[&str] = &[
     "CLAUDECODE",
     "CLAUDE_CODE_ENTRYPOINT",
     "CLAUDE_CODE_SSE_PORT",
+    "CLAUDE_CODE_SESSION_ID",
+    "CLAUDE_CODE_EXECPATH",
     "AGENTHOST_SESSION_ID",
     "AGENTHOST_OWNED",
 ];
@@ -110,10 +121,17 @@ pub struct SpawnSpec {
 }
 
 /// A running agent process in its own process group.
+///
+/// The group id is the leader's pid. It stays reserved while the leader is unreaped (a zombie
+/// leader still holds it), so the group is only ever signalled before the leader is reaped:
+/// [`Spawned::wait`] and [`Spawned::stop`] wait for the exit without reaping, kill what is left
+/// of the group, and only then reap. Afterwards nothing signals that id again (it may belong
+/// to someone else by then).
 #[derive(Debug)]
 pub struct Spawned {
     child: Child,
     pgid: Option<Pid>,
+    reaped: bool,
     pub stdin: Option<ChildStdin>,
     pub stdout: Option<ChildStdout>,
 }
@@ -124,33 +142,59 @@ impl Spawned {
         self.child.id()
     }
 
-    /// Wait for the process to exit by itself.
+    /// Wait for the leader to exit by itself; then end whatever it left in its group, and reap.
     pub async fn wait(&mut self) -> std::io::Result<ExitStatus> {
-        self.child.wait().await
+        self.exited().await;
+        self.kill_group();
+        self.reap().await
     }
 
-    /// Stop the whole group: SIGTERM, up to `grace` for the leader to exit, then SIGKILL to the
-    /// group (which also takes any children the leader left behind).
+    /// Stop the whole group: close stdin (a well-behaved agent finishes and exits), wait half
+    /// the grace period, SIGTERM the group, wait the other half, SIGKILL the group; reap.
     pub async fn stop(mut self, grace: Duration) -> std::io::Result<ExitStatus> {
-        // Closing stdin first lets a well-behaved agent finish on its own.
         drop(self.stdin.take());
-        if let Some(pgid) = self.pgid {
-            let _gone = killpg(pgid, Signal::SIGTERM);
-        }
-        let status = match tokio::time::timeout(grace, self.child.wait()).await {
-            Ok(status) => status,
-            Err(_) => {
-                tracing::warn!(pid = ?self.pgid, "agent did not stop within the grace period; killing its group");
-                self.kill_group();
-                self.child.wait().await
+        let half = grace / 2;
+        if tokio::time::timeout(half, self.exited()).await.is_err() {
+            if let Some(pgid) = self.pgid.filter(|_| !self.reaped) {
+                let _gone = killpg(pgid, Signal::SIGTERM);
             }
-        };
-        // The leader is gone; anything left in its group goes now.
+            if tokio::time::timeout(half, self.exited()).await.is_err() {
+                tracing::warn!(pid = ?self.pgid, "agent did not stop within the grace period; killing its group");
+            }
+        }
+        // Whatever is left in the group (tools, MCP servers, a leader that ignored SIGTERM).
         self.kill_group();
+        self.reap().await
+    }
+
+    /// Resolves once the leader has exited, without reaping it (its pid, and so the group id,
+    /// stay reserved).
+    async fn exited(&self) {
+        let Some(pgid) = self.pgid.filter(|_| !self.reaped) else {
+            return;
+        };
+        let waited = tokio::task::spawn_blocking(move || {
+            nix::sys::wait::waitid(
+                nix::sys::wait::Id::Pid(pgid),
+                nix::sys::wait::WaitPidFlag::WEXITED | nix::sys::wait::WaitPidFlag::WNOWAIT,
+            )
+        })
+        .await;
+        if !matches!(waited, Ok(Ok(_))) {
+            tracing::debug!(pid = ?pgid, "waitid failed; the leader is already reaped");
+        }
+    }
+
+    async fn reap(&mut self) -> std::io::Result<ExitStatus> {
+        let status = self.child.wait().await;
+        self.reaped = true;
         status
     }
 
     fn kill_group(&self) {
+        if self.reaped {
+            return;
+        }
         if let Some(pgid) = self.pgid {
             let _gone = killpg(pgid, Signal::SIGKILL);
         }
@@ -159,7 +203,8 @@ impl Spawned {
 
 impl Drop for Spawned {
     fn drop(&mut self) {
-        // Dropped without `stop` (a panic, a cancelled task): no orphans either way.
+        // Dropped without `stop` (a panic, a cancelled task): no orphans either way. Not yet
+        // reaped, so the group id is still this child's.
         self.kill_group();
     }
 }
@@ -187,11 +232,18 @@ pub fn spawn(spec: &SpawnSpec) -> Result<Spawned, AdapterError> {
         cmd.env("AGENTHOST_SESSION_ID", session);
     }
     set_parent_death_signal(&mut cmd);
+    if !spec.cwd.is_dir() {
+        return Err(AdapterError::new(
+            ErrorCategory::WorkspaceUnavailable,
+            format!(
+                "the working directory {} does not exist",
+                spec.cwd.display()
+            ),
+        ));
+    }
     let mut child = cmd.spawn().map_err(|e| {
         let category = if e.kind() == std::io::ErrorKind::NotFound {
             ErrorCategory::BinaryUnavailable
-        } else if !spec.cwd.is_dir() {
-            ErrorCategory::WorkspaceUnavailable
         } else {
             ErrorCategory::AgentFailed
         };
@@ -211,11 +263,32 @@ pub fn spawn(spec: &SpawnSpec) -> Result<Spawned, AdapterError> {
     if let Some(stderr) = child.stderr.take() {
         let label = spec.label.clone();
         let pid = child.id();
-        // stderr is log, never protocol: drained so the child never blocks on it.
+        // stderr is log, never protocol: drained to the end whatever it holds (bytes that are
+        // not UTF-8, endless lines), so the child never blocks on it or dies of SIGPIPE.
         tokio::spawn(async move {
-            let mut lines = BufReader::new(stderr).lines();
-            while let Ok(Some(line)) = lines.next_line().await {
-                tracing::debug!(agent = %label, ?pid, "stderr: {line}");
+            let mut stderr = stderr;
+            let mut chunk = [0u8; 8192];
+            let mut line: Vec<u8> = Vec::new();
+            let log = |line: &mut Vec<u8>| {
+                tracing::debug!(agent = %label, ?pid, "stderr: {}", String::from_utf8_lossy(line));
+                line.clear();
+            };
+            loop {
+                match stderr.read(&mut chunk).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => {
+                        for &byte in &chunk[..n] {
+                            if byte == b'\n' {
+                                log(&mut line);
+                            } else if line.len() < MAX_STDERR_LINE {
+                                line.push(byte);
+                            }
+                        }
+                    }
+                }
+            }
+            if !line.is_empty() {
+                log(&mut line);
             }
         });
     }
@@ -224,10 +297,13 @@ pub fn spawn(spec: &SpawnSpec) -> Result<Spawned, AdapterError> {
         stdout: child.stdout.take(),
         child,
         pgid,
+        reaped: false,
     })
 }
 
-/// Linux: the child gets SIGKILL when the host dies, even by SIGKILL.
+/// Linux: the child gets SIGKILL when the host dies, even by SIGKILL. The signal is tied to the
+/// thread that forks, so `spawn` must run on a runtime worker (long-lived), never inside
+/// `spawn_blocking` (whose threads exit when idle).
 #[cfg(target_os = "linux")]
 #[allow(
     unsafe_code,
@@ -236,9 +312,17 @@ pub fn spawn(spec: &SpawnSpec) -> Result<Spawned, AdapterError> {
 fn set_parent_death_signal(cmd: &mut Command) {
     // SAFETY: runs in the forked child before exec; prctl(PR_SET_PDEATHSIG) allocates nothing
     // and takes no locks.
+    let parent = nix::unistd::getpid();
     unsafe {
-        cmd.pre_exec(|| {
-            nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(std::io::Error::from)
+        cmd.pre_exec(move || {
+            nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(std::io::Error::from)?;
+            // The host died between fork and prctl: the signal will never come, so do not run.
+            if nix::unistd::getppid() != parent {
+                return Err(std::io::Error::other(
+                    "the host exited while starting the agent",
+                ));
+            }
+            Ok(())
         });
     }
 }
@@ -327,7 +411,9 @@ mod tests {
     async fn stop_takes_the_whole_group_including_grandchildren() {
         // The leader ignores SIGTERM and leaves a grandchild behind: both must go.
         let mut child = spawn(&spec("trap '' TERM; sleep 300 & echo $!; wait")).unwrap();
-        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        let mut lines = tokio::io::AsyncBufReadExt::lines(tokio::io::BufReader::new(
+            child.stdout.take().unwrap(),
+        ));
         let grandchild: i32 = lines
             .next_line()
             .await
@@ -370,6 +456,31 @@ mod tests {
             }
         }
         found
+    }
+
+    #[tokio::test]
+    async fn stderr_that_is_not_utf8_does_not_kill_the_child() {
+        let mut child = spawn(&spec(
+            "printf '\\377\\376 not utf-8\\n' >&2; head -c 100000 /dev/zero | tr '\\0' x >&2; echo >&2; echo done",
+        ))
+        .unwrap();
+        let mut out = String::new();
+        tokio::io::AsyncReadExt::read_to_string(child.stdout.as_mut().unwrap(), &mut out)
+            .await
+            .unwrap();
+        let status = child.wait().await.unwrap();
+        assert!(status.success(), "{status}");
+        assert_eq!(out, "done\n");
+    }
+
+    #[tokio::test]
+    async fn a_missing_cwd_is_workspace_unavailable() {
+        let mut s = spec("true");
+        s.cwd = "/nonexistent/workspace".into();
+        assert_eq!(
+            spawn(&s).unwrap_err().category,
+            ErrorCategory::WorkspaceUnavailable
+        );
     }
 
     #[tokio::test]

@@ -12,7 +12,25 @@ pub fn ensure_claude() -> PathBuf {
     let bin = root.join("node_modules/.bin/claude");
     let lock = File::create(root.join(".install.lock")).unwrap();
     let _held = nix::fcntl::Flock::lock(lock, nix::fcntl::FlockArg::LockExclusive).unwrap();
-    if !bin.exists() {
+    // Reinstall when the pinned version changed or the platform binary is missing.
+    let installed =
+        std::fs::read_to_string(root.join("node_modules/@anthropic-ai/claude-code/package.json"))
+            .ok()
+            .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+            .and_then(|v| v["version"].as_str().map(str::to_owned));
+    let pinned = std::fs::read_to_string(root.join("package.json"))
+        .ok()
+        .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+        .and_then(|v| {
+            v["dependencies"]["@anthropic-ai/claude-code"]
+                .as_str()
+                .map(str::to_owned)
+        });
+    let works = Command::new(&bin)
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !bin.exists() || installed != pinned || !works {
         let status = Command::new("npm")
             .args(["ci", "--no-audit", "--no-fund", "--loglevel=error"])
             .current_dir(&root)

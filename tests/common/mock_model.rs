@@ -338,7 +338,11 @@ async fn stream_sse(
             Block::Tool { id, command } => {
                 send("content_block_start", json!({"type": "content_block_start", "index": index, "content_block": {"type": "tool_use", "id": id, "name": "Bash", "input": {}}})).await?;
                 let input = json!({"command": command, "description": "run a command"}).to_string();
-                let (a, b) = input.split_at(input.len() / 2);
+                let middle = input
+                    .char_indices()
+                    .nth(input.chars().count() / 2)
+                    .map_or(0, |(i, _)| i);
+                let (a, b) = input.split_at(middle);
                 for part in [a, b] {
                     send("content_block_delta", json!({"type": "content_block_delta", "index": index, "delta": {"type": "input_json_delta", "partial_json": part}})).await?;
                 }
