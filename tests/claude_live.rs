@@ -147,7 +147,6 @@ fn real_claude_turns_translate_into_canonical_events() {
         });
         let text = text.unwrap();
         assert!(text.contains("first: hello live"), "history lost: {text}");
-        drop(turn);
         assert_eq!(translator.native_id(), Some(SESSION));
 
         // The child got the policy's environment: our markers, not a surrounding agent's.
