@@ -14,6 +14,7 @@ mod common;
 use std::time::Duration;
 
 use agent_host::adapter::claude::{self, Translator};
+use agent_host::adapter::claude_process::{AgentOutput, ClaudeSession, Native, OpenSpec};
 use agent_host::adapter::spawn::{SpawnSpec, filter_env, spawn};
 use agent_host::protocol::events::{EventBody, RunState};
 use common::agents::{ensure_claude, in_loopback_only_netns};
@@ -170,4 +171,175 @@ fn real_claude_turns_translate_into_canonical_events() {
         assert!(status.success(), "{status}");
         assert!(mock.requests.load(std::sync::atomic::Ordering::Relaxed) >= 4);
     });
+}
+
+/// The driver: a turn, an approved tool, a cancelled slow turn followed by a working one in the
+/// same process, then the process killed with SIGKILL mid-turn → `run.end` failed /
+/// `agent_failed`, nothing of its process group left, and a resumed process that remembers.
+#[test]
+fn the_claude_driver_runs_turns_cancels_and_survives_a_kill() {
+    let bin = ensure_claude();
+    if !in_loopback_only_netns("the_claude_driver_runs_turns_cancels_and_survives_a_kill") {
+        return;
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async move {
+        let mock = MockModel::start(0).await.unwrap();
+        let home = tempfile::tempdir().unwrap();
+        let work = home.path().join("work");
+        std::fs::create_dir(&work).unwrap();
+        let env = filter_env(
+            [
+                ("HOME", home.path().to_str().unwrap().to_owned()),
+                ("PATH", "/usr/bin:/bin".to_owned()),
+                ("ANTHROPIC_BASE_URL", mock.base_url()),
+                ("ANTHROPIC_API_KEY", "mock-key".to_owned()),
+                ("DISABLE_TELEMETRY", "1".to_owned()),
+                ("DISABLE_ERROR_REPORTING", "1".to_owned()),
+                ("DISABLE_AUTOUPDATER", "1".to_owned()),
+                ("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1".to_owned()),
+                ("CLAUDE_CODE_MAX_RETRIES", "0".to_owned()),
+            ]
+            .map(|(k, v)| (k.to_owned(), v)),
+        );
+        let spec = |native: Native| OpenSpec {
+            program: bin.clone(),
+            cwd: work.clone(),
+            base_env: env.clone(),
+            extra_env: Vec::new(),
+            host_session_id: "host-1".into(),
+            native,
+        };
+        let wait = Duration::from_secs(60);
+        // Events until run.end (answering permissions with `allow`), or until the process ends.
+        async fn until_end(s: &mut ClaudeSession, allow: bool, wait: Duration) -> Vec<AgentOutput> {
+            let mut out = Vec::new();
+            loop {
+                let next = tokio::time::timeout(wait, s.events.recv())
+                    .await
+                    .expect("no event in time")
+                    .expect("event stream ended");
+                if let AgentOutput::Event(EventBody::PermissionRequest(p)) = &next {
+                    s.respond_permission(&p.request_id, allow, &p.input, None)
+                        .await
+                        .unwrap();
+                }
+                let done = matches!(
+                    next,
+                    AgentOutput::Event(EventBody::RunEnd(_)) | AgentOutput::Exited { .. }
+                );
+                out.push(next);
+                if done {
+                    return out;
+                }
+            }
+        }
+        fn run_end(out: &[AgentOutput]) -> Option<&agent_host::protocol::events::RunEnd> {
+            out.iter().rev().find_map(|o| match o {
+                AgentOutput::Event(EventBody::RunEnd(e)) => Some(e),
+                _ => None,
+            })
+        }
+
+        let mut s = ClaudeSession::open(spec(Native::New(SESSION.into()))).unwrap();
+        s.send("hello driver").await.unwrap();
+        let out = until_end(&mut s, true, wait).await;
+        assert_eq!(run_end(&out).unwrap().state, RunState::Completed);
+
+        s.send("TOOLCALL `touch by-driver && echo driven`")
+            .await
+            .unwrap();
+        let out = until_end(&mut s, true, wait).await;
+        assert!(work.join("by-driver").exists());
+        assert_eq!(run_end(&out).unwrap().state, RunState::Completed);
+
+        // Cancel a slow stream after its first delta: cancelled, well within 2 s.
+        s.send("SLOW stream").await.unwrap();
+        loop {
+            let next = tokio::time::timeout(wait, s.events.recv())
+                .await
+                .unwrap()
+                .unwrap();
+            if matches!(next, AgentOutput::Event(EventBody::TextDelta(_))) {
+                break;
+            }
+        }
+        let asked = std::time::Instant::now();
+        s.cancel_turn().await.unwrap();
+        let out = until_end(&mut s, true, Duration::from_secs(2)).await;
+        assert_eq!(run_end(&out).unwrap().state, RunState::Cancelled);
+        eprintln!("cancel took {:?}", asked.elapsed());
+        // The same process takes the next prompt.
+        s.send("after cancel").await.unwrap();
+        let out = until_end(&mut s, true, wait).await;
+        assert_eq!(run_end(&out).unwrap().state, RunState::Completed);
+
+        // SIGKILL mid-turn: a failed run, then the end of the stream; no process left.
+        s.send("SLOW again").await.unwrap();
+        loop {
+            let next = tokio::time::timeout(wait, s.events.recv())
+                .await
+                .unwrap()
+                .unwrap();
+            if matches!(next, AgentOutput::Event(EventBody::TextDelta(_))) {
+                break;
+            }
+        }
+        let pid = s.pid().unwrap() as i32;
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGKILL,
+        )
+        .unwrap();
+        let out = until_end(&mut s, true, Duration::from_secs(2)).await;
+        let end = run_end(&out).expect("a run.end after the kill");
+        assert_eq!(end.state, RunState::Failed);
+        assert_eq!(
+            end.category,
+            Some(agent_host::protocol::events::ErrorCategory::AgentFailed)
+        );
+        let last = tokio::time::timeout(Duration::from_secs(2), s.events.recv())
+            .await
+            .unwrap();
+        assert!(matches!(last, Some(AgentOutput::Exited { .. })), "{last:?}");
+        assert!(
+            matches!(
+                nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pid), None),
+                Err(nix::errno::Errno::ESRCH)
+            ) || group_is_all_zombies(pid),
+            "processes left in the killed agent's group"
+        );
+
+        // Resume the same native session in a new process: the history is there.
+        let mut s = ClaudeSession::open(spec(Native::Resume(SESSION.into()))).unwrap();
+        s.send("after the kill").await.unwrap();
+        let out = until_end(&mut s, true, wait).await;
+        let text = out.iter().find_map(|o| match o {
+            AgentOutput::Event(EventBody::TextEnd(t)) => Some(t.text.clone()),
+            _ => None,
+        });
+        assert!(text.unwrap().contains("first: hello driver"), "not resumed");
+        s.close(Duration::from_secs(10)).await;
+    });
+}
+
+/// Every process in group `pgid` is a zombie (killed, waiting for a reaper that may be slow).
+fn group_is_all_zombies(pgid: i32) -> bool {
+    std::fs::read_dir("/proc").unwrap().flatten().all(|entry| {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
+            return true;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            return true;
+        };
+        let Some((_, rest)) = stat.rsplit_once(')') else {
+            return true;
+        };
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        fields.get(2).and_then(|g| g.parse::<i32>().ok()) != Some(pgid)
+            || fields.first() == Some(&"Z")
+    })
 }

@@ -8,6 +8,7 @@
 //! then a descriptor says `turns: false`.
 
 pub mod claude;
+pub mod claude_process;
 pub mod spawn;
 
 use std::path::{Path, PathBuf};
