@@ -23,6 +23,37 @@ use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 
 const SESSION: &str = "0a0b0c0d-1111-4222-8333-444455556666";
 
+/// What a real CLI needs to run offline against the mock: a private HOME, the mock's URL, a
+/// key it never checks, and every telemetry and retry switch off.
+fn agent_env(home: &std::path::Path, mock: &MockModel) -> Vec<(String, String)> {
+    [
+        ("HOME", home.to_str().unwrap().to_owned()),
+        ("PATH", "/usr/bin:/bin".to_owned()),
+        ("ANTHROPIC_BASE_URL", mock.base_url()),
+        ("ANTHROPIC_API_KEY", "mock-key".to_owned()),
+        ("DISABLE_TELEMETRY", "1".to_owned()),
+        ("DISABLE_ERROR_REPORTING", "1".to_owned()),
+        ("DISABLE_AUTOUPDATER", "1".to_owned()),
+        ("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1".to_owned()),
+        ("CLAUDE_CODE_MAX_RETRIES", "0".to_owned()),
+    ]
+    .map(|(k, v)| (k.to_owned(), v))
+    .to_vec()
+}
+
+/// Read events until the first text delta of the turn.
+async fn until_first_delta(s: &mut ClaudeSession) {
+    loop {
+        let next = tokio::time::timeout(Duration::from_secs(60), s.events.recv())
+            .await
+            .expect("no delta in time")
+            .expect("event stream ended");
+        if matches!(next, AgentOutput::Event(EventBody::TextDelta(_))) {
+            return;
+        }
+    }
+}
+
 #[test]
 fn real_claude_turns_translate_into_canonical_events() {
     let bin = ensure_claude();
@@ -47,20 +78,9 @@ fn real_claude_turns_translate_into_canonical_events() {
         let home = tempfile::tempdir().unwrap();
         let work = home.path().join("work");
         std::fs::create_dir(&work).unwrap();
-        let env = [
-            ("HOME", home.path().to_str().unwrap().to_owned()),
-            ("PATH", "/usr/bin:/bin".to_owned()),
-            ("ANTHROPIC_BASE_URL", mock.base_url()),
-            ("ANTHROPIC_API_KEY", "mock-key".to_owned()),
-            ("DISABLE_TELEMETRY", "1".to_owned()),
-            ("DISABLE_ERROR_REPORTING", "1".to_owned()),
-            ("DISABLE_AUTOUPDATER", "1".to_owned()),
-            ("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1".to_owned()),
-            ("CLAUDE_CODE_MAX_RETRIES", "0".to_owned()),
-            // A surrounding agent's marker must not reach the child.
-            ("CLAUDECODE", "1".to_owned()),
-        ]
-        .map(|(k, v)| (k.to_owned(), v));
+        let mut env = agent_env(home.path(), &mock);
+        // A surrounding agent's marker must not reach the child.
+        env.push(("CLAUDECODE".to_owned(), "1".to_owned()));
         let mut child = spawn(&SpawnSpec {
             program: bin,
             args: claude::launch_args(Some(SESSION), None),
@@ -191,20 +211,7 @@ fn the_claude_driver_runs_turns_cancels_and_survives_a_kill() {
         let home = tempfile::tempdir().unwrap();
         let work = home.path().join("work");
         std::fs::create_dir(&work).unwrap();
-        let env = filter_env(
-            [
-                ("HOME", home.path().to_str().unwrap().to_owned()),
-                ("PATH", "/usr/bin:/bin".to_owned()),
-                ("ANTHROPIC_BASE_URL", mock.base_url()),
-                ("ANTHROPIC_API_KEY", "mock-key".to_owned()),
-                ("DISABLE_TELEMETRY", "1".to_owned()),
-                ("DISABLE_ERROR_REPORTING", "1".to_owned()),
-                ("DISABLE_AUTOUPDATER", "1".to_owned()),
-                ("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1".to_owned()),
-                ("CLAUDE_CODE_MAX_RETRIES", "0".to_owned()),
-            ]
-            .map(|(k, v)| (k.to_owned(), v)),
-        );
+        let env = filter_env(agent_env(home.path(), &mock));
         let spec = |native: Native| OpenSpec {
             program: bin.clone(),
             cwd: work.clone(),
@@ -258,15 +265,7 @@ fn the_claude_driver_runs_turns_cancels_and_survives_a_kill() {
 
         // Cancel a slow stream after its first delta: cancelled, well within 2 s.
         s.send("SLOW stream").await.unwrap();
-        loop {
-            let next = tokio::time::timeout(wait, s.events.recv())
-                .await
-                .unwrap()
-                .unwrap();
-            if matches!(next, AgentOutput::Event(EventBody::TextDelta(_))) {
-                break;
-            }
-        }
+        until_first_delta(&mut s).await;
         let asked = std::time::Instant::now();
         s.cancel_turn().await.unwrap();
         let out = until_end(&mut s, true, Duration::from_secs(2)).await;
@@ -279,15 +278,7 @@ fn the_claude_driver_runs_turns_cancels_and_survives_a_kill() {
 
         // SIGKILL mid-turn: a failed run, then the end of the stream; no process left.
         s.send("SLOW again").await.unwrap();
-        loop {
-            let next = tokio::time::timeout(wait, s.events.recv())
-                .await
-                .unwrap()
-                .unwrap();
-            if matches!(next, AgentOutput::Event(EventBody::TextDelta(_))) {
-                break;
-            }
-        }
+        until_first_delta(&mut s).await;
         let pid = s.pid().unwrap() as i32;
         nix::sys::signal::kill(
             nix::unistd::Pid::from_raw(pid),
