@@ -423,8 +423,13 @@ mod tests {
             .parse()
             .unwrap();
         let pgid = child.pid().unwrap() as i32;
+        let grandchild_exit = exit_of(grandchild);
         let status = child.stop(Duration::from_millis(200)).await.unwrap();
         assert!(!status.success());
+        // SIGKILL is delivered asynchronously: wait for the grandchild's exit itself.
+        tokio::time::timeout(Duration::from_secs(10), grandchild_exit)
+            .await
+            .expect("the grandchild outlived its group's SIGKILL");
         // Nothing in the group still runs (a killed child whose reaper is slow may linger as
         // a zombie, which holds no resources but the pid).
         let alive = running_in_group(pgid);
@@ -432,6 +437,26 @@ mod tests {
             alive.is_empty(),
             "still running in the group: {alive:?} (grandchild {grandchild})"
         );
+    }
+
+    /// Resolves when `pid` exits (a pidfd turns readable then), or at once if it is gone.
+    #[allow(
+        unsafe_code,
+        reason = "pidfd_open has no safe wrapper in our dependencies; the fd is owned at once"
+    )]
+    fn exit_of(pid: i32) -> impl std::future::Future<Output = ()> {
+        use std::os::fd::{FromRawFd, OwnedFd};
+        // SAFETY: a plain syscall with integer arguments; on success the returned fd is new
+        // and owned by nobody else, so `OwnedFd` may take it.
+        let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+        let fd = (fd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(fd as i32) });
+        // SAFETY: the fd is owned here, open, and registered with the reactor only once.
+        let fd = fd.and_then(|fd| unsafe { tokio::io::unix::AsyncFd::register(fd) }.ok());
+        async move {
+            if let Some(fd) = fd {
+                let _ready = fd.readable().await;
+            }
+        }
     }
 
     /// Pids of processes in group `pgid` that are not zombies, from `/proc/*/stat`.
