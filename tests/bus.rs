@@ -107,6 +107,19 @@ async fn recv(sub: &mut Subscription) -> Arc<Delivery> {
         .expect("bus closed")
 }
 
+/// Subscribe without a durable row.
+async fn subscribe(
+    host: &Host,
+    filter: SessionFilter,
+    forward_deltas: bool,
+    replay: Replay,
+) -> Subscription {
+    host.bus
+        .subscribe(subscribe_opts(filter, forward_deltas, replay))
+        .await
+        .unwrap()
+}
+
 fn subscribe_opts(filter: SessionFilter, forward_deltas: bool, replay: Replay) -> SubscribeOptions {
     SubscribeOptions {
         filter,
@@ -191,11 +204,7 @@ async fn interleaved_sessions_reach_every_subscriber_in_order_and_the_stuck_one_
     ];
     let mut reader_tasks = Vec::new();
     for (name, filter, deltas, yields) in readers.clone() {
-        let mut sub = host
-            .bus
-            .subscribe(subscribe_opts(filter.clone(), deltas, Replay::None))
-            .await
-            .unwrap();
+        let mut sub = subscribe(&host, filter.clone(), deltas, Replay::None).await;
         let brackets = match filter {
             SessionFilter::All => SESSIONS * ROUNDS * 2 + 1, // + the warm-up
             SessionFilter::One(_) => ROUNDS * 2,
@@ -218,11 +227,7 @@ async fn interleaved_sessions_reach_every_subscriber_in_order_and_the_stuck_one_
     }
     // Subscribed like the others, goes live on a first event, then reads nothing more until
     // everything else is done.
-    let mut stuck = host
-        .bus
-        .subscribe(subscribe_opts(SessionFilter::All, true, Replay::None))
-        .await
-        .unwrap();
+    let mut stuck = subscribe(&host, SessionFilter::All, true, Replay::None).await;
     let warmup = start("warm", "warmup");
     host.bus
         .publish(&warmup)
@@ -314,16 +319,8 @@ async fn interleaved_sessions_reach_every_subscriber_in_order_and_the_stuck_one_
 async fn deltas_go_only_where_asked_and_carry_the_latest_bracket() {
     let dir = tempfile::tempdir().unwrap();
     let host = open(dir.path()).await;
-    let mut with = host
-        .bus
-        .subscribe(subscribe_opts(SessionFilter::All, true, Replay::None))
-        .await
-        .unwrap();
-    let mut without = host
-        .bus
-        .subscribe(subscribe_opts(SessionFilter::All, false, Replay::None))
-        .await
-        .unwrap();
+    let mut with = subscribe(&host, SessionFilter::All, true, Replay::None).await;
+    let mut without = subscribe(&host, SessionFilter::All, false, Replay::None).await;
     // Both go live before anything is published, so the deltas reach them live.
     host.bus
         .publish(&start("a", "warmup"))
@@ -436,38 +433,22 @@ async fn replay_modes_and_cursor_survive_a_restart() {
         .unwrap()
         .unwrap();
     assert_eq!(row.most_recent_sequence_id, seqs[19]);
-    let mut sub = host
-        .bus
-        .subscribe(subscribe_opts(
-            SessionFilter::All,
-            false,
-            Replay::SinceCursor(row.most_recent_sequence_id),
-        ))
-        .await
-        .unwrap();
-    let mut none = host
-        .bus
-        .subscribe(subscribe_opts(SessionFilter::All, false, Replay::None))
-        .await
-        .unwrap();
-    let mut last10 = host
-        .bus
-        .subscribe(subscribe_opts(
-            SessionFilter::All,
-            false,
-            Replay::MaxCount(10),
-        ))
-        .await
-        .unwrap();
-    let mut only_other = host
-        .bus
-        .subscribe(subscribe_opts(
-            SessionFilter::One("other".into()),
-            false,
-            Replay::MaxCount(10),
-        ))
-        .await
-        .unwrap();
+    let mut sub = subscribe(
+        &host,
+        SessionFilter::All,
+        false,
+        Replay::SinceCursor(row.most_recent_sequence_id),
+    )
+    .await;
+    let mut none = subscribe(&host, SessionFilter::All, false, Replay::None).await;
+    let mut last10 = subscribe(&host, SessionFilter::All, false, Replay::MaxCount(10)).await;
+    let mut only_other = subscribe(
+        &host,
+        SessionFilter::One("other".into()),
+        false,
+        Replay::MaxCount(10),
+    )
+    .await;
     let marker = end("s", "marker");
     host.bus
         .publish(&marker)
@@ -508,15 +489,7 @@ async fn replay_modes_and_cursor_survive_a_restart() {
 async fn recv_survives_being_cancelled_at_any_await() {
     let dir = tempfile::tempdir().unwrap();
     let host = open(dir.path()).await;
-    let mut sub = host
-        .bus
-        .subscribe(subscribe_opts(
-            SessionFilter::All,
-            true,
-            Replay::SinceCursor(0),
-        ))
-        .await
-        .unwrap();
+    let mut sub = subscribe(&host, SessionFilter::All, true, Replay::SinceCursor(0)).await;
     let bus = host.bus.clone();
     let publisher = tokio::spawn(async move {
         let mut published = Vec::new();
@@ -563,11 +536,7 @@ async fn recv_survives_being_cancelled_at_any_await() {
 async fn a_failed_commit_stops_appends_instead_of_leaving_a_gap() {
     let dir = tempfile::tempdir().unwrap();
     let host = open(dir.path()).await;
-    let mut sub = host
-        .bus
-        .subscribe(subscribe_opts(SessionFilter::All, false, Replay::None))
-        .await
-        .unwrap();
+    let mut sub = subscribe(&host, SessionFilter::All, false, Replay::None).await;
     let ok = end("s", "before");
     host.bus
         .publish(&ok)
@@ -626,15 +595,7 @@ async fn recv_after_a_store_error_can_be_called_again() {
     drop(store);
     threads.shutdown().await;
     let host = open(dir.path()).await;
-    let mut sub = host
-        .bus
-        .subscribe(subscribe_opts(
-            SessionFilter::All,
-            false,
-            Replay::SinceCursor(0),
-        ))
-        .await
-        .unwrap();
+    let mut sub = subscribe(&host, SessionFilter::All, false, Replay::SinceCursor(0)).await;
     assert!(sub.recv().await.is_err(), "a BLOB payload is not an event");
     assert!(sub.recv().await.is_err(), "still an error, and no panic");
     close(host).await;
@@ -645,15 +606,13 @@ async fn recv_after_a_store_error_can_be_called_again() {
 async fn a_cursor_past_the_end_does_not_silence_a_subscriber() {
     let dir = tempfile::tempdir().unwrap();
     let host = open(dir.path()).await;
-    let mut sub = host
-        .bus
-        .subscribe(subscribe_opts(
-            SessionFilter::All,
-            false,
-            Replay::SinceCursor(1_000_000),
-        ))
-        .await
-        .unwrap();
+    let mut sub = subscribe(
+        &host,
+        SessionFilter::All,
+        false,
+        Replay::SinceCursor(1_000_000),
+    )
+    .await;
     let e = end("s", "new");
     host.bus
         .publish(&e)
@@ -690,11 +649,7 @@ async fn deleting_the_newest_session_leaves_catch_up_sound() {
     close(host).await;
     let host = open(dir.path()).await;
     host.store.delete_session("b".into()).await.unwrap();
-    let mut sub = host
-        .bus
-        .subscribe(subscribe_opts(SessionFilter::All, false, Replay::None))
-        .await
-        .unwrap();
+    let mut sub = subscribe(&host, SessionFilter::All, false, Replay::None).await;
     // Nothing is published, so `recv` cannot return; within the bound it must have caught up
     // and gone live (before the fix it bounced between the hub and the store for ever).
     let idle = tokio::time::timeout(Duration::from_millis(500), sub.recv()).await;
@@ -710,15 +665,7 @@ async fn deleting_the_newest_session_leaves_catch_up_sound() {
         .unwrap();
     assert_eq!(key_of_json(&recv(&mut sub).await.json), key(&marker));
     // And a replay from the start skips the deleted session's row without a gap or a stall.
-    let mut all = host
-        .bus
-        .subscribe(subscribe_opts(
-            SessionFilter::All,
-            false,
-            Replay::SinceCursor(0),
-        ))
-        .await
-        .unwrap();
+    let mut all = subscribe(&host, SessionFilter::All, false, Replay::SinceCursor(0)).await;
     assert_eq!(item(&*recv(&mut all).await), "a1");
     assert_eq!(item(&*recv(&mut all).await), "marker");
     close(host).await;

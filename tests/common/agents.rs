@@ -51,6 +51,15 @@ pub const NETNS_MARKER: &str = "AGENT_HOST_TEST_NETNS";
 /// and `false` in the parent once the child passed.
 pub fn in_loopback_only_netns(test_name: &str) -> bool {
     if std::env::var_os(NETNS_MARKER).is_some() {
+        // Inside: the only network interface is loopback (/proc/self/net is this namespace's
+        // view; /sys/class/net would still show the mount's).
+        let interfaces: Vec<String> = std::fs::read_to_string("/proc/self/net/dev")
+            .unwrap()
+            .lines()
+            .skip(2)
+            .filter_map(|l| l.split(':').next().map(|n| n.trim().to_owned()))
+            .collect();
+        assert_eq!(interfaces, ["lo"], "not isolated");
         return true;
     }
     let exe = std::env::current_exe().unwrap();
