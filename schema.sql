@@ -1,4 +1,4 @@
--- agent-host store schema, version 1.
+-- agent-host store schema, version 2.
 -- Applied by src/store/schema.rs when PRAGMA user_version is below 1. Later versions append
 -- migrations there; this file is always the full current schema for a fresh database.
 
@@ -33,7 +33,7 @@ CREATE INDEX IF NOT EXISTS messages_session_seq ON messages (session_id, sequenc
 CREATE TABLE IF NOT EXISTS runs (
     id         TEXT PRIMARY KEY,
     session_id TEXT NOT NULL,
-    state      TEXT NOT NULL,           -- queued | running | completed | failed | cancelled | interrupted
+    state      TEXT NOT NULL,           -- queued | running | completed | failed | cancelled | interrupted | dropped
     client_msg_id TEXT,                 -- idempotency key of the request that started it
     error_category TEXT,
     created_at INTEGER NOT NULL,
@@ -75,4 +75,19 @@ CREATE TABLE IF NOT EXISTS agents (
     args       TEXT NOT NULL DEFAULT '[]', -- JSON array
     env        TEXT NOT NULL DEFAULT '{}', -- JSON object
     created_at INTEGER NOT NULL
+);
+
+-- Permission requests of live runs (design §8): durable, answered once. Added in version 2.
+CREATE TABLE IF NOT EXISTS permissions (
+    session_id  TEXT NOT NULL,
+    request_id  TEXT NOT NULL,
+    run_id      TEXT,
+    tool        TEXT NOT NULL,
+    input       TEXT NOT NULL,          -- JSON
+    state       TEXT NOT NULL,          -- pending | resolved
+    decision    TEXT,                   -- allow | deny | withdrawn | expired
+    resolved_by TEXT,                   -- a subscriber id, `ipc`, `agent` or `host`
+    created_at  INTEGER NOT NULL,
+    resolved_at INTEGER,
+    PRIMARY KEY (session_id, request_id)
 );

@@ -14,8 +14,9 @@ mod common;
 use std::time::Duration;
 
 use agent_host::adapter::claude::{self, Translator};
-use agent_host::adapter::claude_process::{AgentOutput, ClaudeSession, Native, OpenSpec};
+use agent_host::adapter::claude_process;
 use agent_host::adapter::spawn::{SpawnSpec, filter_env, spawn};
+use agent_host::adapter::{AgentOutput, AgentSession, Native, OpenSpec};
 use agent_host::protocol::events::{EventBody, RunState};
 use common::agents::{ensure_claude, in_loopback_only_netns};
 use common::mock_model::MockModel;
@@ -42,7 +43,7 @@ fn agent_env(home: &std::path::Path, mock: &MockModel) -> Vec<(String, String)> 
 }
 
 /// Read events until the first text delta of the turn.
-async fn until_first_delta(s: &mut ClaudeSession) {
+async fn until_first_delta(s: &mut AgentSession) {
     loop {
         let next = tokio::time::timeout(Duration::from_secs(60), s.events.recv())
             .await
@@ -213,7 +214,7 @@ fn the_claude_driver_runs_turns_cancels_and_survives_a_kill() {
         };
         let wait = Duration::from_secs(60);
         // Events until run.end (answering permissions with `allow`), or until the process ends.
-        async fn until_end(s: &mut ClaudeSession, allow: bool, wait: Duration) -> Vec<AgentOutput> {
+        async fn until_end(s: &mut AgentSession, allow: bool, wait: Duration) -> Vec<AgentOutput> {
             let mut out = Vec::new();
             loop {
                 let next = tokio::time::timeout(wait, s.events.recv())
@@ -242,7 +243,7 @@ fn the_claude_driver_runs_turns_cancels_and_survives_a_kill() {
             })
         }
 
-        let mut s = ClaudeSession::open(spec(Native::New(SESSION.into()))).unwrap();
+        let mut s = claude_process::open(spec(Native::New(SESSION.into()))).unwrap();
         s.send("hello driver").await.unwrap();
         let out = until_end(&mut s, true, wait).await;
         assert_eq!(run_end(&out).unwrap().state, RunState::Completed);
@@ -296,7 +297,7 @@ fn the_claude_driver_runs_turns_cancels_and_survives_a_kill() {
         );
 
         // Resume the same native session in a new process: the history is there.
-        let mut s = ClaudeSession::open(spec(Native::Resume(SESSION.into()))).unwrap();
+        let mut s = claude_process::open(spec(Native::Resume(SESSION.into()))).unwrap();
         s.send("after the kill").await.unwrap();
         let out = until_end(&mut s, true, wait).await;
         let text = out.iter().find_map(|o| match o {

@@ -22,6 +22,10 @@
 //!   reasons are `cancelled`; `is_error` is `failed` with a category (`prompt_too_long` →
 //!   `context_exhausted`, HTTP 429 → `rate_limited`, 401/403 → `auth_required`, else
 //!   `agent_failed`).
+//! - A `result` whose `errors` say "No conversation found" answers a `--resume` of an id the
+//!   CLI does not know: `error` + `run.end` `failed` / `resume_rejected`, and no `session.bound`.
+//! - Control requests other than `can_use_tool` (hooks, SDK MCP) get an error answer
+//!   ([`Translator::take_replies`]) so the CLI never waits for the host.
 //! - Lines that are not JSON, and frame types this build does not know, are counted and
 //!   skipped, never fatal.
 
@@ -74,6 +78,15 @@ pub fn user_frame(text: &str) -> String {
 pub fn interrupt_frame(request_id: &str) -> String {
     json!({"type": "control_request", "request_id": request_id, "request": {"subtype": "interrupt"}})
         .to_string()
+}
+
+/// The stdin line refusing a control request.
+pub fn control_error_frame(request_id: &str, error: &str) -> String {
+    json!({
+        "type": "control_response",
+        "response": {"subtype": "error", "request_id": request_id, "error": error},
+    })
+    .to_string()
 }
 
 /// The stdin line answering a `can_use_tool` request.
@@ -129,6 +142,8 @@ pub struct Translator {
     /// Tool names by call id, until the tool's result arrives.
     tool_names: HashMap<String, String>,
     skipped: u64,
+    /// Lines the driver must write back (answers to control requests we do not serve).
+    replies: Vec<String>,
 }
 
 fn str_of<'a>(v: &'a Value, key: &str) -> &'a str {
@@ -143,6 +158,12 @@ impl Translator {
     /// The native session id the CLI last named.
     pub fn native_id(&self) -> Option<&str> {
         self.native_id.as_deref()
+    }
+
+    /// Lines for stdin that the last frames call for: an error answer to each control request
+    /// the host does not serve (`hook_callback`, `mcp_message`, …), so the CLI never waits.
+    pub fn take_replies(&mut self) -> Vec<String> {
+        std::mem::take(&mut self.replies)
     }
 
     /// Lines skipped: not JSON, or a frame type this build does not know.
@@ -438,8 +459,17 @@ impl Translator {
 
     fn on_control_request(&mut self, frame: &Value) -> Vec<EventBody> {
         let request = frame.get("request").unwrap_or(&Value::Null);
-        if str_of(request, "subtype") != "can_use_tool" {
+        let subtype = str_of(request, "subtype");
+        if subtype != "can_use_tool" {
             self.skipped += 1;
+            tracing::debug!(
+                subtype,
+                "claude: refused a control request the host does not serve"
+            );
+            self.replies.push(control_error_frame(
+                str_of(frame, "request_id"),
+                &format!("agent-host does not serve {subtype:?} control requests"),
+            ));
             return Vec::new();
         }
         vec![EventBody::PermissionRequest(PermissionRequest {
@@ -463,6 +493,29 @@ impl Translator {
         if subtype == "compact" || subtype == "compaction" {
             // A compaction notice mid-turn, not the end of the turn.
             return Vec::new();
+        }
+        let errors: Vec<&str> = frame
+            .get("errors")
+            .and_then(Value::as_array)
+            .map(|e| e.iter().filter_map(Value::as_str).collect())
+            .unwrap_or_default();
+        if let Some(rejected) = errors
+            .iter()
+            .find(|e| e.starts_with("No conversation found"))
+        {
+            // `--resume` of an id the CLI has no file for: nothing ran, the id is not ours.
+            let message = (*rejected).to_owned();
+            return vec![
+                EventBody::Error(ErrorNotice {
+                    category: ErrorCategory::ResumeRejected,
+                    message: message.clone(),
+                }),
+                EventBody::RunEnd(RunEnd {
+                    state: RunState::Failed,
+                    category: Some(ErrorCategory::ResumeRejected),
+                    message: Some(message),
+                }),
+            ];
         }
         let mut out = self.adopt_session_id(frame);
         out.extend(self.close_open_blocks());
@@ -504,10 +557,12 @@ impl Translator {
                 } else {
                     ErrorCategory::AgentFailed
                 };
-            let message = if text.is_empty() {
-                format!("the turn ended with {subtype}")
-            } else {
+            let message = if !text.is_empty() {
                 text
+            } else if !errors.is_empty() {
+                errors.join("; ")
+            } else {
+                format!("the turn ended with {subtype}")
             };
             out.push(EventBody::Error(ErrorNotice {
                 category,
@@ -596,11 +651,35 @@ mod tests {
             );
             checked += 1;
         }
-        assert!(checked >= 9, "only {checked} fixtures");
+        assert!(checked >= 10, "only {checked} fixtures");
     }
 
     fn kinds(events: &[EventBody]) -> Vec<&'static str> {
         events.iter().map(EventBody::kind).collect()
+    }
+
+    #[test]
+    fn control_requests_the_host_does_not_serve_are_refused() {
+        let mut t = Translator::new();
+        for subtype in ["hook_callback", "mcp_message"] {
+            let line = format!(
+                r#"{{"type":"control_request","request_id":"r-{subtype}","request":{{"subtype":"{subtype}"}}}}"#
+            );
+            assert!(t.on_stdout_line(&line).is_empty());
+            let replies = t.take_replies();
+            assert_eq!(replies.len(), 1, "{subtype}");
+            let reply: Value = serde_json::from_str(&replies[0]).unwrap();
+            assert_eq!(reply["type"], "control_response");
+            assert_eq!(reply["response"]["subtype"], "error");
+            assert_eq!(reply["response"]["request_id"], format!("r-{subtype}"));
+            assert!(t.take_replies().is_empty());
+        }
+        // A permission request is served, not refused.
+        let out = t.on_stdout_line(
+            r#"{"type":"control_request","request_id":"p1","request":{"subtype":"can_use_tool","tool_name":"Bash","input":{"command":"ls"}}}"#,
+        );
+        assert_eq!(kinds(&out), ["permission.request"]);
+        assert!(t.take_replies().is_empty());
     }
 
     #[test]

@@ -4,12 +4,15 @@
 //! So far this module holds the parts every family shares: a [`Descriptor`] with explicit
 //! capabilities (a capability a family lacks is declared, never faked), binary resolution
 //! (config / env / `PATH`), and [`probe`] (found, version, usable or why not), which
-//! `agent.list` reports. The per-family translators and drivers that run turns come next; until
-//! then a descriptor says `turns: false`.
+//! `agent.list` reports. [`session`] is the live half of the contract: the [`AgentSession`]
+//! handle every family's driver sits behind. A family without a driver yet says `turns: false`.
 
 pub mod claude;
 pub mod claude_process;
+pub mod session;
 pub mod spawn;
+
+pub use session::{AgentOutput, AgentSession, Native, OpenSpec};
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -91,7 +94,7 @@ pub const FAMILIES: &[Descriptor] = &[
             usage: true,
             persistent_process: true,
         },
-        turns: false,
+        turns: true,
     },
     Descriptor {
         agent_type: "codex",

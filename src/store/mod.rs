@@ -13,6 +13,7 @@
 //! finish what is queued and joins them. A failed group commit stops event appends for good
 //! (fail-stop, see `writer_loop`).
 
+mod runs;
 mod schema;
 
 use std::fs::OpenOptions;
@@ -26,6 +27,7 @@ use rusqlite::{Connection, OptionalExtension, params};
 use serde::Serialize;
 use tokio::sync::{mpsc, oneshot};
 
+pub use runs::{PermissionRow, Resolve, RunInsert};
 pub use schema::SCHEMA_VERSION;
 
 /// Store failures. Callers map these to `store_failed` at the edge.
@@ -365,6 +367,10 @@ impl Store {
             let n = tx.execute("DELETE FROM sessions WHERE id = ?1", [&session_id])?;
             tx.execute("DELETE FROM messages WHERE session_id = ?1", [&session_id])?;
             tx.execute("DELETE FROM runs WHERE session_id = ?1", [&session_id])?;
+            tx.execute(
+                "DELETE FROM permissions WHERE session_id = ?1",
+                [&session_id],
+            )?;
             tx.execute(
                 "DELETE FROM session_baselines WHERE session_id = ?1",
                 [&session_id],

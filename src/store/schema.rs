@@ -7,10 +7,28 @@ use rusqlite::Connection;
 use super::{StoreError, StoreResult};
 
 /// The schema version this build writes.
-pub const SCHEMA_VERSION: i64 = 1;
+pub const SCHEMA_VERSION: i64 = 2;
 
 /// Migration `i` takes a database from version `i` to `i + 1`.
-const MIGRATIONS: &[&str] = &[include_str!("../../schema.sql")];
+const MIGRATIONS: &[&str] = &[include_str!("../../schema.sql"), MIGRATION_2];
+
+/// Version 2: durable permission requests. `schema.sql` holds the same table, so on a fresh
+/// database this step finds it there.
+const MIGRATION_2: &str = "
+CREATE TABLE IF NOT EXISTS permissions (
+    session_id  TEXT NOT NULL,
+    request_id  TEXT NOT NULL,
+    run_id      TEXT,
+    tool        TEXT NOT NULL,
+    input       TEXT NOT NULL,
+    state       TEXT NOT NULL,
+    decision    TEXT,
+    resolved_by TEXT,
+    created_at  INTEGER NOT NULL,
+    resolved_at INTEGER,
+    PRIMARY KEY (session_id, request_id)
+);
+";
 
 pub(super) fn migrate(conn: &mut Connection) -> StoreResult<()> {
     let found: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0))?;
@@ -55,6 +73,7 @@ mod tests {
             "subscribers",
             "session_baselines",
             "agents",
+            "permissions",
         ] {
             let n: i64 = conn
                 .query_row(
@@ -70,5 +89,21 @@ mod tests {
             migrate(&mut conn),
             Err(StoreError::TooNew { found: 99, .. })
         ));
+    }
+
+    #[test]
+    fn a_version_1_database_gains_the_permissions_table() {
+        let mut conn = Connection::open_in_memory().unwrap();
+        conn.execute_batch("CREATE TABLE sessions (id TEXT PRIMARY KEY); PRAGMA user_version = 1;")
+            .unwrap();
+        migrate(&mut conn).unwrap();
+        let n: i64 = conn
+            .query_row(
+                "SELECT count(*) FROM sqlite_master WHERE name = 'permissions'",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap();
+        assert_eq!(n, 1);
     }
 }

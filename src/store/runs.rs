@@ -1,0 +1,405 @@
+//! Runs, permission requests and the session fields a live agent updates: the durable state
+//! of the session actors (design §8). Every mutation here is one writer-thread job, so two
+//! answers to one permission request are decided in one place, in order.
+
+use rusqlite::{OptionalExtension, params};
+use serde::Serialize;
+
+use super::{RunRow, Store, StoreResult, now_ms};
+
+/// What inserting a run found.
+#[derive(Debug, Clone, PartialEq)]
+pub enum RunInsert {
+    Inserted,
+    /// A run with the same `client_msg_id` exists in this session: the request is a retry.
+    Duplicate(RunRow),
+}
+
+/// A `permissions` row: one `permission.request` and how it was answered.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PermissionRow {
+    pub session_id: String,
+    pub request_id: String,
+    pub run_id: Option<String>,
+    pub tool: String,
+    /// The tool input as JSON text.
+    pub input: String,
+    /// `pending` or `resolved`.
+    pub state: String,
+    /// `allow`, `deny`, `withdrawn` or `expired` once resolved.
+    pub decision: Option<String>,
+    pub resolved_by: Option<String>,
+    pub created_at_ms: i64,
+    pub resolved_at_ms: Option<i64>,
+}
+
+/// What an attempt to resolve a permission request found.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Resolve {
+    /// This answer won.
+    Resolved(PermissionRow),
+    /// An earlier answer won; the row says which.
+    Already(PermissionRow),
+    NotFound,
+}
+
+const RUN_SELECT: &str = "SELECT id, session_id, state, client_msg_id, error_category, \
+     created_at, ended_at FROM runs";
+
+fn run_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<RunRow> {
+    Ok(RunRow {
+        run_id: r.get(0)?,
+        session_id: r.get(1)?,
+        state: r.get(2)?,
+        client_msg_id: r.get(3)?,
+        error_category: r.get(4)?,
+        created_at_ms: r.get(5)?,
+        ended_at_ms: r.get(6)?,
+    })
+}
+
+const PERMISSION_SELECT: &str = "SELECT session_id, request_id, run_id, tool, input, state, \
+     decision, resolved_by, created_at, resolved_at FROM permissions";
+
+fn permission_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<PermissionRow> {
+    Ok(PermissionRow {
+        session_id: r.get(0)?,
+        request_id: r.get(1)?,
+        run_id: r.get(2)?,
+        tool: r.get(3)?,
+        input: r.get(4)?,
+        state: r.get(5)?,
+        decision: r.get(6)?,
+        resolved_by: r.get(7)?,
+        created_at_ms: r.get(8)?,
+        resolved_at_ms: r.get(9)?,
+    })
+}
+
+impl Store {
+    /// Insert a run, unless its `client_msg_id` was seen in this session before.
+    pub async fn insert_run(&self, row: RunRow) -> StoreResult<RunInsert> {
+        self.write(move |conn| {
+            let tx = conn.transaction()?;
+            if let Some(key) = &row.client_msg_id {
+                let existing = tx
+                    .prepare_cached(&format!(
+                        "{RUN_SELECT} WHERE session_id = ?1 AND client_msg_id = ?2"
+                    ))?
+                    .query_row(params![row.session_id, key], run_from_row)
+                    .optional()?;
+                if let Some(existing) = existing {
+                    return Ok(RunInsert::Duplicate(existing));
+                }
+            }
+            tx.execute(
+                "INSERT INTO runs (id, session_id, state, client_msg_id, error_category, \
+                 created_at, ended_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+                params![
+                    row.run_id,
+                    row.session_id,
+                    row.state,
+                    row.client_msg_id,
+                    row.error_category,
+                    row.created_at_ms,
+                    row.ended_at_ms
+                ],
+            )?;
+            tx.commit()?;
+            Ok(RunInsert::Inserted)
+        })
+        .await
+    }
+
+    /// Move a run to `state`; a terminal state stamps `ended_at`.
+    pub async fn set_run_state(
+        &self,
+        run_id: String,
+        state: &'static str,
+        error_category: Option<String>,
+    ) -> StoreResult<()> {
+        let terminal = !matches!(state, "queued" | "running");
+        self.write(move |conn| {
+            conn.execute(
+                "UPDATE runs SET state = ?2, error_category = ?3, ended_at = ?4 WHERE id = ?1",
+                params![run_id, state, error_category, terminal.then(now_ms)],
+            )?;
+            Ok(())
+        })
+        .await
+    }
+
+    pub async fn get_run(&self, run_id: String) -> StoreResult<Option<RunRow>> {
+        self.read(move |conn| {
+            Ok(conn
+                .prepare_cached(&format!("{RUN_SELECT} WHERE id = ?1"))?
+                .query_row([&run_id], run_from_row)
+                .optional()?)
+        })
+        .await
+    }
+
+    /// Runs that never reached a terminal state (the host stopped under them).
+    pub async fn unfinished_runs(&self) -> StoreResult<Vec<RunRow>> {
+        self.read(|conn| {
+            let mut stmt = conn.prepare_cached(&format!(
+                "{RUN_SELECT} WHERE state IN ('queued', 'running') ORDER BY created_at, id"
+            ))?;
+            let rows = stmt
+                .query_map([], run_from_row)?
+                .collect::<Result<Vec<_>, _>>()?;
+            Ok(rows)
+        })
+        .await
+    }
+
+    /// Record the agent's native session id (and that the session was touched).
+    pub async fn set_native_session_id(
+        &self,
+        session_id: String,
+        native_session_id: String,
+    ) -> StoreResult<()> {
+        self.write(move |conn| {
+            conn.execute(
+                "UPDATE sessions SET native_session_id = ?2, updated_at = ?3 WHERE id = ?1",
+                params![session_id, native_session_id, now_ms()],
+            )?;
+            Ok(())
+        })
+        .await
+    }
+
+    /// `idle` or `running`, as the session's row shows it.
+    pub async fn set_session_state(
+        &self,
+        session_id: String,
+        state: &'static str,
+    ) -> StoreResult<()> {
+        self.write(move |conn| {
+            conn.execute(
+                "UPDATE sessions SET state = ?2, updated_at = ?3 WHERE id = ?1",
+                params![session_id, state, now_ms()],
+            )?;
+            Ok(())
+        })
+        .await
+    }
+
+    /// Record a pending permission request (a repeated id replaces the earlier row).
+    pub async fn insert_permission(&self, row: PermissionRow) -> StoreResult<()> {
+        self.write(move |conn| {
+            conn.execute(
+                "INSERT OR REPLACE INTO permissions (session_id, request_id, run_id, tool, input, \
+                 state, decision, resolved_by, created_at, resolved_at) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
+                params![
+                    row.session_id,
+                    row.request_id,
+                    row.run_id,
+                    row.tool,
+                    row.input,
+                    row.state,
+                    row.decision,
+                    row.resolved_by,
+                    row.created_at_ms,
+                    row.resolved_at_ms
+                ],
+            )?;
+            Ok(())
+        })
+        .await
+    }
+
+    pub async fn get_permission(
+        &self,
+        session_id: String,
+        request_id: String,
+    ) -> StoreResult<Option<PermissionRow>> {
+        self.read(move |conn| {
+            Ok(conn
+                .prepare_cached(&format!(
+                    "{PERMISSION_SELECT} WHERE session_id = ?1 AND request_id = ?2"
+                ))?
+                .query_row(params![session_id, request_id], permission_from_row)
+                .optional()?)
+        })
+        .await
+    }
+
+    /// Resolve a pending request; the first call wins, later ones get [`Resolve::Already`].
+    pub async fn resolve_permission(
+        &self,
+        session_id: String,
+        request_id: String,
+        decision: String,
+        by: String,
+    ) -> StoreResult<Resolve> {
+        self.write(move |conn| {
+            let tx = conn.transaction()?;
+            let changed = tx.execute(
+                "UPDATE permissions SET state = 'resolved', decision = ?3, resolved_by = ?4, \
+                 resolved_at = ?5 WHERE session_id = ?1 AND request_id = ?2 AND state = 'pending'",
+                params![session_id, request_id, decision, by, now_ms()],
+            )?;
+            let row = tx
+                .prepare_cached(&format!(
+                    "{PERMISSION_SELECT} WHERE session_id = ?1 AND request_id = ?2"
+                ))?
+                .query_row(params![session_id, request_id], permission_from_row)
+                .optional()?;
+            tx.commit()?;
+            Ok(match row {
+                None => Resolve::NotFound,
+                Some(row) if changed > 0 => Resolve::Resolved(row),
+                Some(row) => Resolve::Already(row),
+            })
+        })
+        .await
+    }
+
+    /// Pending requests, of one session or of all.
+    pub async fn pending_permissions(
+        &self,
+        session_id: Option<String>,
+    ) -> StoreResult<Vec<PermissionRow>> {
+        self.read(move |conn| {
+            let mut stmt = conn.prepare_cached(&format!(
+                "{PERMISSION_SELECT} WHERE state = 'pending' AND (?1 IS NULL OR session_id = ?1) \
+                 ORDER BY created_at"
+            ))?;
+            let rows = stmt
+                .query_map([&session_id], permission_from_row)?
+                .collect::<Result<Vec<_>, _>>()?;
+            Ok(rows)
+        })
+        .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::SessionRow;
+
+    async fn store_with_session() -> (tempfile::TempDir, Store, super::super::StoreThreads) {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, threads) = Store::open(&dir.path().join("t.db")).unwrap();
+        store
+            .insert_session(SessionRow {
+                session_id: "s".into(),
+                agent_type: "claude".into(),
+                native_session_id: None,
+                cwd: "/".into(),
+                parent_session_id: None,
+                title: None,
+                state: "idle".into(),
+                created_at_ms: 1,
+                updated_at_ms: 1,
+            })
+            .await
+            .unwrap();
+        (dir, store, threads)
+    }
+
+    fn run(id: &str, key: Option<&str>) -> RunRow {
+        RunRow {
+            run_id: id.into(),
+            session_id: "s".into(),
+            state: "queued".into(),
+            client_msg_id: key.map(str::to_owned),
+            error_category: None,
+            created_at_ms: 1,
+            ended_at_ms: None,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_client_msg_id_names_one_run_per_session() {
+        let (_dir, store, threads) = store_with_session().await;
+        assert_eq!(
+            store.insert_run(run("r1", Some("k"))).await.unwrap(),
+            RunInsert::Inserted
+        );
+        match store.insert_run(run("r2", Some("k"))).await.unwrap() {
+            RunInsert::Duplicate(row) => assert_eq!(row.run_id, "r1"),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(
+            store.insert_run(run("r3", None)).await.unwrap(),
+            RunInsert::Inserted
+        );
+        assert_eq!(
+            store.insert_run(run("r4", None)).await.unwrap(),
+            RunInsert::Inserted
+        );
+        store
+            .set_run_state("r1".into(), "running", None)
+            .await
+            .unwrap();
+        store
+            .set_run_state("r3".into(), "failed", Some("agent_failed".into()))
+            .await
+            .unwrap();
+        let unfinished: Vec<String> = store
+            .unfinished_runs()
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|r| r.run_id)
+            .collect();
+        assert_eq!(unfinished, ["r1", "r4"]);
+        let r3 = store.get_run("r3".into()).await.unwrap().unwrap();
+        assert_eq!(r3.error_category.as_deref(), Some("agent_failed"));
+        assert!(r3.ended_at_ms.is_some());
+        threads.shutdown().await;
+    }
+
+    #[tokio::test]
+    async fn the_first_answer_to_a_permission_wins() {
+        let (_dir, store, threads) = store_with_session().await;
+        store
+            .insert_permission(PermissionRow {
+                session_id: "s".into(),
+                request_id: "p".into(),
+                run_id: Some("r".into()),
+                tool: "Bash".into(),
+                input: "{}".into(),
+                state: "pending".into(),
+                decision: None,
+                resolved_by: None,
+                created_at_ms: 1,
+                resolved_at_ms: None,
+            })
+            .await
+            .unwrap();
+        assert_eq!(store.pending_permissions(None).await.unwrap().len(), 1);
+        let resolve =
+            |by: &str| store.resolve_permission("s".into(), "p".into(), "deny".into(), by.into());
+        match resolve("ws:a").await.unwrap() {
+            Resolve::Resolved(row) => assert_eq!(row.resolved_by.as_deref(), Some("ws:a")),
+            other => panic!("{other:?}"),
+        }
+        match resolve("ipc").await.unwrap() {
+            Resolve::Already(row) => {
+                assert_eq!(row.resolved_by.as_deref(), Some("ws:a"));
+                assert_eq!(row.decision.as_deref(), Some("deny"));
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(
+            store
+                .pending_permissions(Some("s".into()))
+                .await
+                .unwrap()
+                .is_empty()
+        );
+        assert_eq!(
+            store
+                .resolve_permission("s".into(), "nope".into(), "allow".into(), "ipc".into())
+                .await
+                .unwrap(),
+            Resolve::NotFound
+        );
+        threads.shutdown().await;
+    }
+}
