@@ -2,7 +2,7 @@
 //!
 //! Start: home → instance lock → store → bus → sessions → WebSocket listener (port into the
 //! lock file) → IPC socket → `ready`. Shutdown (on the caller's `shutdown` future or `host.shutdown`) is a tree, leaves
-//! first: stop accepting IPC and finish in-flight requests → (adapters, later) → drain the bus
+//! first: stop accepting IPC and finish in-flight requests → session actors and their agents → drain the bus
 //! (queued brackets are committed and fanned out) → flush and join the store threads →
 //! release the lock. The socket file goes with the listener, the lock with the last line.
 
@@ -21,7 +21,7 @@ use crate::config::{Config, ConfigError};
 use crate::dispatch::Dispatcher;
 use crate::instance::{InstanceError, InstanceLock, LockInfo};
 use crate::ipc::{self, IpcError};
-use crate::session::SessionManager;
+use crate::session::{AgentSettings, SessionManager};
 use crate::store::{Store, StoreError};
 use crate::ws::server::WsContext;
 use crate::ws::{self, GrantStore, Subscribers};
@@ -94,7 +94,15 @@ async fn serve(
         .await
         .map_err(|e| DaemonError::Lock(std::io::Error::other(e)))??;
     let (bus, bus_tasks) = Bus::start(store.clone()).await?;
-    let sessions = SessionManager::new(store.clone(), bus.clone());
+    let sessions = SessionManager::new(
+        store.clone(),
+        bus.clone(),
+        AgentSettings::from_config(&config),
+    );
+    // What a stopped host left open is closed (and published) before anyone can connect.
+    if let Err(e) = sessions.recover().await {
+        tracing::error!(error = %e, "closing the runs the last host left open failed");
+    }
 
     let root = CancellationToken::new();
     let tracker = TaskTracker::new();
@@ -125,7 +133,12 @@ async fn serve(
     ));
 
     let listener = ipc::bind(&ipc_path)?;
-    let dispatcher = Dispatcher::new(sessions, subscribers, lock.info().clone(), root.clone());
+    let dispatcher = Dispatcher::new(
+        sessions.clone(),
+        subscribers,
+        lock.info().clone(),
+        root.clone(),
+    );
     let ipc_task = tokio::spawn(ipc::serve(
         listener,
         dispatcher,
@@ -163,7 +176,9 @@ async fn serve(
     {
         tracing::warn!("IPC requests still running after the grace period; abandoning them");
     }
-    // 2. Adapters: none yet.
+    // 2. Sessions: queued prompts dropped, running turns interrupted, agents closed; their
+    //    last events go onto the bus.
+    sessions.shutdown().await;
     // 3. Bus: everything queued is committed and fanned out.
     drop(bus);
     bus_tasks.shutdown().await;

@@ -85,7 +85,45 @@ impl Dispatcher {
                 Err(e) => session_error(e),
             },
             Command::SessionGet(p) => match self.sessions.get(&p.session_id).await {
-                Ok(row) => Reply::ok(row),
+                Ok(row) => {
+                    let live = self.sessions.live(&p.session_id).await;
+                    let mut data = serde_json::to_value(row).unwrap_or(Value::Null);
+                    if let Value::Object(map) = &mut data {
+                        map.insert(
+                            "live".to_owned(),
+                            serde_json::to_value(live).unwrap_or(Value::Null),
+                        );
+                    }
+                    Reply::ok(data)
+                }
+                Err(e) => session_error(e),
+            },
+            Command::SessionSend(p) => match self
+                .sessions
+                .send(&p.session_id, p.text, p.client_msg_id)
+                .await
+            {
+                Ok(receipt) => Reply::ok(receipt),
+                Err(e) => session_error(e),
+            },
+            Command::SessionCancel(p) => {
+                match self.sessions.cancel(&p.session_id, p.run_id).await {
+                    Ok(receipt) => Reply::ok(receipt),
+                    Err(e) => session_error(e),
+                }
+            }
+            Command::PermissionRespond(p) => match self
+                .sessions
+                .respond_permission(
+                    &p.session_id,
+                    p.request_id,
+                    p.decision,
+                    p.message,
+                    "ipc".to_owned(),
+                )
+                .await
+            {
+                Ok(receipt) => Reply::ok(receipt),
                 Err(e) => session_error(e),
             },
             Command::SessionDelete(p) => match self.sessions.delete(&p.session_id).await {
@@ -198,6 +236,23 @@ fn session_error(e: SessionError) -> Reply {
         SessionError::InvalidParams(_) => {
             Reply::error(ErrorCode::InvalidParams, message, Value::Null)
         }
+        SessionError::NoAgent(_) => Reply::error(ErrorCode::NoAgent, message, Value::Null),
+        SessionError::RunNotFound(_) => Reply::error(ErrorCode::RunNotFound, message, Value::Null),
+        SessionError::PermissionNotFound(id) => Reply::error(
+            ErrorCode::PermissionNotFound,
+            message,
+            json!({"request_id": id}),
+        ),
+        SessionError::AlreadyResolved {
+            request_id,
+            decision,
+            by,
+        } => Reply::error(
+            ErrorCode::AlreadyResolved,
+            message,
+            json!({"request_id": request_id, "decision": decision, "by": by}),
+        ),
+        SessionError::ShuttingDown => Reply::error(ErrorCode::ShuttingDown, message, Value::Null),
         SessionError::Store(_) => {
             tracing::error!(error = %message, "store failure while serving a command");
             Reply::error(ErrorCode::StoreFailed, message, Value::Null)

@@ -430,12 +430,22 @@ async fn hostile_frames_get_an_error_or_a_close_and_nobody_else_notices() {
         .await
         .unwrap();
     assert_eq!(error_of(next_reply(&mut ws).await).name, "unknown_cmd");
-    // Requests still work on the same connection: a prompt has no agent yet (never a fake run).
+    // Requests still work on the same connection: a prompt to a family this build cannot run
+    // yet is refused (never a fake run).
+    let codex = host
+        .ok(
+            "session.create",
+            json!({"agent_type": "codex", "cwd": dir.path().display().to_string()}),
+        )
+        .await["session_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
     let id = ws
         .send(
             CmdId::RelayMessageReq,
             &pb::RelayMessageReq {
-                session_id: session.clone(),
+                session_id: codex,
                 text: "hi".into(),
                 client_msg_id: "c1".into(),
             },
@@ -447,7 +457,7 @@ async fn hostile_frames_get_an_error_or_a_close_and_nobody_else_notices() {
     let err = error_of(reply);
     assert_eq!((err.code, err.name.as_str()), (4002, "no_agent"));
     assert!(
-        err.message.contains("no agent for this session"),
+        err.message.contains("no adapter that runs \"codex\""),
         "{}",
         err.message
     );

@@ -40,6 +40,7 @@ pub enum ErrorCode {
     CwdNotFound,
     RunNotFound,
     PermissionNotFound,
+    AlreadyResolved,
     UnknownAgentType,
     NoAgent,
     SubscriberNotFound,
@@ -74,6 +75,7 @@ impl ErrorCode {
         ErrorCode::CwdNotFound,
         ErrorCode::RunNotFound,
         ErrorCode::PermissionNotFound,
+        ErrorCode::AlreadyResolved,
         ErrorCode::UnknownAgentType,
         ErrorCode::NoAgent,
         ErrorCode::SubscriberNotFound,
@@ -108,6 +110,7 @@ impl ErrorCode {
             ErrorCode::CwdNotFound => 3002,
             ErrorCode::RunNotFound => 3003,
             ErrorCode::PermissionNotFound => 3004,
+            ErrorCode::AlreadyResolved => 3005,
             ErrorCode::UnknownAgentType => 4001,
             ErrorCode::NoAgent => 4002,
             ErrorCode::SubscriberNotFound => 5001,
@@ -143,6 +146,7 @@ impl ErrorCode {
             ErrorCode::CwdNotFound => "cwd_not_found",
             ErrorCode::RunNotFound => "run_not_found",
             ErrorCode::PermissionNotFound => "permission_not_found",
+            ErrorCode::AlreadyResolved => "already_resolved",
             ErrorCode::UnknownAgentType => "unknown_agent_type",
             ErrorCode::NoAgent => "no_agent",
             ErrorCode::SubscriberNotFound => "subscriber_not_found",
@@ -185,7 +189,10 @@ impl ErrorCode {
             ErrorCode::SessionNotFound => "no session with that id",
             ErrorCode::CwdNotFound => "the `cwd` given does not exist or is not a directory",
             ErrorCode::RunNotFound => "no run with that id in that session",
-            ErrorCode::PermissionNotFound => "no pending permission request with that id",
+            ErrorCode::PermissionNotFound => "no permission request with that id in that session",
+            ErrorCode::AlreadyResolved => {
+                "the permission request was answered already; `data` says how and by whom"
+            }
             ErrorCode::UnknownAgentType => "no adapter family or registered agent of that name",
             ErrorCode::NoAgent => "no adapter in this build can run this session's agent",
             ErrorCode::SubscriberNotFound => "no subscriber with that id",
@@ -363,6 +370,24 @@ pub const COMMANDS: &[CommandSpec] = &[
         summary: "delete a session and its stored events",
     },
     CommandSpec {
+        name: "session.send",
+        route: Route::Ipc,
+        params: "{session_id: string, text: string, client_msg_id?: string}",
+        summary: "send a prompt; returns {run_id, queued, duplicate} at once (a busy session queues up to 3, dropping the oldest)",
+    },
+    CommandSpec {
+        name: "session.cancel",
+        route: Route::Ipc,
+        params: "{session_id: string, run_id?: string}",
+        summary: "interrupt the running turn, or take a queued run out of the queue: {run_id, state}",
+    },
+    CommandSpec {
+        name: "permission.respond",
+        route: Route::Ipc,
+        params: "{session_id: string, request_id: string, decision: \"allow\"|\"deny\", message?: string}",
+        summary: "answer a pending permission request; the first answer wins, later ones get already_resolved",
+    },
+    CommandSpec {
         name: "subscriber.add",
         route: Route::Ipc,
         params: "{type: \"local\", session_id?: string, forward_deltas?: bool, replay_mode?: \"none\"|\"since_cursor\"|\"max_count\", max_count?: int}",
@@ -428,6 +453,58 @@ pub struct SessionHistoryParams {
     pub after_seq: Option<i64>,
     #[serde(default)]
     pub limit: Option<u32>,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SessionSendParams {
+    pub session_id: String,
+    pub text: String,
+    #[serde(default)]
+    pub client_msg_id: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SessionCancelParams {
+    pub session_id: String,
+    #[serde(default)]
+    pub run_id: Option<String>,
+}
+
+/// An answer to a permission request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PermissionDecision {
+    Allow,
+    Deny,
+}
+
+impl PermissionDecision {
+    pub fn parse(text: &str) -> Option<PermissionDecision> {
+        match text {
+            "allow" => Some(PermissionDecision::Allow),
+            "deny" => Some(PermissionDecision::Deny),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PermissionDecision::Allow => "allow",
+            PermissionDecision::Deny => "deny",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PermissionRespondParams {
+    pub session_id: String,
+    pub request_id: String,
+    pub decision: PermissionDecision,
+    #[serde(default)]
+    pub message: Option<String>,
 }
 
 /// How a new subscriber starts (design §6).
@@ -500,6 +577,9 @@ pub enum Command {
     SessionGet(SessionIdParams),
     SessionDelete(SessionIdParams),
     SessionHistory(SessionHistoryParams),
+    SessionSend(SessionSendParams),
+    SessionCancel(SessionCancelParams),
+    PermissionRespond(PermissionRespondParams),
     SubscriberAdd(SubscriberAddParams),
     SubscriberGrant(SubscriberIdParams),
     SubscriberList,
@@ -597,6 +677,9 @@ impl Command {
             "session.get" => Command::SessionGet(typed(name, params)?),
             "session.delete" => Command::SessionDelete(typed(name, params)?),
             "session.history" => Command::SessionHistory(typed(name, params)?),
+            "session.send" => Command::SessionSend(typed(name, params)?),
+            "session.cancel" => Command::SessionCancel(typed(name, params)?),
+            "permission.respond" => Command::PermissionRespond(typed(name, params)?),
             "subscriber.add" => Command::SubscriberAdd(typed(name, params)?),
             "subscriber.grant" => Command::SubscriberGrant(typed(name, params)?),
             "subscriber.list" => {
@@ -626,6 +709,9 @@ impl Command {
             Command::SessionGet(_) => "session.get",
             Command::SessionDelete(_) => "session.delete",
             Command::SessionHistory(_) => "session.history",
+            Command::SessionSend(_) => "session.send",
+            Command::SessionCancel(_) => "session.cancel",
+            Command::PermissionRespond(_) => "permission.respond",
             Command::SubscriberAdd(_) => "subscriber.add",
             Command::SubscriberGrant(_) => "subscriber.grant",
             Command::SubscriberList => "subscriber.list",
@@ -682,7 +768,13 @@ mod tests {
         for spec in COMMANDS {
             let params = match spec.name {
                 "session.create" => json!({"agent_type": "claude", "cwd": "/"}),
-                "session.get" | "session.delete" | "session.history" => json!({"session_id": "x"}),
+                "session.get" | "session.delete" | "session.history" | "session.cancel" => {
+                    json!({"session_id": "x"})
+                }
+                "session.send" => json!({"session_id": "x", "text": "hi"}),
+                "permission.respond" => {
+                    json!({"session_id": "x", "request_id": "r", "decision": "deny"})
+                }
                 "subscriber.add" => json!({"type": "local"}),
                 "subscriber.grant" | "subscriber.remove" => json!({"subscriber_id": "x"}),
                 _ => json!({}),

@@ -1,13 +1,31 @@
-//! Sessions: creation, lookup, deletion and history.
+//! Sessions: creation, lookup, deletion, history, and runs.
 //!
-//! For now a session is its row plus its events; the per-session actor that owns a live agent
-//! process, its runs and its follow-up queue arrives with the adapters (design §8) and will
-//! live here, behind the same [`SessionManager`] handle. Every event of a session is published
-//! through the [`Bus`], never written to the store directly.
+//! A session is its row plus its events. Once a prompt is sent to it, a session actor
+//! ([`actor`]) owns its live agent process, its runs, its follow-up queue and its pending
+//! permission requests; the [`SessionManager`] starts actors lazily and routes commands to
+//! them. Every event of a session is published through the [`Bus`], never written to the store
+//! directly. At start, [`SessionManager::recover`] closes what a stopped host left open.
 
+pub mod actor;
+pub mod launch;
+
+use std::collections::HashMap;
 use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::{mpsc, oneshot};
+use tokio::task::JoinHandle;
+use tracing::Instrument;
+
+pub use actor::{
+    CancelReceipt, Decision, LiveStatus, MAX_PROMPT_BYTES, MAX_QUEUE, PermissionReceipt,
+    SendReceipt,
+};
+pub use launch::AgentSettings;
 
 use crate::bus::Bus;
+use crate::protocol::events::{Event, EventBody, Notice, RunEnd, RunState};
 use crate::store::{SessionRow, Store, StoreError, StoredEvent, now_ms};
 
 /// The adapter families this build knows the names of (design §9). A session of any of these
@@ -51,6 +69,20 @@ pub enum SessionError {
     UnknownAgentType(String),
     #[error("invalid params: {0}")]
     InvalidParams(String),
+    #[error("no agent can run this session: {0}")]
+    NoAgent(String),
+    #[error("run not found: {0}")]
+    RunNotFound(String),
+    #[error("no permission request {0:?} in this session")]
+    PermissionNotFound(String),
+    #[error("permission request {request_id:?} was already resolved ({decision} by {by})")]
+    AlreadyResolved {
+        request_id: String,
+        decision: String,
+        by: String,
+    },
+    #[error("the host is shutting down")]
+    ShuttingDown,
     #[error("store: {0}")]
     Store(#[from] StoreError),
 }
@@ -63,20 +95,279 @@ pub struct NewSession {
     pub title: Option<String>,
 }
 
+/// Commands waiting for one session actor.
+const INBOX: usize = 64;
+/// How long stopping all actors may take at shutdown.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+
+struct ActorHandle {
+    inbox: mpsc::Sender<actor::Msg>,
+    task: JoinHandle<()>,
+}
+
+#[derive(Default)]
+struct Actors {
+    by_session: HashMap<String, ActorHandle>,
+    closed: bool,
+}
+
 /// A cloneable handle for everything session-shaped.
 #[derive(Clone)]
 pub struct SessionManager {
     store: Store,
-    #[expect(
-        dead_code,
-        reason = "session actors publish through it once adapters exist"
-    )]
     bus: Bus,
+    settings: Arc<AgentSettings>,
+    actors: Arc<Mutex<Actors>>,
 }
 
 impl SessionManager {
-    pub fn new(store: Store, bus: Bus) -> SessionManager {
-        SessionManager { store, bus }
+    pub fn new(store: Store, bus: Bus, settings: AgentSettings) -> SessionManager {
+        SessionManager {
+            store,
+            bus,
+            settings: Arc::new(settings),
+            actors: Arc::new(Mutex::new(Actors::default())),
+        }
+    }
+
+    fn lock_actors(&self) -> std::sync::MutexGuard<'_, Actors> {
+        // A panic while holding this lock leaves the map consistent (inserts and removes
+        // only), so a poisoned lock is still usable.
+        self.actors
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The inbox of the session's actor, started if it is not running.
+    async fn inbox(&self, session_id: &str) -> Result<mpsc::Sender<actor::Msg>, SessionError> {
+        if let Some(handle) = self.lock_actors().by_session.get(session_id)
+            && !handle.inbox.is_closed()
+        {
+            return Ok(handle.inbox.clone());
+        }
+        let row = self.get(session_id).await?;
+        let runs_turns = crate::adapter::descriptor(&row.agent_type).is_some_and(|d| d.turns);
+        if !runs_turns {
+            return Err(SessionError::NoAgent(format!(
+                "this build has no adapter that runs {:?} agents yet",
+                row.agent_type
+            )));
+        }
+        let mut actors = self.lock_actors();
+        if actors.closed {
+            return Err(SessionError::ShuttingDown);
+        }
+        if let Some(handle) = actors.by_session.get(session_id)
+            && !handle.inbox.is_closed()
+        {
+            return Ok(handle.inbox.clone());
+        }
+        let (inbox, messages) = mpsc::channel(INBOX);
+        let actor = actor::Actor::new(
+            &row,
+            self.store.clone(),
+            self.bus.clone(),
+            self.settings.clone(),
+        );
+        let span = tracing::info_span!("session", session_id = %row.session_id);
+        let task = tokio::spawn(actor.run(messages).instrument(span));
+        actors.by_session.insert(
+            session_id.to_owned(),
+            ActorHandle {
+                inbox: inbox.clone(),
+                task,
+            },
+        );
+        Ok(inbox)
+    }
+
+    /// Send a message to the session's actor and wait for its answer.
+    async fn ask<T>(
+        &self,
+        session_id: &str,
+        msg: impl FnOnce(actor::Reply<T>) -> actor::Msg,
+    ) -> Result<T, SessionError> {
+        let inbox = self.inbox(session_id).await?;
+        let (reply, answer) = oneshot::channel();
+        inbox
+            .send(msg(reply))
+            .await
+            .map_err(|_| SessionError::ShuttingDown)?;
+        answer.await.map_err(|_| SessionError::ShuttingDown)?
+    }
+
+    /// Start (or queue) a run with a prompt; returns its run id at once.
+    pub async fn send(
+        &self,
+        session_id: &str,
+        text: String,
+        client_msg_id: Option<String>,
+    ) -> Result<SendReceipt, SessionError> {
+        if text.trim().is_empty() {
+            return Err(SessionError::InvalidParams("text is empty".to_owned()));
+        }
+        if text.len() > MAX_PROMPT_BYTES {
+            return Err(SessionError::InvalidParams(format!(
+                "text is {} bytes; the limit is {MAX_PROMPT_BYTES}",
+                text.len()
+            )));
+        }
+        if client_msg_id
+            .as_ref()
+            .is_some_and(|k| k.is_empty() || k.len() > 256)
+        {
+            return Err(SessionError::InvalidParams(
+                "client_msg_id must be 1 to 256 bytes".to_owned(),
+            ));
+        }
+        self.ask(session_id, |reply| actor::Msg::Send {
+            text,
+            client_msg_id,
+            reply,
+        })
+        .await
+    }
+
+    /// Cancel the running turn, or take a queued run (by id) out of the queue.
+    pub async fn cancel(
+        &self,
+        session_id: &str,
+        run_id: Option<String>,
+    ) -> Result<CancelReceipt, SessionError> {
+        self.ask(session_id, |reply| actor::Msg::Cancel { run_id, reply })
+            .await
+    }
+
+    /// Answer a pending permission request; `by` names who answered.
+    pub async fn respond_permission(
+        &self,
+        session_id: &str,
+        request_id: String,
+        decision: Decision,
+        message: Option<String>,
+        by: String,
+    ) -> Result<PermissionReceipt, SessionError> {
+        // A request the host no longer tracks (e.g. after a restart) is answered from the
+        // store without starting an agent for it.
+        let live = self.lock_actors().by_session.contains_key(session_id);
+        if !live {
+            self.get(session_id).await?;
+            return match self
+                .store
+                .get_permission(session_id.to_owned(), request_id.clone())
+                .await?
+            {
+                None => Err(SessionError::PermissionNotFound(request_id)),
+                Some(row) => Err(SessionError::AlreadyResolved {
+                    request_id,
+                    decision: row.decision.unwrap_or_else(|| "expired".to_owned()),
+                    by: row.resolved_by.unwrap_or_else(|| "host".to_owned()),
+                }),
+            };
+        }
+        self.ask(session_id, |reply| actor::Msg::Permission {
+            request_id,
+            decision,
+            message,
+            by,
+            reply,
+        })
+        .await
+    }
+
+    /// What the session's actor is doing, if it runs.
+    pub async fn live(&self, session_id: &str) -> Option<LiveStatus> {
+        let inbox = self
+            .lock_actors()
+            .by_session
+            .get(session_id)
+            .map(|h| h.inbox.clone())?;
+        let (reply, answer) = oneshot::channel();
+        inbox.send(actor::Msg::Status { reply }).await.ok()?;
+        answer.await.ok()
+    }
+
+    /// Close what a host that stopped (or crashed) left open: pending permission requests
+    /// expire, a run in progress ends `interrupted`, queued prompts are dropped. Each is
+    /// published, so followers see it.
+    pub async fn recover(&self) -> Result<(), SessionError> {
+        for row in self.store.pending_permissions(None).await? {
+            actor::expire_permission(&self.store, &self.bus, row).await;
+        }
+        for run in self.store.unfinished_runs().await? {
+            let (state, body) = if run.state == "running" {
+                (
+                    "interrupted",
+                    EventBody::RunEnd(RunEnd {
+                        state: RunState::Interrupted,
+                        category: None,
+                        message: Some("the host stopped during this run".to_owned()),
+                    }),
+                )
+            } else {
+                (
+                    "dropped",
+                    EventBody::Warning(Notice {
+                        code: "followup_dropped".to_owned(),
+                        message: "the host stopped before this prompt ran".to_owned(),
+                    }),
+                )
+            };
+            tracing::info!(run_id = %run.run_id, state, "closing a run the last host left open");
+            let event = Event::new(&run.session_id, Some(run.run_id.clone()), body);
+            if let Err(e) = self.bus.publish(&event).await {
+                tracing::error!(error = %e, "publishing a recovered run failed");
+            }
+            self.store.set_run_state(run.run_id, state, None).await?;
+            self.store.set_session_state(run.session_id, "idle").await?;
+        }
+        Ok(())
+    }
+
+    /// Stop every actor (queued prompts dropped, running turns interrupted, agents closed) and
+    /// refuse new ones. Their last events are published before this returns.
+    pub async fn shutdown(&self) {
+        let handles: Vec<ActorHandle> = {
+            let mut actors = self.lock_actors();
+            actors.closed = true;
+            actors.by_session.drain().map(|(_, h)| h).collect()
+        };
+        let stops = handles.into_iter().map(|handle| async move {
+            let (done, stopped) = oneshot::channel();
+            if handle
+                .inbox
+                .send(actor::Msg::Stop { quiet: false, done })
+                .await
+                .is_ok()
+            {
+                let _actor_gone = stopped.await;
+            }
+            if let Err(e) = handle.task.await {
+                tracing::error!(error = %e, "a session actor failed");
+            }
+        });
+        if tokio::time::timeout(SHUTDOWN_GRACE, futures_util::future::join_all(stops))
+            .await
+            .is_err()
+        {
+            tracing::warn!("session actors still stopping after the grace period");
+        }
+    }
+
+    /// Stop a session's actor without publishing anything (its session is going away).
+    async fn stop_quietly(&self, session_id: &str) {
+        let handle = self.lock_actors().by_session.remove(session_id);
+        if let Some(handle) = handle {
+            let (done, stopped) = oneshot::channel();
+            if handle
+                .inbox
+                .send(actor::Msg::Stop { quiet: true, done })
+                .await
+                .is_ok()
+            {
+                let _actor_gone = stopped.await;
+            }
+        }
     }
 
     pub async fn create(&self, new: NewSession) -> Result<SessionRow, SessionError> {
@@ -132,6 +423,7 @@ impl SessionManager {
     }
 
     pub async fn delete(&self, session_id: &str) -> Result<(), SessionError> {
+        self.stop_quietly(session_id).await;
         if self.store.delete_session(session_id.to_owned()).await? {
             tracing::info!(session_id, "session deleted");
             Ok(())

@@ -35,7 +35,7 @@ use tokio_util::task::TaskTracker;
 use super::grants::GrantStore;
 use super::{PATH, replay_mode_of};
 use crate::bus::{Bus, Delivery, Replay, SubscribeOptions, Subscription};
-use crate::protocol::envelope::{ErrorCode, ReplayMode};
+use crate::protocol::envelope::{ErrorCode, PermissionDecision, ReplayMode};
 use crate::protocol::wire::{
     self, CmdId, Decoded, MAX_FRAME_BYTES, SUBPROTOCOL, TOKEN_SUBPROTOCOL_PREFIX, pb,
 };
@@ -386,7 +386,7 @@ async fn session(
             frame = inbound.next() => match frame {
                 None | Some(Ok(Message::Close(_))) => break None,
                 Some(Ok(Message::Binary(bytes))) => {
-                    let replies = handle_frame(&ctx, &sub, &bytes).await;
+                    let replies = handle_frame(&ctx, &sub, &subscriber_id, &bytes).await;
                     if !replies.is_empty() && !writer.write(replies.into_iter().map(Message::Binary)).await {
                         break None;
                     }
@@ -498,7 +498,12 @@ async fn open_subscription(
 }
 
 /// Answer one inbound binary frame; the replies to send, in order (none for an `Ack`).
-async fn handle_frame(ctx: &WsContext, sub: &Subscription, bytes: &[u8]) -> Vec<bytes::Bytes> {
+async fn handle_frame(
+    ctx: &WsContext,
+    sub: &Subscription,
+    subscriber_id: &str,
+    bytes: &[u8],
+) -> Vec<bytes::Bytes> {
     let frame = match wire::decode(bytes) {
         Ok(frame) => frame,
         Err((request_id, e)) => {
@@ -506,7 +511,7 @@ async fn handle_frame(ctx: &WsContext, sub: &Subscription, bytes: &[u8]) -> Vec<
         }
     };
     let id = frame.request_id;
-    match answer(ctx, sub, &frame).await {
+    match answer(ctx, sub, subscriber_id, &frame).await {
         Ok(Some(reply)) => vec![reply],
         Ok(None) => vec![],
         Err((code, message)) => vec![wire::error_frame(id, code, message)],
@@ -522,6 +527,11 @@ fn session_err(e: SessionError) -> (ErrorCode, String) {
         SessionError::CwdNotFound { .. } => ErrorCode::CwdNotFound,
         SessionError::UnknownAgentType(_) => ErrorCode::UnknownAgentType,
         SessionError::InvalidParams(_) => ErrorCode::InvalidParams,
+        SessionError::NoAgent(_) => ErrorCode::NoAgent,
+        SessionError::RunNotFound(_) => ErrorCode::RunNotFound,
+        SessionError::PermissionNotFound(_) => ErrorCode::PermissionNotFound,
+        SessionError::AlreadyResolved { .. } => ErrorCode::AlreadyResolved,
+        SessionError::ShuttingDown => ErrorCode::ShuttingDown,
         SessionError::Store(_) => ErrorCode::StoreFailed,
     };
     (code, message)
@@ -531,7 +541,12 @@ fn bad_body(e: wire::WireError) -> (ErrorCode, String) {
     (e.code(), e.to_string())
 }
 
-async fn answer(ctx: &WsContext, sub: &Subscription, frame: &Decoded) -> Answer {
+async fn answer(
+    ctx: &WsContext,
+    sub: &Subscription,
+    subscriber_id: &str,
+    frame: &Decoded,
+) -> Answer {
     let id = frame.request_id;
     match frame.cmd {
         CmdId::Ack => {
@@ -553,41 +568,64 @@ async fn answer(ctx: &WsContext, sub: &Subscription, frame: &Decoded) -> Answer 
         }
         CmdId::RelayMessageReq => {
             let req: pb::RelayMessageReq = frame.body().map_err(bad_body)?;
-            let session = ctx
+            let client_msg_id = Some(req.client_msg_id).filter(|k| !k.is_empty());
+            let receipt = ctx
                 .sessions
-                .get(&req.session_id)
+                .send(&req.session_id, req.text, client_msg_id)
                 .await
                 .map_err(session_err)?;
-            // Never a fake run: without an adapter nothing can take this prompt.
-            Err((
-                ErrorCode::NoAgent,
-                format!(
-                    "no agent for this session: this build has no adapter for agent type {:?} yet",
-                    session.agent_type
-                ),
-            ))
+            Ok(Some(wire::encode(
+                CmdId::NewRoundResp,
+                id,
+                &pb::NewRoundResp {
+                    run_id: receipt.run_id,
+                    queued: receipt.queued,
+                },
+            )))
         }
         CmdId::CancelRunReq => {
             let req: pb::CancelRunReq = frame.body().map_err(bad_body)?;
-            ctx.sessions
-                .get(&req.session_id)
+            let run_id = Some(req.run_id).filter(|r| !r.is_empty());
+            let receipt = ctx
+                .sessions
+                .cancel(&req.session_id, run_id)
                 .await
                 .map_err(session_err)?;
-            Err((
-                ErrorCode::RunNotFound,
-                format!("no run {:?} is active in this session", req.run_id),
-            ))
+            Ok(Some(wire::encode(
+                CmdId::CancelRunResp,
+                id,
+                &pb::CancelRunResp {
+                    run_id: receipt.run_id,
+                    state: receipt.state.to_owned(),
+                },
+            )))
         }
         CmdId::PermissionDecisionReq => {
             let req: pb::PermissionDecisionReq = frame.body().map_err(bad_body)?;
-            ctx.sessions
-                .get(&req.session_id)
+            let decision = PermissionDecision::parse(&req.decision).ok_or_else(|| {
+                (
+                    ErrorCode::InvalidParams,
+                    format!("decision {:?} is not \"allow\" or \"deny\"", req.decision),
+                )
+            })?;
+            let receipt = ctx
+                .sessions
+                .respond_permission(
+                    &req.session_id,
+                    req.request_id,
+                    decision,
+                    None,
+                    subscriber_id.to_owned(),
+                )
                 .await
                 .map_err(session_err)?;
-            Err((
-                ErrorCode::PermissionNotFound,
-                format!("no permission request {:?} is pending", req.request_id),
-            ))
+            Ok(Some(wire::encode(
+                CmdId::PermissionDecisionResp,
+                id,
+                &pb::PermissionDecisionResp {
+                    request_id: receipt.request_id,
+                },
+            )))
         }
         CmdId::ListHistorySessionsReq => {
             let req: pb::ListHistorySessionsReq = frame.body().map_err(bad_body)?;

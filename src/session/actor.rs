@@ -1,0 +1,850 @@
+//! The session actor (design §8): one task per live session that owns its agent process, its
+//! current run, its follow-up queue and its pending permission requests. Commands reach it
+//! through a channel, so everything a session does happens in one order:
+//!
+//! - `send`: the run id is allocated and the run row written at once, and the caller gets the
+//!   id before anything else happens. An idle session dispatches it; a busy one queues it
+//!   (at most [`MAX_QUEUE`]; past that the oldest waiting prompt is dropped with a visible
+//!   `warning` `followup_dropped` carrying its run id). Dispatch publishes `user.text` then
+//!   `run.start`, after the previous run's `run.end`.
+//! - the agent is opened lazily on the first dispatch: `--resume` of the native id the session
+//!   row holds, else a new native session. A resume the agent rejects is reported (`error`
+//!   `resume_rejected` and a `warning`) and the prompt goes on in a fresh native session.
+//! - agent events are published with the current run id; `session.bound` is saved to the row
+//!   first, a `permission.request` is saved as pending first.
+//! - `cancel` interrupts the running turn (a queued run is just taken out of the queue); if the
+//!   agent has not ended the turn within [`CANCEL_GRACE`], its process group is killed.
+//! - permission answers are decided in the store (first answer wins), then passed to the
+//!   agent and published as `permission.resolved` with who answered.
+//! - when the agent process goes, its pending permission requests are expired.
+
+use std::collections::VecDeque;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::Serialize;
+use serde_json::Value;
+use tokio::sync::{mpsc, oneshot};
+use tokio::time::Instant;
+
+use super::SessionError;
+use super::launch::AgentSettings;
+use crate::adapter::{self, AdapterError, AgentOutput, AgentSession, Native};
+use crate::bus::{Bus, BusError};
+pub use crate::protocol::envelope::PermissionDecision as Decision;
+use crate::protocol::events::{
+    ErrorCategory, ErrorNotice, Event, EventBody, Notice, PermissionResolved, RunEnd, RunStart,
+    RunState, UserText,
+};
+use crate::store::{PermissionRow, Resolve, RunInsert, RunRow, SessionRow, Store, now_ms};
+
+/// Follow-ups waiting behind a busy run (design §8).
+pub const MAX_QUEUE: usize = 3;
+/// How long an interrupted turn may take to end before the agent's process group is killed.
+pub const CANCEL_GRACE: Duration = Duration::from_secs(3);
+/// How long a turn may take to wind down when the host stops.
+const STOP_GRACE: Duration = Duration::from_secs(2);
+/// The longest prompt accepted.
+pub const MAX_PROMPT_BYTES: usize = 256 * 1024;
+
+/// The answer to `send`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SendReceipt {
+    pub run_id: String,
+    /// It waits behind a busy run.
+    pub queued: bool,
+    /// The `client_msg_id` was seen before: this is that earlier run.
+    pub duplicate: bool,
+}
+
+/// The answer to `cancel`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct CancelReceipt {
+    pub run_id: String,
+    /// `cancelling` (the running turn was interrupted; `run.end` follows) or `cancelled` (a
+    /// queued run was taken out of the queue).
+    pub state: &'static str,
+}
+
+/// The answer to a permission decision.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PermissionReceipt {
+    pub request_id: String,
+    pub decision: &'static str,
+}
+
+/// What a live session is doing, for `session.get`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct LiveStatus {
+    /// The agent process (and process group) id, while one runs.
+    pub agent_pid: Option<u32>,
+    pub run_id: Option<String>,
+    pub queued: Vec<String>,
+}
+
+pub(super) type Reply<T> = oneshot::Sender<Result<T, SessionError>>;
+
+pub(super) enum Msg {
+    Send {
+        text: String,
+        client_msg_id: Option<String>,
+        reply: Reply<SendReceipt>,
+    },
+    Cancel {
+        run_id: Option<String>,
+        reply: Reply<CancelReceipt>,
+    },
+    Permission {
+        request_id: String,
+        decision: Decision,
+        message: Option<String>,
+        by: String,
+        reply: Reply<PermissionReceipt>,
+    },
+    Status {
+        reply: oneshot::Sender<LiveStatus>,
+    },
+    /// Stop the agent and end the task. `quiet`: publish nothing (the session is being
+    /// deleted).
+    Stop {
+        quiet: bool,
+        done: oneshot::Sender<()>,
+    },
+}
+
+struct Current {
+    run_id: String,
+    text: String,
+    /// When a cancel was asked for: the turn must end by then.
+    cancel_deadline: Option<Instant>,
+    /// A rejected resume already fell back to a fresh session in this run.
+    retried_fresh: bool,
+}
+
+struct Queued {
+    run_id: String,
+    text: String,
+    client_msg_id: Option<String>,
+}
+
+pub(super) struct Actor {
+    session_id: String,
+    agent_type: String,
+    cwd: PathBuf,
+    /// The agent's native session id, once known (from the row or `session.bound`).
+    native: Option<String>,
+    store: Store,
+    bus: Bus,
+    settings: Arc<AgentSettings>,
+    agent: Option<AgentSession>,
+    /// The agent was opened with a resume that it has not confirmed yet.
+    resuming: bool,
+    current: Option<Current>,
+    queue: VecDeque<Queued>,
+}
+
+async fn next_output(agent: &mut Option<AgentSession>) -> AgentOutput {
+    match agent {
+        Some(agent) => agent.events.recv().await.unwrap_or(AgentOutput::Exited {
+            status: "unknown (the driver ended)".to_owned(),
+        }),
+        None => std::future::pending().await,
+    }
+}
+
+async fn until(deadline: Option<Instant>) {
+    match deadline {
+        Some(deadline) => tokio::time::sleep_until(deadline).await,
+        None => std::future::pending().await,
+    }
+}
+
+fn run_state_name(state: RunState) -> &'static str {
+    match state {
+        RunState::Completed => "completed",
+        RunState::Failed => "failed",
+        RunState::Cancelled => "cancelled",
+        RunState::Interrupted => "interrupted",
+    }
+}
+
+fn category_name(category: Option<ErrorCategory>) -> Option<String> {
+    category.and_then(|c| {
+        serde_json::to_value(c)
+            .ok()
+            .and_then(|v| v.as_str().map(str::to_owned))
+    })
+}
+
+impl Actor {
+    pub(super) fn new(
+        row: &SessionRow,
+        store: Store,
+        bus: Bus,
+        settings: Arc<AgentSettings>,
+    ) -> Actor {
+        Actor {
+            session_id: row.session_id.clone(),
+            agent_type: row.agent_type.clone(),
+            cwd: PathBuf::from(&row.cwd),
+            native: row.native_session_id.clone(),
+            store,
+            bus,
+            settings,
+            agent: None,
+            resuming: false,
+            current: None,
+            queue: VecDeque::new(),
+        }
+    }
+
+    pub(super) async fn run(mut self, mut inbox: mpsc::Receiver<Msg>) {
+        let stop = loop {
+            let deadline = self.current.as_ref().and_then(|c| c.cancel_deadline);
+            tokio::select! {
+                biased;
+                output = next_output(&mut self.agent) => self.on_output(output).await,
+                msg = inbox.recv() => match msg {
+                    Some(Msg::Stop { quiet, done }) => break Some((quiet, done)),
+                    Some(msg) => self.on_msg(msg).await,
+                    None => break None,
+                },
+                () = until(deadline) => self.on_cancel_timeout().await,
+            }
+        };
+        let quiet = stop.as_ref().is_some_and(|(quiet, _)| *quiet);
+        self.stop(quiet).await;
+        if let Some((_, done)) = stop {
+            let _caller_gone = done.send(());
+        }
+    }
+
+    async fn on_msg(&mut self, msg: Msg) {
+        match msg {
+            Msg::Send {
+                text,
+                client_msg_id,
+                reply,
+            } => self.on_send(text, client_msg_id, reply).await,
+            Msg::Cancel { run_id, reply } => {
+                let answer = self.on_cancel(run_id).await;
+                let _caller_gone = reply.send(answer);
+            }
+            Msg::Permission {
+                request_id,
+                decision,
+                message,
+                by,
+                reply,
+            } => {
+                let answer = self.on_permission(request_id, decision, message, by).await;
+                let _caller_gone = reply.send(answer);
+            }
+            Msg::Status { reply } => {
+                let _caller_gone = reply.send(LiveStatus {
+                    agent_pid: self.agent.as_ref().and_then(AgentSession::pid),
+                    run_id: self.current.as_ref().map(|c| c.run_id.clone()),
+                    queued: self.queue.iter().map(|q| q.run_id.clone()).collect(),
+                });
+            }
+            Msg::Stop { .. } => {}
+        }
+    }
+
+    // ---- publishing ----
+
+    async fn publish(&self, run_id: Option<&str>, body: EventBody) {
+        let event = Event::new(&self.session_id, run_id.map(str::to_owned), body);
+        match self.bus.publish(&event).await {
+            Ok(_receipt) => {}
+            Err(BusError::TooLarge(size)) => {
+                tracing::warn!(
+                    size,
+                    kind = event.kind(),
+                    "an agent event is over the size limit"
+                );
+                let notice = Event::new(
+                    &self.session_id,
+                    run_id.map(str::to_owned),
+                    EventBody::Warning(Notice {
+                        code: "event_too_large".to_owned(),
+                        message: format!(
+                            "a {} event of {size} bytes was over the limit and left out",
+                            event.kind()
+                        ),
+                    }),
+                );
+                if let Err(e) = self.bus.publish(&notice).await {
+                    tracing::error!(error = %e, "publishing failed");
+                }
+            }
+            Err(e) => tracing::error!(error = %e, kind = event.kind(), "publishing failed"),
+        }
+    }
+
+    async fn warn(&self, run_id: Option<&str>, code: &str, message: String) {
+        let body = EventBody::Warning(Notice {
+            code: code.to_owned(),
+            message,
+        });
+        self.publish(run_id, body).await;
+    }
+
+    async fn set_run_state(&self, run_id: &str, state: &'static str, category: Option<String>) {
+        if let Err(e) = self
+            .store
+            .set_run_state(run_id.to_owned(), state, category)
+            .await
+        {
+            tracing::error!(error = %e, run_id, "saving the run state failed");
+        }
+    }
+
+    async fn set_session_state(&self, state: &'static str) {
+        if let Err(e) = self
+            .store
+            .set_session_state(self.session_id.clone(), state)
+            .await
+        {
+            tracing::error!(error = %e, "saving the session state failed");
+        }
+    }
+
+    // ---- runs ----
+
+    async fn on_send(
+        &mut self,
+        text: String,
+        client_msg_id: Option<String>,
+        reply: Reply<SendReceipt>,
+    ) {
+        let run_id = uuid::Uuid::now_v7().to_string();
+        let row = RunRow {
+            run_id: run_id.clone(),
+            session_id: self.session_id.clone(),
+            state: "queued".to_owned(),
+            client_msg_id: client_msg_id.clone(),
+            error_category: None,
+            created_at_ms: now_ms(),
+            ended_at_ms: None,
+        };
+        match self.store.insert_run(row).await {
+            Err(e) => {
+                let _caller_gone = reply.send(Err(SessionError::Store(e)));
+                return;
+            }
+            Ok(RunInsert::Duplicate(existing)) => {
+                tracing::info!(run_id = %existing.run_id, "a retried prompt: same run");
+                let _caller_gone = reply.send(Ok(SendReceipt {
+                    queued: existing.state == "queued",
+                    run_id: existing.run_id,
+                    duplicate: true,
+                }));
+                return;
+            }
+            Ok(RunInsert::Inserted) => {}
+        }
+        let item = Queued {
+            run_id: run_id.clone(),
+            text,
+            client_msg_id,
+        };
+        let busy = self.current.is_some() || !self.queue.is_empty();
+        // The caller has its run id before anything else happens.
+        let _caller_gone = reply.send(Ok(SendReceipt {
+            run_id,
+            queued: busy,
+            duplicate: false,
+        }));
+        if !busy {
+            self.dispatch(item).await;
+            return;
+        }
+        self.queue.push_back(item);
+        while self.queue.len() > MAX_QUEUE {
+            if let Some(dropped) = self.queue.pop_front() {
+                tracing::info!(run_id = %dropped.run_id, "follow-up queue full: dropped the oldest");
+                self.set_run_state(&dropped.run_id, "dropped", None).await;
+                self.warn(
+                    Some(&dropped.run_id),
+                    "followup_dropped",
+                    format!(
+                        "more than {MAX_QUEUE} prompts were waiting; the oldest one was dropped \
+                         and will not run"
+                    ),
+                )
+                .await;
+            }
+        }
+    }
+
+    /// Start a run: `user.text`, `run.start`, then the prompt to the agent.
+    async fn dispatch(&mut self, item: Queued) {
+        tracing::info!(run_id = %item.run_id, "run dispatched");
+        self.publish(
+            Some(&item.run_id),
+            EventBody::UserText(UserText {
+                text: item.text.clone(),
+                client_msg_id: item.client_msg_id,
+            }),
+        )
+        .await;
+        self.publish(
+            Some(&item.run_id),
+            EventBody::RunStart(RunStart {
+                agent: Some(self.agent_type.clone()),
+                model: None,
+            }),
+        )
+        .await;
+        self.set_run_state(&item.run_id, "running", None).await;
+        self.set_session_state("running").await;
+        self.current = Some(Current {
+            run_id: item.run_id,
+            text: item.text,
+            cancel_deadline: None,
+            retried_fresh: false,
+        });
+        self.start_turn().await;
+    }
+
+    /// Hand the current run's prompt to the agent, opening it first if needed. A failure ends
+    /// the run.
+    async fn start_turn(&mut self) {
+        let Some(text) = self.current.as_ref().map(|c| c.text.clone()) else {
+            return;
+        };
+        for attempt in 0..2 {
+            if self.agent.is_none()
+                && let Err(e) = self.open_agent()
+            {
+                self.fail_run(e).await;
+                return;
+            }
+            let Some(agent) = self.agent.as_ref() else {
+                return;
+            };
+            match agent.send(&text).await {
+                Ok(()) => return,
+                Err(e) if attempt == 0 => {
+                    // The process went away while idle and its exit is not seen yet: a new one.
+                    tracing::info!(error = %e, "the agent was gone; opening it again");
+                    self.drop_agent().await;
+                }
+                Err(e) => {
+                    self.fail_run(e).await;
+                    return;
+                }
+            }
+        }
+    }
+
+    fn open_agent(&mut self) -> Result<(), AdapterError> {
+        let native = match &self.native {
+            Some(id) => Native::Resume(id.clone()),
+            None => Native::New(uuid::Uuid::new_v4().to_string()),
+        };
+        self.resuming = matches!(native, Native::Resume(_));
+        let spec =
+            self.settings
+                .open_spec(&self.agent_type, &self.cwd, &self.session_id, native)?;
+        let agent = adapter::session::open(&self.agent_type, spec)?;
+        tracing::info!(pid = ?agent.pid(), resuming = self.resuming, "agent started");
+        self.agent = Some(agent);
+        Ok(())
+    }
+
+    /// Forget the agent process (its driver stops the group) and expire what it left pending.
+    async fn drop_agent(&mut self) {
+        self.agent = None;
+        self.resuming = false;
+        self.expire_permissions("the agent process ended").await;
+    }
+
+    /// End the current run as failed with `e`'s category.
+    async fn fail_run(&mut self, e: AdapterError) {
+        tracing::warn!(error = %e.message, category = ?e.category, "the run failed");
+        let run_id = self.current.as_ref().map(|c| c.run_id.clone());
+        self.publish(
+            run_id.as_deref(),
+            EventBody::Error(ErrorNotice {
+                category: e.category,
+                message: e.message.clone(),
+            }),
+        )
+        .await;
+        self.end_run(RunEnd {
+            state: RunState::Failed,
+            category: Some(e.category),
+            message: Some(e.message),
+        })
+        .await;
+    }
+
+    /// Publish the current run's `run.end`, save it, and dispatch the next queued prompt.
+    async fn end_run(&mut self, mut end: RunEnd) {
+        let Some(current) = self.current.take() else {
+            tracing::warn!(state = ?end.state, "a run.end with no run in progress; skipped");
+            return;
+        };
+        if current.cancel_deadline.is_some() && end.state == RunState::Failed {
+            // The turn was being cancelled and the agent died doing it: still a cancel.
+            end.state = RunState::Cancelled;
+            end.category = Some(ErrorCategory::Cancelled);
+        }
+        self.expire_permissions("the run ended").await;
+        let state = run_state_name(end.state);
+        let category = category_name(end.category);
+        self.publish(Some(&current.run_id), EventBody::RunEnd(end))
+            .await;
+        self.set_run_state(&current.run_id, state, category).await;
+        match self.queue.pop_front() {
+            Some(next) => Box::pin(self.dispatch(next)).await,
+            None => self.set_session_state("idle").await,
+        }
+    }
+
+    async fn on_output(&mut self, output: AgentOutput) {
+        let body = match output {
+            AgentOutput::Event(body) => body,
+            AgentOutput::Exited { status } => {
+                tracing::info!(%status, "agent exited");
+                self.drop_agent().await;
+                if self.current.is_some() {
+                    self.fail_run(AdapterError::new(
+                        ErrorCategory::AgentFailed,
+                        format!("the agent process exited ({status})"),
+                    ))
+                    .await;
+                }
+                return;
+            }
+        };
+        let run_id = self.current.as_ref().map(|c| c.run_id.clone());
+        match body {
+            EventBody::RunEnd(end) => {
+                let rejected = end.category == Some(ErrorCategory::ResumeRejected)
+                    && self.resuming
+                    && self.current.as_ref().is_some_and(|c| !c.retried_fresh);
+                if rejected {
+                    self.continue_fresh().await;
+                } else {
+                    self.end_run(end).await;
+                }
+            }
+            EventBody::SessionBound(bound) => {
+                self.resuming = false;
+                if self.native.as_deref() != Some(bound.native_session_id.as_str()) {
+                    if let Err(e) = self
+                        .store
+                        .set_native_session_id(
+                            self.session_id.clone(),
+                            bound.native_session_id.clone(),
+                        )
+                        .await
+                    {
+                        tracing::error!(error = %e, "saving the native session id failed");
+                    }
+                    self.native = Some(bound.native_session_id.clone());
+                }
+                self.publish(run_id.as_deref(), EventBody::SessionBound(bound))
+                    .await;
+            }
+            EventBody::PermissionRequest(request) => {
+                let row = PermissionRow {
+                    session_id: self.session_id.clone(),
+                    request_id: request.request_id.clone(),
+                    run_id: run_id.clone(),
+                    tool: request.tool.clone(),
+                    input: request.input.to_string(),
+                    state: "pending".to_owned(),
+                    decision: None,
+                    resolved_by: None,
+                    created_at_ms: now_ms(),
+                    resolved_at_ms: None,
+                };
+                if let Err(e) = self.store.insert_permission(row).await {
+                    tracing::error!(error = %e, "saving a permission request failed");
+                }
+                self.publish(run_id.as_deref(), EventBody::PermissionRequest(request))
+                    .await;
+            }
+            EventBody::PermissionResolved(resolved) => {
+                // The agent withdrew its own request.
+                let by = resolved.by.clone().unwrap_or_else(|| "agent".to_owned());
+                match self
+                    .store
+                    .resolve_permission(
+                        self.session_id.clone(),
+                        resolved.request_id.clone(),
+                        resolved.decision.clone(),
+                        by,
+                    )
+                    .await
+                {
+                    Ok(Resolve::Resolved(_)) => {
+                        self.publish(run_id.as_deref(), EventBody::PermissionResolved(resolved))
+                            .await;
+                    }
+                    Ok(_) => {}
+                    Err(e) => tracing::error!(error = %e, "saving a withdrawn permission failed"),
+                }
+            }
+            other => self.publish(run_id.as_deref(), other).await,
+        }
+    }
+
+    /// The agent rejected the resume: say so, and run the prompt in a fresh native session.
+    async fn continue_fresh(&mut self) {
+        let rejected = self.native.take().unwrap_or_default();
+        let run_id = self.current.as_ref().map(|c| c.run_id.clone());
+        if let Some(current) = self.current.as_mut() {
+            current.retried_fresh = true;
+        }
+        self.drop_agent().await;
+        tracing::warn!(native = %rejected, "the agent rejected the resume; starting fresh");
+        self.warn(
+            run_id.as_deref(),
+            "resume_rejected",
+            format!(
+                "the agent could not resume its session {rejected}; this prompt continues in a \
+                 fresh agent session, which does not remember the earlier turns"
+            ),
+        )
+        .await;
+        self.start_turn().await;
+    }
+
+    async fn on_cancel(&mut self, run_id: Option<String>) -> Result<CancelReceipt, SessionError> {
+        if let Some(wanted) = &run_id
+            && let Some(index) = self.queue.iter().position(|q| &q.run_id == wanted)
+            && let Some(item) = self.queue.remove(index)
+        {
+            self.set_run_state(&item.run_id, "cancelled", None).await;
+            self.warn(
+                Some(&item.run_id),
+                "followup_cancelled",
+                "this queued prompt was cancelled before it ran".to_owned(),
+            )
+            .await;
+            return Ok(CancelReceipt {
+                run_id: item.run_id,
+                state: "cancelled",
+            });
+        }
+        let current_id = self.current.as_ref().map(|c| c.run_id.clone());
+        let Some(current_id) = current_id.filter(|id| run_id.as_ref().is_none_or(|w| w == id))
+        else {
+            return Err(SessionError::RunNotFound(run_id.unwrap_or_else(|| {
+                "no run is in progress in this session".to_owned()
+            })));
+        };
+        if let Some(agent) = self.agent.as_ref()
+            && let Err(e) = agent.cancel_turn().await
+        {
+            tracing::info!(error = %e, "interrupt not delivered; the agent is going away");
+        }
+        if let Some(current) = self.current.as_mut()
+            && current.cancel_deadline.is_none()
+        {
+            current.cancel_deadline = Some(Instant::now() + CANCEL_GRACE);
+        }
+        Ok(CancelReceipt {
+            run_id: current_id,
+            state: "cancelling",
+        })
+    }
+
+    /// The agent did not end an interrupted turn in time: kill it and end the run.
+    async fn on_cancel_timeout(&mut self) {
+        tracing::warn!("the agent ignored the interrupt; killing its process group");
+        if let Some(agent) = self.agent.take() {
+            agent.close(Duration::ZERO).await;
+        }
+        self.drop_agent().await;
+        self.end_run(RunEnd {
+            state: RunState::Cancelled,
+            category: Some(ErrorCategory::Cancelled),
+            message: Some(format!(
+                "the agent did not stop within {} s; its process was killed",
+                CANCEL_GRACE.as_secs()
+            )),
+        })
+        .await;
+    }
+
+    async fn on_permission(
+        &mut self,
+        request_id: String,
+        decision: Decision,
+        message: Option<String>,
+        by: String,
+    ) -> Result<PermissionReceipt, SessionError> {
+        let resolution = self
+            .store
+            .resolve_permission(
+                self.session_id.clone(),
+                request_id.clone(),
+                decision.as_str().to_owned(),
+                by.clone(),
+            )
+            .await?;
+        let row = match resolution {
+            Resolve::NotFound => return Err(SessionError::PermissionNotFound(request_id)),
+            Resolve::Already(row) => {
+                return Err(SessionError::AlreadyResolved {
+                    request_id,
+                    decision: row.decision.unwrap_or_default(),
+                    by: row.resolved_by.unwrap_or_default(),
+                });
+            }
+            Resolve::Resolved(row) => row,
+        };
+        let input = serde_json::from_str::<Value>(&row.input).unwrap_or(Value::Null);
+        if let Some(agent) = self.agent.as_ref()
+            && let Err(e) = agent
+                .respond_permission(
+                    &request_id,
+                    decision == Decision::Allow,
+                    &input,
+                    message.as_deref(),
+                )
+                .await
+        {
+            tracing::info!(error = %e, "the agent is gone before the answer reached it");
+        }
+        self.publish(
+            row.run_id.as_deref(),
+            EventBody::PermissionResolved(PermissionResolved {
+                request_id: request_id.clone(),
+                decision: decision.as_str().to_owned(),
+                by: Some(by),
+            }),
+        )
+        .await;
+        Ok(PermissionReceipt {
+            request_id,
+            decision: decision.as_str(),
+        })
+    }
+
+    /// Resolve every pending request of this session as `expired` by the host.
+    async fn expire_permissions(&self, why: &str) {
+        let pending = match self
+            .store
+            .pending_permissions(Some(self.session_id.clone()))
+            .await
+        {
+            Ok(pending) => pending,
+            Err(e) => {
+                tracing::error!(error = %e, "reading pending permissions failed");
+                return;
+            }
+        };
+        for row in pending {
+            tracing::info!(request_id = %row.request_id, why, "permission request expired");
+            expire_permission(&self.store, &self.bus, row).await;
+        }
+    }
+
+    /// The task ends: queued prompts will not run, a running turn is interrupted, the agent
+    /// is closed. `quiet` publishes nothing (the session's events are being deleted).
+    async fn stop(&mut self, quiet: bool) {
+        for item in std::mem::take(&mut self.queue) {
+            self.set_run_state(&item.run_id, "dropped", None).await;
+            if !quiet {
+                self.warn(
+                    Some(&item.run_id),
+                    "followup_dropped",
+                    "the host stopped before this prompt ran".to_owned(),
+                )
+                .await;
+            }
+        }
+        if self.current.is_some() && !quiet {
+            self.wind_down_turn().await;
+        }
+        if let Some(agent) = self.agent.take() {
+            agent.close(STOP_GRACE).await;
+        }
+        if quiet {
+            return;
+        }
+        self.expire_permissions("the host stopped").await;
+        if let Some(current) = self.current.take() {
+            self.publish(
+                Some(&current.run_id),
+                EventBody::RunEnd(RunEnd {
+                    state: RunState::Interrupted,
+                    category: None,
+                    message: Some("the host stopped during this run".to_owned()),
+                }),
+            )
+            .await;
+            self.set_run_state(&current.run_id, "interrupted", None)
+                .await;
+        }
+        self.set_session_state("idle").await;
+    }
+
+    /// Interrupt the running turn and pass on what the agent says until it ends (or the grace
+    /// runs out); its own `run.end` is replaced by `interrupted`.
+    async fn wind_down_turn(&mut self) {
+        let Some(agent) = self.agent.as_mut() else {
+            return;
+        };
+        if agent.cancel_turn().await.is_err() {
+            return;
+        }
+        let deadline = Instant::now() + STOP_GRACE;
+        loop {
+            let Some(agent) = self.agent.as_mut() else {
+                return;
+            };
+            let output = match tokio::time::timeout_at(deadline, agent.events.recv()).await {
+                Ok(Some(output)) => output,
+                Ok(None) | Err(_) => return,
+            };
+            match output {
+                AgentOutput::Event(EventBody::RunEnd(_)) | AgentOutput::Exited { .. } => return,
+                AgentOutput::Event(
+                    body @ (EventBody::PermissionRequest(_) | EventBody::PermissionResolved(_)),
+                ) => {
+                    tracing::debug!(kind = body.kind(), "skipped while stopping");
+                }
+                output => self.on_output(output).await,
+            }
+        }
+    }
+}
+
+/// Mark a pending request expired and publish that.
+pub(super) async fn expire_permission(store: &Store, bus: &Bus, row: PermissionRow) {
+    match store
+        .resolve_permission(
+            row.session_id.clone(),
+            row.request_id.clone(),
+            "expired".to_owned(),
+            "host".to_owned(),
+        )
+        .await
+    {
+        Ok(Resolve::Resolved(_)) => {
+            let event = Event::new(
+                row.session_id,
+                row.run_id,
+                EventBody::PermissionResolved(PermissionResolved {
+                    request_id: row.request_id,
+                    decision: "expired".to_owned(),
+                    by: Some("host".to_owned()),
+                }),
+            );
+            if let Err(e) = bus.publish(&event).await {
+                tracing::error!(error = %e, "publishing an expired permission failed");
+            }
+        }
+        Ok(_) => {}
+        Err(e) => tracing::error!(error = %e, "expiring a permission request failed"),
+    }
+}

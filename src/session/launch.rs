@@ -1,0 +1,129 @@
+//! How the session layer starts agents: the environment snapshot and per-family settings taken
+//! from the [`Config`] once at start, turned into an [`OpenSpec`] per process.
+//!
+//! Environment scoping: every agent gets the spawn policy's allow-list of the host's
+//! environment (HOME, PATH, locale, proxies, provider keys and base URLs, agent config dirs),
+//! then its family's `[agents.<type>] env` from `config.toml`, which wins.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use crate::adapter::spawn::filter_env;
+use crate::adapter::{self, AdapterError, Native, OpenSpec};
+use crate::config::Config;
+
+#[derive(Debug, Clone, Default)]
+struct Family {
+    binary: Option<String>,
+    env: Vec<(String, String)>,
+}
+
+/// Everything needed to start any family's agent, fixed at host start.
+#[derive(Debug, Clone, Default)]
+pub struct AgentSettings {
+    base_env: Vec<(String, String)>,
+    families: BTreeMap<String, Family>,
+}
+
+impl AgentSettings {
+    pub fn from_config(config: &Config) -> AgentSettings {
+        let families = adapter::FAMILIES
+            .iter()
+            .map(|d| {
+                let env = config
+                    .agents
+                    .get(d.agent_type)
+                    .map(|a| a.env.iter().map(|(k, v)| (k.clone(), v.clone())).collect())
+                    .unwrap_or_default();
+                (
+                    d.agent_type.to_owned(),
+                    Family {
+                        binary: config.agent_binary(d.agent_type, d.binary_env),
+                        env,
+                    },
+                )
+            })
+            .collect();
+        AgentSettings {
+            base_env: filter_env(config.env.iter().cloned()),
+            families,
+        }
+    }
+
+    /// The spec of one agent process for a session of `agent_type` in `cwd`.
+    pub fn open_spec(
+        &self,
+        agent_type: &str,
+        cwd: &Path,
+        host_session_id: &str,
+        native: Native,
+    ) -> Result<OpenSpec, AdapterError> {
+        let descriptor = adapter::descriptor(agent_type).ok_or_else(|| {
+            AdapterError::new(
+                crate::protocol::events::ErrorCategory::ProtocolIncompatible,
+                format!("no adapter family {agent_type:?}"),
+            )
+        })?;
+        let family = self.families.get(agent_type).cloned().unwrap_or_default();
+        let search_path = self
+            .base_env
+            .iter()
+            .find(|(k, _)| k == "PATH")
+            .map(|(_, v)| v.as_str());
+        let program = adapter::resolve_binary(
+            family.binary.as_deref(),
+            descriptor.default_binary,
+            search_path,
+            cwd,
+        )?;
+        Ok(OpenSpec {
+            program,
+            cwd: cwd.to_owned(),
+            base_env: self.base_env.clone(),
+            extra_env: family.env,
+            host_session_id: host_session_id.to_owned(),
+            native,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::events::ErrorCategory;
+
+    #[test]
+    fn binary_and_env_come_from_the_config() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(
+            dir.path().join("config.toml"),
+            "[agents.claude]\nbinary = \"/bin/true\"\nenv = { CLAUDE_CONFIG_DIR = \"/cfg\" }\n",
+        )
+        .unwrap();
+        let mut config = Config::with_home(dir.path()).unwrap();
+        config.env = vec![
+            ("PATH".into(), "/usr/bin:/bin".into()),
+            ("CLAUDECODE".into(), "1".into()),
+            ("SECRET_THING".into(), "x".into()),
+        ];
+        let settings = AgentSettings::from_config(&config);
+        let spec = settings
+            .open_spec("claude", Path::new("/"), "s1", Native::New("n".into()))
+            .unwrap();
+        assert_eq!(spec.program, Path::new("/bin/true"));
+        assert_eq!(
+            spec.base_env,
+            [("PATH".to_owned(), "/usr/bin:/bin".to_owned())]
+        );
+        assert_eq!(
+            spec.extra_env,
+            [("CLAUDE_CONFIG_DIR".to_owned(), "/cfg".to_owned())]
+        );
+        // A family without a configured binary looks on the snapshot's PATH.
+        let err = settings
+            .open_spec("codex", Path::new("/"), "s2", Native::New("n".into()))
+            .unwrap_err();
+        assert_eq!(err.category, ErrorCategory::BinaryUnavailable);
+        assert!(err.message.contains("/usr/bin:/bin"), "{}", err.message);
+    }
+}
