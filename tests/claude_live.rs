@@ -18,29 +18,11 @@ use agent_host::adapter::claude_process;
 use agent_host::adapter::spawn::{SpawnSpec, filter_env, spawn};
 use agent_host::adapter::{AgentOutput, AgentSession, Native, OpenSpec};
 use agent_host::protocol::events::{EventBody, RunState};
-use common::agents::{ensure_claude, in_loopback_only_netns};
+use common::agents::{agent_env, ensure_claude, in_loopback_only_netns};
 use common::mock_model::MockModel;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 
 const SESSION: &str = "0a0b0c0d-1111-4222-8333-444455556666";
-
-/// What a real CLI needs to run offline against the mock: a private HOME, the mock's URL, a
-/// key it never checks, and every telemetry and retry switch off.
-fn agent_env(home: &std::path::Path, mock: &MockModel) -> Vec<(String, String)> {
-    [
-        ("HOME", home.to_str().unwrap().to_owned()),
-        ("PATH", "/usr/bin:/bin".to_owned()),
-        ("ANTHROPIC_BASE_URL", mock.base_url()),
-        ("ANTHROPIC_API_KEY", "mock-key".to_owned()),
-        ("DISABLE_TELEMETRY", "1".to_owned()),
-        ("DISABLE_ERROR_REPORTING", "1".to_owned()),
-        ("DISABLE_AUTOUPDATER", "1".to_owned()),
-        ("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1".to_owned()),
-        ("CLAUDE_CODE_MAX_RETRIES", "0".to_owned()),
-    ]
-    .map(|(k, v)| (k.to_owned(), v))
-    .to_vec()
-}
 
 /// Read events until the first text delta of the turn.
 async fn until_first_delta(s: &mut AgentSession) {

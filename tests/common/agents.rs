@@ -83,3 +83,21 @@ pub fn in_loopback_only_netns(test_name: &str) -> bool {
     );
     false
 }
+
+/// What a real CLI needs to run offline against the mock: a private HOME, the mock's URL, a
+/// key it never checks, and every telemetry and retry switch off.
+pub fn agent_env(home: &Path, mock: &super::mock_model::MockModel) -> Vec<(String, String)> {
+    [
+        ("HOME", home.to_str().unwrap().to_owned()),
+        ("PATH", "/usr/bin:/bin".to_owned()),
+        ("ANTHROPIC_BASE_URL", mock.base_url()),
+        ("ANTHROPIC_API_KEY", "mock-key".to_owned()),
+        ("DISABLE_TELEMETRY", "1".to_owned()),
+        ("DISABLE_ERROR_REPORTING", "1".to_owned()),
+        ("DISABLE_AUTOUPDATER", "1".to_owned()),
+        ("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1".to_owned()),
+        ("CLAUDE_CODE_MAX_RETRIES", "0".to_owned()),
+    ]
+    .map(|(k, v)| (k.to_owned(), v))
+    .to_vec()
+}

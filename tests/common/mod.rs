@@ -20,9 +20,18 @@ use tokio::task::JoinHandle;
 
 pub const WAIT: Duration = Duration::from_secs(20);
 
+/// What a host needs to run real agents: the environment it passes on (the spawn policy
+/// filters it) and the claude binary.
+#[derive(Debug, Clone)]
+pub struct Agents {
+    pub env: Vec<(String, String)>,
+    pub claude: PathBuf,
+}
+
 pub struct TestHost {
     pub home: PathBuf,
     pub clock: Clock,
+    pub agents: Option<Agents>,
     pub bus: Bus,
     pub ws_port: u16,
     stop: Option<oneshot::Sender<()>>,
@@ -35,8 +44,27 @@ impl TestHost {
     }
 
     pub async fn start_with(home: &Path, clock: Clock) -> TestHost {
+        Self::start_full(home, clock, None).await
+    }
+
+    /// A host that runs real agents.
+    pub async fn start_with_agents(home: &Path, agents: Agents) -> TestHost {
+        Self::start_full(home, Clock::system(), Some(agents)).await
+    }
+
+    async fn start_full(home: &Path, clock: Clock, agents: Option<Agents>) -> TestHost {
         let mut config = Config::with_home(home).unwrap();
         config.clock = clock.clone();
+        if let Some(agents) = &agents {
+            config.env = agents.env.clone();
+            config.agents.insert(
+                "claude".to_owned(),
+                agent_host::config::AgentConfig {
+                    binary: Some(agents.claude.display().to_string()),
+                    env: Default::default(),
+                },
+            );
+        }
         let (stop, stopped) = oneshot::channel::<()>();
         let (ready_tx, ready_rx) = oneshot::channel();
         let task = tokio::spawn(async move {
@@ -49,6 +77,7 @@ impl TestHost {
         TestHost {
             home: home.to_owned(),
             clock,
+            agents,
             bus: ready.bus,
             ws_port: ready.info.ws_port.unwrap(),
             stop: Some(stop),
@@ -66,10 +95,16 @@ impl TestHost {
         }
     }
 
-    pub async fn restart(self) -> TestHost {
+    pub async fn restart(mut self) -> TestHost {
         let home = self.home.clone();
+        let agents = self.agents.take();
         self.stop().await;
-        TestHost::start(&home).await
+        let clock = if agents.is_some() {
+            Clock::system()
+        } else {
+            Clock::manual()
+        };
+        TestHost::start_full(&home, clock, agents).await
     }
 
     pub async fn ipc(&self, command: &str, params: Value) -> Reply {

@@ -1,0 +1,802 @@
+//! Runs with the real `claude` CLI through the whole host (issue 4, acceptance 2–7): prompts by
+//! IPC and WebSocket, the answers streamed to WebSocket followers, permissions answered from
+//! either side, cancel, a killed agent, a host restart, and the follow-up queue. Each test runs
+//! inside its own loopback-only network namespace against the project's mock model.
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "a failing test should panic"
+)]
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use agent_host::protocol::wire::{CmdId, Decoded, PROTOCOL_VERSION, pb};
+use agent_host::ws::client::{self, WsClient};
+use common::agents::{agent_env, ensure_claude, in_loopback_only_netns};
+use common::mock_model::MockModel;
+use common::{Agents, TestHost};
+use serde_json::{Value, json};
+
+/// How long a real turn against the mock may take.
+const TURN: Duration = Duration::from_secs(60);
+
+/// In the namespace child: a runtime to run the test on. In the parent: `None` (the child ran
+/// it, and passed).
+fn in_netns(test: &str) -> Option<tokio::runtime::Runtime> {
+    ensure_claude();
+    if !in_loopback_only_netns(test) {
+        return None;
+    }
+    Some(
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap(),
+    )
+}
+
+/// A mock model, a host that runs claude against it, and a workspace.
+struct World {
+    dir: tempfile::TempDir,
+    _mock: MockModel,
+    work: PathBuf,
+    host: Option<TestHost>,
+}
+
+impl World {
+    async fn start() -> World {
+        let mock = MockModel::start(0).await.unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let agent_home = dir.path().join("agent-home");
+        let work = dir.path().join("work");
+        std::fs::create_dir_all(&agent_home).unwrap();
+        std::fs::create_dir_all(&work).unwrap();
+        let mut env = agent_env(&agent_home, &mock);
+        // A surrounding agent's marker must not reach the children.
+        env.push(("CLAUDECODE".to_owned(), "1".to_owned()));
+        let agents = Agents {
+            env,
+            claude: ensure_claude(),
+        };
+        let host = TestHost::start_with_agents(&dir.path().join("host"), agents).await;
+        World {
+            dir,
+            _mock: mock,
+            work,
+            host: Some(host),
+        }
+    }
+
+    fn host(&self) -> &TestHost {
+        self.host.as_ref().unwrap()
+    }
+
+    async fn restart(&mut self) {
+        let host = self.host.take().unwrap();
+        self.host = Some(host.restart().await);
+    }
+
+    async fn session(&self) -> String {
+        self.host().session(&self.work).await
+    }
+
+    async fn send(&self, session: &str, text: &str) -> String {
+        let data = self
+            .host()
+            .ok("session.send", json!({"session_id": session, "text": text}))
+            .await;
+        data["run_id"].as_str().unwrap().to_owned()
+    }
+
+    async fn native_id(&self, session: &str) -> String {
+        let row = self
+            .host()
+            .ok("session.get", json!({"session_id": session}))
+            .await;
+        row["native_session_id"].as_str().unwrap().to_owned()
+    }
+
+    async fn agent_pid(&self, session: &str) -> i32 {
+        let row = self
+            .host()
+            .ok("session.get", json!({"session_id": session}))
+            .await;
+        i32::try_from(row["live"]["agent_pid"].as_u64().expect("no live agent")).unwrap()
+    }
+
+    async fn follower(&self, session: &str, deltas: bool) -> Follower {
+        let data = self
+            .host()
+            .ok(
+                "subscriber.add",
+                json!({"type": "local", "session_id": session, "forward_deltas": deltas,
+                       "replay_mode": "since_cursor"}),
+            )
+            .await;
+        let hello = pb::Hello {
+            client_name: "claude-host-test".into(),
+            cursor: None,
+            protocol_version: PROTOCOL_VERSION,
+        };
+        let (ws, _) = client::connect(
+            data["ws_endpoint"].as_str().unwrap(),
+            data["ws_token"].as_str().unwrap(),
+            hello,
+        )
+        .await
+        .unwrap();
+        Follower {
+            ws,
+            subscriber_id: data["subscriber_id"].as_str().unwrap().to_owned(),
+            seen: Vec::new(),
+        }
+    }
+}
+
+/// One event a follower received.
+#[derive(Debug, Clone)]
+struct Seen {
+    seq: i64,
+    run_id: String,
+    delta: bool,
+    event: Value,
+}
+
+impl Seen {
+    fn kind(&self) -> &str {
+        self.event["k"].as_str().unwrap_or_default()
+    }
+}
+
+struct Follower {
+    ws: WsClient,
+    subscriber_id: String,
+    seen: Vec<Seen>,
+}
+
+impl Follower {
+    fn record(&mut self, frame: &Decoded) -> Option<Seen> {
+        let push = client::event_of(frame)?;
+        let seen = Seen {
+            seq: push.sequence_id,
+            run_id: push.run_id,
+            delta: push.is_delta,
+            event: serde_json::from_str(&push.event_json).unwrap(),
+        };
+        self.seen.push(seen.clone());
+        Some(seen)
+    }
+
+    /// Events until one matches; returns it.
+    async fn until(&mut self, what: &str, wait: Duration, pred: impl Fn(&Seen) -> bool) -> Seen {
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            let frame = tokio::time::timeout_at(deadline, self.ws.next_frame())
+                .await
+                .unwrap_or_else(|_| panic!("no {what} in {wait:?}; saw {:#?}", self.kinds()))
+                .unwrap()
+                .expect("connection closed");
+            if let Some(seen) = self.record(&frame)
+                && pred(&seen)
+            {
+                return seen;
+            }
+        }
+    }
+
+    async fn until_kind(&mut self, kind: &str, wait: Duration) -> Seen {
+        self.until(kind, wait, |s| s.kind() == kind).await
+    }
+
+    /// Send a request and wait for its reply, recording pushes on the way.
+    async fn request<M: prost::Message>(&mut self, cmd: CmdId, body: &M) -> Decoded {
+        let id = self.ws.send(cmd, body).await.unwrap();
+        loop {
+            let frame = tokio::time::timeout(common::WAIT, self.ws.next_frame())
+                .await
+                .expect("no reply")
+                .unwrap()
+                .expect("connection closed");
+            if self.record(&frame).is_none() && frame.request_id == id {
+                return frame;
+            }
+        }
+    }
+
+    fn kinds(&self) -> Vec<String> {
+        self.seen.iter().map(|s| s.kind().to_owned()).collect()
+    }
+
+    /// Brackets only, as (sequence id, kind).
+    fn brackets(&self) -> Vec<(i64, String)> {
+        self.seen
+            .iter()
+            .filter(|s| !s.delta)
+            .map(|s| (s.seq, s.kind().to_owned()))
+            .collect()
+    }
+
+    fn of_run(&self, run_id: &str) -> Vec<&Seen> {
+        self.seen.iter().filter(|s| s.run_id == run_id).collect()
+    }
+}
+
+fn text_of_run(follower: &Follower, run_id: &str) -> String {
+    follower
+        .of_run(run_id)
+        .iter()
+        .filter(|s| s.kind() == "text.end")
+        .map(|s| s.event["text"].as_str().unwrap().to_owned())
+        .collect::<Vec<_>>()
+        .join("")
+}
+
+fn run_end_of(follower: &Follower, run_id: &str) -> Value {
+    follower
+        .of_run(run_id)
+        .iter()
+        .find(|s| s.kind() == "run.end")
+        .map(|s| s.event.clone())
+        .unwrap_or_else(|| panic!("no run.end for {run_id}"))
+}
+
+/// Wait for `run_id`'s `run.end`.
+async fn run_end(f: &mut Follower, run_id: &str, wait: Duration) -> Value {
+    let id = run_id.to_owned();
+    f.until("run.end", wait, |s| s.kind() == "run.end" && s.run_id == id)
+        .await
+        .event
+}
+
+/// Whether any live (non-zombie) process is in group `pgid`.
+fn group_alive(pgid: i32) -> bool {
+    std::fs::read_dir("/proc").unwrap().flatten().any(|entry| {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
+            return false;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            return false;
+        };
+        let Some((_, rest)) = stat.rsplit_once(')') else {
+            return false;
+        };
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        fields.get(2).and_then(|g| g.parse::<i32>().ok()) == Some(pgid)
+            && fields.first() != Some(&"Z")
+    })
+}
+
+/// The claude session files under the agent's HOME.
+fn session_files(root: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut stack = vec![root.join("agent-home/.claude/projects")];
+    while let Some(dir) = stack.pop() {
+        for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                stack.push(path);
+            } else if path.extension().is_some_and(|e| e == "jsonl") {
+                out.push(path);
+            }
+        }
+    }
+    out
+}
+
+/// Acceptance 2: two turns through the host, followed by two WebSocket subscribers (one with
+/// deltas, one without): the same brackets in the same order, `text.end` holds the whole text,
+/// `session.bound` comes before the first text, and the second answer remembers the first.
+#[test]
+fn two_turns_stream_to_two_followers_alike() {
+    let Some(rt) = in_netns("two_turns_stream_to_two_followers_alike") else {
+        return;
+    };
+    rt.block_on(async {
+        let world = World::start().await;
+        let session = world.session().await;
+        let mut with_deltas = world.follower(&session, true).await;
+        let mut without = world.follower(&session, false).await;
+
+        let first = world.send(&session, "hello host").await;
+        run_end(&mut with_deltas, &first, TURN).await;
+        let second = world.send(&session, "second turn").await;
+        run_end(&mut with_deltas, &second, TURN).await;
+        run_end(&mut without, &second, TURN).await;
+
+        assert_eq!(with_deltas.brackets(), without.brackets());
+        assert!(without.seen.iter().all(|s| !s.delta));
+        assert!(with_deltas.seen.iter().any(|s| s.kind() == "text.delta"));
+        let kinds = with_deltas.kinds();
+        let bound = kinds.iter().position(|k| k == "session.bound").unwrap();
+        let text = kinds.iter().position(|k| k.starts_with("text.")).unwrap();
+        assert!(bound < text, "{kinds:?}");
+        for run in [&first, &second] {
+            let of_run: Vec<String> = with_deltas
+                .of_run(run)
+                .iter()
+                .filter(|s| !s.delta)
+                .map(|s| s.kind().to_owned())
+                .collect();
+            assert_eq!(of_run.first().map(String::as_str), Some("user.text"));
+            assert_eq!(of_run.get(1).map(String::as_str), Some("run.start"));
+            assert_eq!(of_run.last().map(String::as_str), Some("run.end"));
+            assert_eq!(run_end_of(&with_deltas, run)["state"], "completed");
+        }
+        // text.end holds exactly what the deltas of its block streamed.
+        for end in with_deltas.seen.iter().filter(|s| s.kind() == "text.end") {
+            let item = &end.event["itemId"];
+            let streamed: String = with_deltas
+                .seen
+                .iter()
+                .filter(|s| s.kind() == "text.delta" && &s.event["itemId"] == item)
+                .map(|s| s.event["text"].as_str().unwrap())
+                .collect();
+            assert_eq!(end.event["text"].as_str().unwrap(), streamed);
+        }
+        assert_eq!(
+            text_of_run(&with_deltas, &first),
+            "echo: hello host [user turns seen: 1; first: hello host]"
+        );
+        assert_eq!(
+            text_of_run(&without, &second),
+            "echo: second turn [user turns seen: 2; first: hello host]"
+        );
+        let native = world.native_id(&session).await;
+        let bound = with_deltas
+            .seen
+            .iter()
+            .find(|s| s.kind() == "session.bound")
+            .unwrap();
+        assert_eq!(bound.event["nativeSessionId"], native.as_str());
+        world.host.unwrap().stop().await;
+    });
+}
+
+/// Acceptance 3: a tool call approved from a WebSocket client runs and `tool.exec.end` carries
+/// its output; one denied over IPC lets the turn go on with the denial; a second answer gets
+/// `already_resolved` saying who answered first.
+#[test]
+fn permissions_are_answered_once_from_any_client() {
+    let Some(rt) = in_netns("permissions_are_answered_once_from_any_client") else {
+        return;
+    };
+    rt.block_on(async {
+        let world = World::start().await;
+        let session = world.session().await;
+        let mut ws = world.follower(&session, false).await;
+
+        let approved = world
+            .send(&session, "TOOLCALL `touch approved && echo approved-out`")
+            .await;
+        let request = ws.until_kind("permission.request", TURN).await;
+        assert_eq!(request.run_id, approved);
+        assert_eq!(request.event["tool"], "Bash");
+        let request_id = request.event["requestId"].as_str().unwrap().to_owned();
+        let reply = ws
+            .request(
+                CmdId::PermissionDecisionReq,
+                &pb::PermissionDecisionReq {
+                    session_id: session.clone(),
+                    request_id: request_id.clone(),
+                    decision: "allow".into(),
+                },
+            )
+            .await;
+        assert_eq!(reply.cmd, CmdId::PermissionDecisionResp, "{reply:?}");
+        let end = run_end(&mut ws, &approved, TURN).await;
+        assert_eq!(end["state"], "completed");
+        let resolved = ws
+            .seen
+            .iter()
+            .find(|s| s.kind() == "permission.resolved")
+            .unwrap();
+        assert_eq!(resolved.event["decision"], "allow");
+        assert_eq!(resolved.event["by"], ws.subscriber_id.as_str());
+        let exec = ws
+            .seen
+            .iter()
+            .find(|s| s.kind() == "tool.exec.end")
+            .unwrap();
+        assert_eq!(exec.event["output"], "approved-out");
+        assert!(world.work.join("approved").exists());
+        // A late second answer, from IPC this time.
+        let late = world
+            .host()
+            .ipc(
+                "permission.respond",
+                json!({"session_id": session, "request_id": request_id, "decision": "deny"}),
+            )
+            .await;
+        assert_eq!(late.data["error"], "already_resolved", "{}", late.to_line());
+        assert_eq!(late.code, 3005);
+        assert_eq!(late.data["decision"], "allow");
+        assert_eq!(late.data["by"], ws.subscriber_id.as_str());
+
+        // Denied from IPC: the tool does not run, the turn goes on and reports the denial.
+        let denied = world
+            .send(&session, "TOOLCALL `touch denied && echo denied-out`")
+            .await;
+        let request = ws
+            .until("second request", TURN, |s| {
+                s.kind() == "permission.request" && s.run_id == denied
+            })
+            .await;
+        let request_id = request.event["requestId"].as_str().unwrap().to_owned();
+        let answer = world
+            .host()
+            .ok(
+                "permission.respond",
+                json!({"session_id": session, "request_id": request_id, "decision": "deny",
+                       "message": "not today"}),
+            )
+            .await;
+        assert_eq!(answer["decision"], "deny");
+        let end = run_end(&mut ws, &denied, TURN).await;
+        assert_eq!(end["state"], "completed");
+        let of_run = ws.of_run(&denied);
+        let exec = of_run.iter().find(|s| s.kind() == "tool.exec.end").unwrap();
+        assert_eq!(exec.event["isError"], true);
+        assert!(
+            exec.event["output"].as_str().unwrap().contains("not today"),
+            "{}",
+            exec.event
+        );
+        assert!(!world.work.join("denied").exists());
+        let resolved = of_run
+            .iter()
+            .find(|s| s.kind() == "permission.resolved")
+            .unwrap();
+        assert_eq!(resolved.event["by"], "ipc");
+        assert!(
+            text_of_run(&ws, &denied).contains("tool said:"),
+            "the turn went on after the denial"
+        );
+        // The WebSocket side answering late.
+        let late = ws
+            .request(
+                CmdId::PermissionDecisionReq,
+                &pb::PermissionDecisionReq {
+                    session_id: session.clone(),
+                    request_id,
+                    decision: "allow".into(),
+                },
+            )
+            .await;
+        assert_eq!(late.cmd, CmdId::ErrorResp);
+        assert_eq!(
+            late.body::<pb::ErrorResp>().unwrap().name,
+            "already_resolved"
+        );
+        // An id nobody asked about.
+        let unknown = world
+            .host()
+            .ipc(
+                "permission.respond",
+                json!({"session_id": session, "request_id": "nope", "decision": "allow"}),
+            )
+            .await;
+        assert_eq!(unknown.data["error"], "permission_not_found");
+        world.host.unwrap().stop().await;
+    });
+}
+
+/// Acceptance 4: a cancel during a slow stream ends the run `cancelled` within 2 s, and the
+/// next prompt works in the same process and native session.
+#[test]
+fn cancel_ends_the_turn_and_the_session_goes_on() {
+    let Some(rt) = in_netns("cancel_ends_the_turn_and_the_session_goes_on") else {
+        return;
+    };
+    rt.block_on(async {
+        let world = World::start().await;
+        let session = world.session().await;
+        let mut ws = world.follower(&session, true).await;
+        let first = world.send(&session, "before the cancel").await;
+        run_end(&mut ws, &first, TURN).await;
+        let native = world.native_id(&session).await;
+        let pid = world.agent_pid(&session).await;
+
+        let slow = world.send(&session, "SLOW stream").await;
+        ws.until("a delta of the slow run", TURN, |s| {
+            s.kind() == "text.delta" && s.run_id == slow
+        })
+        .await;
+        let asked = Instant::now();
+        let reply = ws
+            .request(
+                CmdId::CancelRunReq,
+                &pb::CancelRunReq {
+                    session_id: session.clone(),
+                    run_id: slow.clone(),
+                },
+            )
+            .await;
+        let cancel: pb::CancelRunResp = reply.body().unwrap();
+        assert_eq!(
+            (cancel.run_id.as_str(), cancel.state.as_str()),
+            (slow.as_str(), "cancelling")
+        );
+        let end = run_end(&mut ws, &slow, Duration::from_secs(2)).await;
+        eprintln!("cancelled in {:?}", asked.elapsed());
+        assert_eq!(end["state"], "cancelled");
+        // Nothing to cancel now.
+        let idle = world
+            .host()
+            .ipc("session.cancel", json!({"session_id": session}))
+            .await;
+        assert_eq!(idle.data["error"], "run_not_found");
+
+        let after = world.send(&session, "after the cancel").await;
+        run_end(&mut ws, &after, TURN).await;
+        assert_eq!(run_end_of(&ws, &after)["state"], "completed");
+        assert!(text_of_run(&ws, &after).contains("first: before the cancel"));
+        assert_eq!(world.native_id(&session).await, native);
+        assert_eq!(world.agent_pid(&session).await, pid, "the same process");
+        world.host.unwrap().stop().await;
+    });
+}
+
+/// Acceptance 5: the agent killed with SIGKILL mid-turn → `run.end` failed / `agent_failed`
+/// within 2 s, nothing left of its process group, and the next prompt resumes the session.
+#[test]
+fn a_killed_agent_fails_the_run_and_the_next_prompt_resumes() {
+    let Some(rt) = in_netns("a_killed_agent_fails_the_run_and_the_next_prompt_resumes") else {
+        return;
+    };
+    rt.block_on(async {
+        let world = World::start().await;
+        let session = world.session().await;
+        let mut ws = world.follower(&session, true).await;
+        let first = world.send(&session, "before the kill").await;
+        run_end(&mut ws, &first, TURN).await;
+        let native = world.native_id(&session).await;
+
+        let slow = world.send(&session, "SLOW doomed").await;
+        ws.until("a delta of the slow run", TURN, |s| {
+            s.kind() == "text.delta" && s.run_id == slow
+        })
+        .await;
+        let pid = world.agent_pid(&session).await;
+        let killed = Instant::now();
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGKILL,
+        )
+        .unwrap();
+        let end = run_end(&mut ws, &slow, Duration::from_secs(2)).await;
+        eprintln!("failed in {:?}", killed.elapsed());
+        assert_eq!(end["state"], "failed");
+        assert_eq!(end["category"], "agent_failed");
+        assert!(!group_alive(pid), "processes left in the agent's group");
+        let live = world
+            .host()
+            .ok("session.get", json!({"session_id": session}))
+            .await;
+        assert_eq!(live["live"]["agent_pid"], Value::Null);
+
+        let after = world.send(&session, "after the kill").await;
+        run_end(&mut ws, &after, TURN).await;
+        assert_eq!(run_end_of(&ws, &after)["state"], "completed");
+        assert!(
+            text_of_run(&ws, &after).contains("first: before the kill"),
+            "not resumed: {}",
+            text_of_run(&ws, &after)
+        );
+        assert_eq!(world.native_id(&session).await, native);
+        assert_ne!(world.agent_pid(&session).await, pid);
+        world.host.unwrap().stop().await;
+    });
+}
+
+/// Acceptance 6: after a host restart the next prompt resumes the same native session; a
+/// native session the CLI no longer has ends `resume_rejected` and goes on fresh only with a
+/// visible warning. A permission request pending when the host stops is expired, visibly, and
+/// a late answer says so.
+#[test]
+fn a_restart_resumes_and_a_rejected_resume_is_announced() {
+    let Some(rt) = in_netns("a_restart_resumes_and_a_rejected_resume_is_announced") else {
+        return;
+    };
+    rt.block_on(async {
+        let mut world = World::start().await;
+        let session = world.session().await;
+        let mut ws = world.follower(&session, false).await;
+        let first = world.send(&session, "remember me").await;
+        run_end(&mut ws, &first, TURN).await;
+        let native = world.native_id(&session).await;
+        // Leave a permission request pending over the restart.
+        let asking = world
+            .send(&session, "TOOLCALL `touch never && echo never`")
+            .await;
+        let request = ws.until_kind("permission.request", TURN).await;
+        let request_id = request.event["requestId"].as_str().unwrap().to_owned();
+        drop(ws);
+
+        world.restart().await;
+        let mut ws = world.follower(&session, false).await;
+        // Replayed from the store: the pending request expired and the run was interrupted.
+        let expired = ws.until_kind("permission.resolved", TURN).await;
+        assert_eq!(expired.event["decision"], "expired");
+        assert_eq!(expired.event["by"], "host");
+        let end = run_end(&mut ws, &asking, TURN).await;
+        assert_eq!(end["state"], "interrupted");
+        let late = world
+            .host()
+            .ipc(
+                "permission.respond",
+                json!({"session_id": session, "request_id": request_id, "decision": "allow"}),
+            )
+            .await;
+        assert_eq!(late.data["error"], "already_resolved", "{}", late.to_line());
+        assert_eq!(late.data["decision"], "expired");
+
+        let resumed = world.send(&session, "do you remember").await;
+        run_end(&mut ws, &resumed, TURN).await;
+        assert_eq!(run_end_of(&ws, &resumed)["state"], "completed");
+        assert!(
+            text_of_run(&ws, &resumed).contains("first: remember me"),
+            "not resumed: {}",
+            text_of_run(&ws, &resumed)
+        );
+        assert_eq!(world.native_id(&session).await, native);
+        assert!(!world.work.join("never").exists());
+
+        // The CLI loses the session file while the host is down.
+        drop(ws);
+        world.host.take().unwrap().stop().await;
+        let files = session_files(world.dir.path());
+        let file = files
+            .iter()
+            .find(|f| f.file_stem().is_some_and(|s| s == native.as_str()))
+            .unwrap_or_else(|| panic!("no session file for {native} in {files:?}"));
+        std::fs::remove_file(file).unwrap();
+        world.host = Some(
+            TestHost::start_with_agents(&world.dir.path().join("host"), world.host_agents()).await,
+        );
+        let mut ws = world.follower(&session, false).await;
+        let fresh = world.send(&session, "start over").await;
+        run_end(&mut ws, &fresh, TURN).await;
+        let kinds: Vec<String> = ws
+            .of_run(&fresh)
+            .iter()
+            .map(|s| s.kind().to_owned())
+            .collect();
+        let of_run = ws.of_run(&fresh);
+        let error = of_run.iter().find(|s| s.kind() == "error").unwrap();
+        assert_eq!(error.event["category"], "resume_rejected", "{kinds:?}");
+        let warning = of_run.iter().find(|s| s.kind() == "warning").unwrap();
+        assert_eq!(warning.event["code"], "resume_rejected");
+        let warned = kinds.iter().position(|k| k == "warning").unwrap();
+        let texted = kinds.iter().position(|k| k == "text.end").unwrap();
+        assert!(warned < texted, "{kinds:?}");
+        assert_eq!(run_end_of(&ws, &fresh)["state"], "completed");
+        assert_eq!(
+            text_of_run(&ws, &fresh),
+            "echo: start over [user turns seen: 1; first: start over]"
+        );
+        let new_native = world.native_id(&session).await;
+        assert_ne!(new_native, native);
+        let bound = of_run.iter().find(|s| s.kind() == "session.bound").unwrap();
+        assert_eq!(bound.event["nativeSessionId"], new_native.as_str());
+        world.host.unwrap().stop().await;
+    });
+}
+
+impl World {
+    fn host_agents(&self) -> Agents {
+        let mock_url = self._mock.base_url();
+        let mut env = agent_env(&self.dir.path().join("agent-home"), &self._mock);
+        assert!(env.iter().any(|(_, v)| *v == mock_url));
+        env.push(("CLAUDECODE".to_owned(), "1".to_owned()));
+        Agents {
+            env,
+            claude: ensure_claude(),
+        }
+    }
+}
+
+/// Acceptance 7: five prompts in a burst: the first runs, three wait, the oldest waiting one is
+/// dropped with a visible warning; on the bus every run's `run.end` comes before the next
+/// run's `user.text`, which comes before its `run.start`. A repeated `client_msg_id` is the
+/// same run.
+#[test]
+fn a_burst_of_prompts_queues_three_and_keeps_the_order() {
+    let Some(rt) = in_netns("a_burst_of_prompts_queues_three_and_keeps_the_order") else {
+        return;
+    };
+    rt.block_on(async {
+        let world = World::start().await;
+        let session = world.session().await;
+        let mut ws = world.follower(&session, false).await;
+        let host = world.host();
+        let started = Instant::now();
+        let mut receipts = Vec::new();
+        for i in 1..=5 {
+            receipts.push(
+                host.ok(
+                    "session.send",
+                    json!({"session_id": session, "text": format!("burst {i}"),
+                           "client_msg_id": format!("k{i}")}),
+                )
+                .await,
+            );
+        }
+        eprintln!("five prompts sent in {:?}", started.elapsed());
+        // The same key again: the same run, nothing new queued (nothing more dropped).
+        let again = host
+            .ok(
+                "session.send",
+                json!({"session_id": session, "text": "burst 4", "client_msg_id": "k4"}),
+            )
+            .await;
+        assert_eq!(again["run_id"], receipts[3]["run_id"]);
+        assert_eq!(again["duplicate"], true);
+        let runs: Vec<String> = receipts
+            .iter()
+            .map(|r| r["run_id"].as_str().unwrap().to_owned())
+            .collect();
+        assert_eq!(receipts[0]["queued"], false);
+        assert!(receipts[1..].iter().all(|r| r["queued"] == true));
+        let mut unique = runs.clone();
+        unique.dedup();
+        assert_eq!(unique.len(), 5);
+
+        // Everything settles: four runs end, one was dropped.
+        let dropped = ws
+            .until("followup_dropped", TURN, |s| {
+                s.kind() == "warning" && s.event["code"] == "followup_dropped"
+            })
+            .await;
+        assert_eq!(
+            dropped.run_id, runs[1],
+            "the oldest waiting prompt is dropped"
+        );
+        for run in [&runs[0], &runs[2], &runs[3], &runs[4]] {
+            if !ws.of_run(run).iter().any(|s| s.kind() == "run.end") {
+                run_end(&mut ws, run, TURN).await;
+            }
+            assert_eq!(run_end_of(&ws, run)["state"], "completed");
+        }
+        assert!(ws.of_run(&runs[1]).iter().all(|s| s.kind() == "warning"));
+
+        // The order rule, on what the bus delivered.
+        let lifecycle: Vec<(String, String)> = ws
+            .seen
+            .iter()
+            .filter(|s| matches!(s.kind(), "user.text" | "run.start" | "run.end"))
+            .map(|s| (s.run_id.clone(), s.kind().to_owned()))
+            .collect();
+        let mut expected = Vec::new();
+        for run in [&runs[0], &runs[2], &runs[3], &runs[4]] {
+            for kind in ["user.text", "run.start", "run.end"] {
+                expected.push((run.clone(), kind.to_owned()));
+            }
+        }
+        assert_eq!(lifecycle, expected);
+        // One user.text per key: the repeated k4 ran once.
+        let k4 = ws
+            .seen
+            .iter()
+            .filter(|s| s.kind() == "user.text" && s.event["clientMsgId"] == "k4")
+            .count();
+        assert_eq!(k4, 1);
+        let texts: Vec<String> = [&runs[0], &runs[2], &runs[3], &runs[4]]
+            .iter()
+            .map(|r| text_of_run(&ws, r))
+            .collect();
+        assert!(texts[3].contains("burst 5") && texts[3].contains("first: burst 1"));
+        let listed = host
+            .ok(
+                "session.history",
+                json!({"session_id": session, "limit": 5000}),
+            )
+            .await;
+        assert!(listed["count"].as_u64().unwrap() > 12);
+        world.host.unwrap().stop().await;
+    });
+}
