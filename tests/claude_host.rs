@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use agent_host::protocol::wire::{CmdId, Decoded, PROTOCOL_VERSION, pb};
 use agent_host::ws::client::{self, WsClient};
-use common::agents::{agent_env, ensure_claude, in_loopback_only_netns};
+use common::agents::{agent_env, ensure_claude, group_alive, in_loopback_only_netns};
 use common::mock_model::MockModel;
 use common::{Agents, TestHost};
 use serde_json::{Value, json};
@@ -251,24 +251,6 @@ async fn run_end(f: &mut Follower, run_id: &str, wait: Duration) -> Value {
     f.until("run.end", wait, |s| s.kind() == "run.end" && s.run_id == id)
         .await
         .event
-}
-
-/// Whether any live (non-zombie) process is in group `pgid`.
-fn group_alive(pgid: i32) -> bool {
-    std::fs::read_dir("/proc").unwrap().flatten().any(|entry| {
-        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
-            return false;
-        };
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-            return false;
-        };
-        let Some((_, rest)) = stat.rsplit_once(')') else {
-            return false;
-        };
-        let fields: Vec<&str> = rest.split_whitespace().collect();
-        fields.get(2).and_then(|g| g.parse::<i32>().ok()) == Some(pgid)
-            && fields.first() != Some(&"Z")
-    })
 }
 
 /// The claude session files under the agent's HOME.

@@ -494,14 +494,18 @@ impl Actor {
             end.category = Some(ErrorCategory::Cancelled);
         }
         self.expire_permissions("the run ended").await;
+        // The rows first: whoever sees the `run.end` reads a consistent state.
         let state = run_state_name(end.state);
         let category = category_name(end.category);
+        self.set_run_state(&current.run_id, state, category).await;
+        let next = self.queue.pop_front();
+        if next.is_none() {
+            self.set_session_state("idle").await;
+        }
         self.publish(Some(&current.run_id), EventBody::RunEnd(end))
             .await;
-        self.set_run_state(&current.run_id, state, category).await;
-        match self.queue.pop_front() {
-            Some(next) => Box::pin(self.dispatch(next)).await,
-            None => self.set_session_state("idle").await,
+        if let Some(next) = next {
+            Box::pin(self.dispatch(next)).await;
         }
     }
 
@@ -772,7 +776,10 @@ impl Actor {
             return;
         }
         self.expire_permissions("the host stopped").await;
+        self.set_session_state("idle").await;
         if let Some(current) = self.current.take() {
+            self.set_run_state(&current.run_id, "interrupted", None)
+                .await;
             self.publish(
                 Some(&current.run_id),
                 EventBody::RunEnd(RunEnd {
@@ -782,10 +789,7 @@ impl Actor {
                 }),
             )
             .await;
-            self.set_run_state(&current.run_id, "interrupted", None)
-                .await;
         }
-        self.set_session_state("idle").await;
     }
 
     /// Interrupt the running turn and pass on what the agent says until it ends (or the grace

@@ -479,3 +479,104 @@ fn canonical_dir(cwd: &str) -> Result<String, SessionError> {
         .into_string()
         .map_err(|_| err("it is not valid UTF-8".to_owned()))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::{PermissionRow, RunRow};
+
+    /// A host that died mid-run left a running run, a queued one and a pending permission
+    /// request; the next host closes each, visibly, before serving anyone.
+    #[tokio::test]
+    async fn recover_closes_what_a_crashed_host_left_open() {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, threads) = Store::open(&dir.path().join("t.db")).unwrap();
+        let (bus, bus_tasks) = Bus::start(store.clone()).await.unwrap();
+        let sessions = SessionManager::new(store.clone(), bus.clone(), AgentSettings::default());
+        let row = sessions
+            .create(NewSession {
+                agent_type: "claude".into(),
+                cwd: dir.path().display().to_string(),
+                title: None,
+            })
+            .await
+            .unwrap();
+        let sid = row.session_id.clone();
+        for (run_id, state) in [("r1-running", "running"), ("r2-queued", "queued")] {
+            store
+                .insert_run(RunRow {
+                    run_id: run_id.into(),
+                    session_id: sid.clone(),
+                    state: state.into(),
+                    client_msg_id: None,
+                    error_category: None,
+                    created_at_ms: now_ms(),
+                    ended_at_ms: None,
+                })
+                .await
+                .unwrap();
+        }
+        store
+            .insert_permission(PermissionRow {
+                session_id: sid.clone(),
+                request_id: "p1".into(),
+                run_id: Some("r1-running".into()),
+                tool: "Bash".into(),
+                input: "{}".into(),
+                state: "pending".into(),
+                decision: None,
+                resolved_by: None,
+                created_at_ms: now_ms(),
+                resolved_at_ms: None,
+            })
+            .await
+            .unwrap();
+
+        sessions.recover().await.unwrap();
+        // A late answer now learns the request expired (no agent is started for it).
+        match sessions
+            .respond_permission(&sid, "p1".into(), Decision::Allow, None, "ipc".into())
+            .await
+        {
+            Err(SessionError::AlreadyResolved { decision, by, .. }) => {
+                assert_eq!((decision.as_str(), by.as_str()), ("expired", "host"));
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(sessions.live(&sid).await.is_none());
+        drop(sessions);
+        drop(bus);
+        bus_tasks.shutdown().await;
+
+        let events = store.history(sid.clone(), 0, 100).await.unwrap();
+        let got: Vec<(Option<String>, String)> = events
+            .iter()
+            .map(|e| (e.run_id.clone(), e.kind.clone()))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                (
+                    Some("r1-running".to_owned()),
+                    "permission.resolved".to_owned()
+                ),
+                (Some("r1-running".to_owned()), "run.end".to_owned()),
+                (Some("r2-queued".to_owned()), "warning".to_owned()),
+            ]
+        );
+        assert!(events[1].payload.contains("\"state\":\"interrupted\""));
+        assert!(events[2].payload.contains("followup_dropped"));
+        let runs = store.list_runs(sid).await.unwrap();
+        let mut states: Vec<(&str, &str)> = runs
+            .iter()
+            .map(|r| (r.run_id.as_str(), r.state.as_str()))
+            .collect();
+        states.sort_unstable();
+        assert_eq!(
+            states,
+            [("r1-running", "interrupted"), ("r2-queued", "dropped")]
+        );
+        assert!(store.unfinished_runs().await.unwrap().is_empty());
+        threads.shutdown().await;
+    }
+}

@@ -101,3 +101,21 @@ pub fn agent_env(home: &Path, mock: &super::mock_model::MockModel) -> Vec<(Strin
     .map(|(k, v)| (k.to_owned(), v))
     .to_vec()
 }
+
+/// Whether any live (non-zombie) process is in group `pgid`.
+pub fn group_alive(pgid: i32) -> bool {
+    std::fs::read_dir("/proc").unwrap().flatten().any(|entry| {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
+            return false;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            return false;
+        };
+        let Some((_, rest)) = stat.rsplit_once(')') else {
+            return false;
+        };
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        fields.get(2).and_then(|g| g.parse::<i32>().ok()) == Some(pgid)
+            && fields.first() != Some(&"Z")
+    })
+}

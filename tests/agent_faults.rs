@@ -1,0 +1,226 @@
+//! Agents that misbehave, through the whole host: a binary that is not there, one that prints
+//! junk and dies mid-turn, one that ignores the interrupt. Each is a real child process (a
+//! shell script standing in for `claude`); none touches the network. Every run still ends with
+//! a clear `run.end`, the session takes the next prompt, and nothing accepted is lost.
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "a failing test should panic"
+)]
+
+mod common;
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use agent_host::bus::{Replay, SubscribeOptions};
+use agent_host::store::SessionFilter;
+use common::agents::group_alive;
+use common::{Agents, TestHost, WAIT};
+use serde_json::{Value, json};
+
+fn script(dir: &Path, name: &str, body: &str) -> PathBuf {
+    let path = dir.join(name);
+    std::fs::write(&path, format!("#!/bin/sh\n{body}\n")).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    path
+}
+
+async fn host_with(dir: &Path, claude: PathBuf) -> TestHost {
+    let agents = Agents {
+        env: vec![("PATH".to_owned(), "/usr/bin:/bin".to_owned())],
+        claude,
+    };
+    TestHost::start_with_agents(&dir.join("host"), agents).await
+}
+
+/// The events of `session` from the bus, until `run_id`'s `run.end`.
+async fn until_run_end(
+    sub: &mut agent_host::bus::Subscription,
+    run_id: &str,
+) -> (Vec<Value>, Value) {
+    let mut seen = Vec::new();
+    loop {
+        let delivery = tokio::time::timeout(WAIT, sub.recv())
+            .await
+            .expect("no run.end in time")
+            .unwrap()
+            .expect("bus closed");
+        let event: Value = serde_json::from_str(&delivery.json).unwrap();
+        let done = event["k"] == "run.end" && event["runId"] == run_id;
+        seen.push(event.clone());
+        if done {
+            return (seen, event);
+        }
+    }
+}
+
+async fn subscribe(host: &TestHost, session: &str) -> agent_host::bus::Subscription {
+    host.bus
+        .subscribe(SubscribeOptions {
+            filter: SessionFilter::One(session.into()),
+            forward_deltas: true,
+            replay: Replay::None,
+            subscriber_id: None,
+        })
+        .await
+        .unwrap()
+}
+
+async fn send(host: &TestHost, session: &str, text: &str) -> String {
+    host.ok("session.send", json!({"session_id": session, "text": text}))
+        .await["run_id"]
+        .as_str()
+        .unwrap()
+        .to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_binary_fails_the_run_with_binary_unavailable() {
+    let dir = tempfile::tempdir().unwrap();
+    let host = host_with(dir.path(), dir.path().join("no-such-claude")).await;
+    let session = host.session(dir.path()).await;
+    let mut sub = subscribe(&host, &session).await;
+    let run = send(&host, &session, "hello?").await;
+    let (seen, end) = until_run_end(&mut sub, &run).await;
+    assert_eq!(end["state"], "failed");
+    assert_eq!(end["category"], "binary_unavailable");
+    assert!(
+        end["message"].as_str().unwrap().contains("no-such-claude"),
+        "{end}"
+    );
+    let kinds: Vec<&str> = seen.iter().map(|e| e["k"].as_str().unwrap()).collect();
+    assert_eq!(kinds, ["user.text", "run.start", "error", "run.end"]);
+    // The session is still usable: the next prompt gets its own run and its own clear end.
+    let again = send(&host, &session, "again").await;
+    let (_, end) = until_run_end(&mut sub, &again).await;
+    assert_eq!(end["category"], "binary_unavailable");
+    let runs = host.ok("session.get", json!({"session_id": session})).await;
+    assert_eq!(runs["state"], "idle");
+    host.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_that_prints_junk_and_dies_mid_turn_fails_the_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let claude = script(
+        dir.path(),
+        "junk-claude",
+        "read line\necho 'this is not json'\necho '{\"type\":\"hologram\"}'\necho '[1,2'\nexit 3",
+    );
+    let host = host_with(dir.path(), claude).await;
+    let session = host.session(dir.path()).await;
+    let mut sub = subscribe(&host, &session).await;
+    let run = send(&host, &session, "hello?").await;
+    let (_, end) = until_run_end(&mut sub, &run).await;
+    assert_eq!(end["state"], "failed");
+    assert_eq!(end["category"], "agent_failed");
+    assert!(
+        end["message"].as_str().unwrap().contains("exit status: 3"),
+        "{end}"
+    );
+    // The prompt was accepted and is in history; the next one starts a new process.
+    let history = host
+        .ok("session.history", json!({"session_id": session}))
+        .await;
+    let kinds: Vec<&str> = history["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["kind"].as_str().unwrap())
+        .collect();
+    assert_eq!(kinds, ["user.text", "run.start", "error", "run.end"]);
+    let again = send(&host, &session, "again").await;
+    let (_, end) = until_run_end(&mut sub, &again).await;
+    assert_eq!(end["category"], "agent_failed");
+    host.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_that_ignores_the_interrupt_is_killed_and_the_run_cancelled() {
+    let dir = tempfile::tempdir().unwrap();
+    // Reads the prompt, then reads (and ignores) everything else, never answering.
+    let claude = script(
+        dir.path(),
+        "deaf-claude",
+        "trap '' INT TERM\nwhile read line; do :; done\nsleep 600",
+    );
+    let host = host_with(dir.path(), claude).await;
+    let session = host.session(dir.path()).await;
+    let mut sub = subscribe(&host, &session).await;
+    let run = send(&host, &session, "hello?").await;
+    let row = host.ok("session.get", json!({"session_id": session})).await;
+    let pid = row["live"]["agent_pid"].as_u64().unwrap();
+    assert_eq!(row["live"]["run_id"], run.as_str());
+    let asked = Instant::now();
+    let cancel = host
+        .ok(
+            "session.cancel",
+            json!({"session_id": session, "run_id": run}),
+        )
+        .await;
+    assert_eq!(cancel["state"], "cancelling");
+    let (_, end) = until_run_end(&mut sub, &run).await;
+    let took = asked.elapsed();
+    assert_eq!(end["state"], "cancelled");
+    assert!(end["message"].as_str().unwrap().contains("killed"), "{end}");
+    assert!(
+        took >= Duration::from_secs(2),
+        "killed before the grace: {took:?}"
+    );
+    // Nothing of its process group runs (a killed grandchild may linger as a zombie until
+    // init reaps it).
+    assert!(
+        !group_alive(i32::try_from(pid).unwrap()),
+        "its process group lives on"
+    );
+    host.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prompts_are_checked_before_any_run_exists() {
+    let dir = tempfile::tempdir().unwrap();
+    let host = host_with(dir.path(), dir.path().join("unused")).await;
+    let session = host.session(dir.path()).await;
+    let codes = [
+        (
+            json!({"session_id": session, "text": "  "}),
+            "invalid_params",
+        ),
+        (
+            json!({"session_id": session, "text": "x".repeat(300 * 1024)}),
+            "invalid_params",
+        ),
+        (
+            json!({"session_id": "nope", "text": "hi"}),
+            "session_not_found",
+        ),
+        (json!({"session_id": session}), "invalid_params"),
+        (
+            json!({"session_id": session, "text": "hi", "client_msg_id": ""}),
+            "invalid_params",
+        ),
+    ];
+    for (params, code) in codes {
+        let reply = host.ipc("session.send", params).await;
+        assert_eq!(reply.data["error"], code, "{}", reply.to_line());
+    }
+    let reply = host
+        .ipc(
+            "permission.respond",
+            json!({"session_id": session, "request_id": "r", "decision": "maybe"}),
+        )
+        .await;
+    assert_eq!(reply.data["error"], "invalid_params");
+    let reply = host
+        .ipc("session.cancel", json!({"session_id": session}))
+        .await;
+    assert_eq!(reply.data["error"], "run_not_found");
+    let runs = host
+        .ok("session.history", json!({"session_id": session}))
+        .await;
+    assert_eq!(runs["count"], 0, "nothing was started");
+    host.stop().await;
+}
