@@ -37,7 +37,9 @@ use crate::protocol::events::{
     ErrorCategory, ErrorNotice, Event, EventBody, Notice, PermissionResolved, RunEnd, RunStart,
     RunState, UserText,
 };
-use crate::store::{PermissionRow, Resolve, RunInsert, RunRow, SessionRow, Store, now_ms};
+use crate::store::{
+    PermissionRow, Resolve, RunInsert, RunRow, SessionRow, Store, StoreError, now_ms,
+};
 
 /// Follow-ups waiting behind a busy run (design §8).
 pub const MAX_QUEUE: usize = 3;
@@ -382,6 +384,12 @@ impl Actor {
     /// Start a run: `user.text`, `run.start`, then the prompt to the agent.
     async fn dispatch(&mut self, item: Queued) {
         tracing::info!(run_id = %item.run_id, "run dispatched");
+        // Queued now, committed while the prompt goes out: in the writer's order before
+        // anything this run saves later.
+        let saved = self
+            .store
+            .start_run(self.session_id.clone(), item.run_id.clone())
+            .await;
         self.publish(
             Some(&item.run_id),
             EventBody::UserText(UserText {
@@ -398,8 +406,6 @@ impl Actor {
             }),
         )
         .await;
-        self.set_run_state(&item.run_id, "running", None).await;
-        self.set_session_state("running").await;
         self.current = Some(Current {
             run_id: item.run_id,
             text: item.text,
@@ -407,6 +413,13 @@ impl Actor {
             retried_fresh: false,
         });
         self.start_turn().await;
+        let saved = match saved {
+            Ok(committed) => committed.await.unwrap_or(Err(StoreError::Closed)),
+            Err(e) => Err(e),
+        };
+        if let Err(e) = saved {
+            tracing::error!(error = %e, "saving the run start failed");
+        }
     }
 
     /// Hand the current run's prompt to the agent, opening it first if needed. A failure ends

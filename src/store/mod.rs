@@ -294,6 +294,19 @@ impl Store {
         T: Send + 'static,
         F: FnOnce(&mut Connection) -> StoreResult<T> + Send + 'static,
     {
+        self.write_start(f)
+            .await?
+            .await
+            .map_err(|_| StoreError::Closed)?
+    }
+
+    /// Queue a mutation (its place in the writer's FIFO order is fixed now) and return the
+    /// receiver of its result, so the caller can go on and check the outcome later.
+    pub async fn write_start<T, F>(&self, f: F) -> StoreResult<oneshot::Receiver<StoreResult<T>>>
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut Connection) -> StoreResult<T> + Send + 'static,
+    {
         let (tx, rx) = oneshot::channel();
         let job: Job = Box::new(move |conn| {
             // The caller may have gone away; the work is done either way.
@@ -303,7 +316,7 @@ impl Store {
             .send(WriteCmd::Exec(job))
             .await
             .map_err(|_| StoreError::Closed)?;
-        rx.await.map_err(|_| StoreError::Closed)?
+        Ok(rx)
     }
 
     /// Run a query on the reader thread.

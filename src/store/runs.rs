@@ -129,6 +129,30 @@ impl Store {
         .await
     }
 
+    /// A run is dispatched: it and its session are `running`, in one transaction. Queued
+    /// only: the receiver resolves once committed.
+    pub async fn start_run(
+        &self,
+        session_id: String,
+        run_id: String,
+    ) -> StoreResult<tokio::sync::oneshot::Receiver<StoreResult<()>>> {
+        self.write_start(move |conn| {
+            let tx = conn.transaction()?;
+            let now = now_ms();
+            tx.execute(
+                "UPDATE runs SET state = 'running' WHERE id = ?1",
+                params![run_id],
+            )?;
+            tx.execute(
+                "UPDATE sessions SET state = 'running', updated_at = ?2 WHERE id = ?1",
+                params![session_id, now],
+            )?;
+            tx.commit()?;
+            Ok(())
+        })
+        .await
+    }
+
     pub async fn get_run(&self, run_id: String) -> StoreResult<Option<RunRow>> {
         self.read(move |conn| {
             Ok(conn
