@@ -3,7 +3,9 @@
 //!
 //! Environment scoping: every agent gets the spawn policy's allow-list of the host's
 //! environment (HOME, PATH, locale, proxies, provider keys and base URLs, agent config dirs),
-//! then its family's `[agents.<type>] env` from `config.toml`, which wins.
+//! less the other vendors' keys for the families that only talk to one vendor (claude gets no
+//! `OPENAI_*`, codex no `ANTHROPIC_*`; ACP agents can be anything, so they get all), then its
+//! family's `[agents.<type>] env` from `config.toml`, which wins (and can add a key back).
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -11,6 +13,22 @@ use std::path::Path;
 use crate::adapter::spawn::filter_env;
 use crate::adapter::{self, AdapterError, Native, OpenSpec};
 use crate::config::Config;
+
+/// Variables (by prefix, or exactly) a family's agents do not get from the host environment:
+/// another vendor's credentials and settings.
+fn foreign(agent_type: &str) -> &'static [&'static str] {
+    match agent_type {
+        "claude" => &[
+            "OPENAI_",
+            "AZURE_OPENAI_",
+            "OPENROUTER_",
+            "GEMINI_",
+            "CODEX_HOME",
+        ],
+        "codex" => &["ANTHROPIC_", "CLAUDE_CODE_", "CLAUDE_CONFIG_DIR", "GEMINI_"],
+        _ => &[],
+    }
+}
 
 #[derive(Debug, Clone, Default)]
 struct Family {
@@ -76,10 +94,17 @@ impl AgentSettings {
             search_path,
             cwd,
         )?;
+        let foreign = foreign(agent_type);
+        let base_env = self
+            .base_env
+            .iter()
+            .filter(|(k, _)| !foreign.iter().any(|f| k.starts_with(f)))
+            .cloned()
+            .collect();
         Ok(OpenSpec {
             program,
             cwd: cwd.to_owned(),
-            base_env: self.base_env.clone(),
+            base_env,
             extra_env: family.env,
             host_session_id: host_session_id.to_owned(),
             native,
@@ -105,16 +130,19 @@ mod tests {
             ("PATH".into(), "/usr/bin:/bin".into()),
             ("CLAUDECODE".into(), "1".into()),
             ("SECRET_THING".into(), "x".into()),
+            ("ANTHROPIC_API_KEY".into(), "a".into()),
+            ("OPENAI_API_KEY".into(), "o".into()),
         ];
         let settings = AgentSettings::from_config(&config);
         let spec = settings
             .open_spec("claude", Path::new("/"), "s1", Native::New("n".into()))
             .unwrap();
         assert_eq!(spec.program, Path::new("/bin/true"));
-        assert_eq!(
-            spec.base_env,
-            [("PATH".to_owned(), "/usr/bin:/bin".to_owned())]
-        );
+        let names = |spec: &OpenSpec| -> Vec<String> {
+            spec.base_env.iter().map(|(k, _)| k.clone()).collect()
+        };
+        // Claude gets its vendor's key, not another's.
+        assert_eq!(names(&spec), ["PATH", "ANTHROPIC_API_KEY"]);
         assert_eq!(
             spec.extra_env,
             [("CLAUDE_CONFIG_DIR".to_owned(), "/cfg".to_owned())]
@@ -125,5 +153,30 @@ mod tests {
             .unwrap_err();
         assert_eq!(err.category, ErrorCategory::BinaryUnavailable);
         assert!(err.message.contains("/usr/bin:/bin"), "{}", err.message);
+        // Codex the other way round; an ACP agent may be anything, so it gets both.
+        let bin = dir.path().join("agent");
+        std::fs::write(&bin, "").unwrap();
+        std::fs::set_permissions(&bin, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .unwrap();
+        for family in ["codex", "acp"] {
+            config.agents.insert(
+                family.into(),
+                crate::config::AgentConfig {
+                    binary: Some(bin.display().to_string()),
+                    env: Default::default(),
+                },
+            );
+        }
+        let settings = AgentSettings::from_config(&config);
+        let open = |family: &str| {
+            settings
+                .open_spec(family, Path::new("/"), "s", Native::New("n".into()))
+                .unwrap()
+        };
+        assert_eq!(names(&open("codex")), ["PATH", "OPENAI_API_KEY"]);
+        assert_eq!(
+            names(&open("acp")),
+            ["PATH", "ANTHROPIC_API_KEY", "OPENAI_API_KEY"]
+        );
     }
 }
