@@ -130,7 +130,8 @@ struct Hosted {
 }
 
 impl Hosted {
-    async fn turn(&mut self, text: &str) -> anyhow::Result<Duration> {
+    /// One turn; the time to the first text delta, and to the `session.send` reply.
+    async fn turn(&mut self, text: &str) -> anyhow::Result<(Duration, Duration)> {
         let started = Instant::now();
         let reply = agent_host::ipc::request(
             &self.ipc,
@@ -139,6 +140,7 @@ impl Hosted {
         )
         .await?;
         anyhow::ensure!(reply.is_ok(), "session.send: {}", reply.to_line());
+        let replied = started.elapsed();
         let run_id = reply.data["run_id"].as_str().context("run_id")?.to_owned();
         let mut first = None;
         loop {
@@ -155,7 +157,7 @@ impl Hosted {
             }
             if event["k"] == "run.end" {
                 anyhow::ensure!(event["state"] == "completed", "run ended {event}");
-                return first.context("a run without text");
+                return Ok((first.context("a run without text")?, replied));
             }
         }
     }
@@ -255,10 +257,13 @@ async fn bench(bin: PathBuf, turns: usize) -> anyhow::Result<()> {
 
     let mut direct_times = Vec::new();
     let mut host_times = Vec::new();
+    let mut replies = Vec::new();
     for i in 0..=turns {
         let prompt = format!("turn {i} of the latency benchmark");
         direct_times.push(direct.turn(&prompt).await?);
-        host_times.push(hosted.turn(&prompt).await?);
+        let (first, replied) = hosted.turn(&prompt).await?;
+        host_times.push(first);
+        replies.push(replied);
     }
     let version = std::process::Command::new(&bin).arg("--version").output()?;
     println!(
@@ -285,6 +290,12 @@ async fn bench(bin: PathBuf, turns: usize) -> anyhow::Result<()> {
             hp.as_secs_f64() / dp.as_secs_f64()
         );
     }
+    let mut r = replies[1..].to_vec();
+    r.sort_unstable();
+    println!(
+        "  of which the session.send reply (IPC round trip, run row committed): p50 {:.1} ms",
+        ms(percentile(&r, 0.5))
+    );
     let mean = |v: &[Duration]| v.iter().map(|d| ms(*d)).sum::<f64>() / v.len() as f64;
     println!(
         "  warm mean:                   direct {:>7.1} ms   host {:>7.1} ms   added {:>+6.1} ms",
