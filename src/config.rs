@@ -53,6 +53,10 @@ pub struct FileConfig {
     /// Extra `Origin`s allowed on the WebSocket, e.g. a desktop shell's `tauri://localhost`.
     #[serde(default)]
     pub ws_allowed_origins: Vec<String>,
+    /// Seconds an agent process may sit idle (no run, nothing queued) before it is closed; the
+    /// next prompt resumes its session in a new process. Default 1800.
+    #[serde(default)]
+    pub agent_idle_timeout_s: Option<u64>,
     /// Per agent family: `[agents.claude] binary = "/path/to/claude"`, `env = { … }`.
     #[serde(default)]
     pub agents: std::collections::BTreeMap<String, AgentConfig>,
@@ -86,6 +90,8 @@ pub struct Config {
     /// The host's environment, read once at start. The spawn policy decides what of it an
     /// agent gets; nothing else reads the environment.
     pub env: Vec<(String, String)>,
+    /// How long an idle agent process is kept.
+    pub agent_idle_timeout: Duration,
     /// Per-family agent settings from `config.toml`.
     pub agents: std::collections::BTreeMap<String, AgentConfig>,
 }
@@ -136,6 +142,9 @@ impl Config {
             ws_allowed_origins: file.ws_allowed_origins,
             clock: crate::clock::Clock::system(),
             env: Vec::new(),
+            agent_idle_timeout: Duration::from_secs(
+                file.agent_idle_timeout_s.unwrap_or(1800).max(1),
+            ),
             agents: file.agents,
         })
     }

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use agent_host::bus::{Replay, SubscribeOptions};
 use agent_host::store::SessionFilter;
-use common::agents::group_alive;
+use common::agents::{exit_of, group_alive};
 use common::{Agents, TestHost, WAIT};
 use serde_json::{Value, json};
 
@@ -222,5 +222,49 @@ async fn prompts_are_checked_before_any_run_exists() {
         .ok("session.history", json!({"session_id": session}))
         .await;
     assert_eq!(runs["count"], 0, "nothing was started");
+    host.stop().await;
+}
+
+/// An agent that answers every prompt at once, the way the CLI frames a finished turn.
+const QUICK_AGENT: &str = r#"while read line; do
+  echo '{"type":"system","subtype":"init","session_id":"11111111-2222-4333-8444-555566667777"}'
+  echo '{"type":"result","subtype":"success","is_error":false,"result":"ok","session_id":"11111111-2222-4333-8444-555566667777","usage":{"input_tokens":1,"output_tokens":1}}'
+done"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_agent_is_closed_and_the_next_prompt_starts_it_again() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("host")).unwrap();
+    std::fs::write(
+        dir.path().join("host/config.toml"),
+        "agent_idle_timeout_s = 1\n",
+    )
+    .unwrap();
+    let claude = script(dir.path(), "quick-claude", QUICK_AGENT);
+    let host = host_with(dir.path(), claude).await;
+    let session = host.session(dir.path()).await;
+    let mut sub = subscribe(&host, &session).await;
+    let run = send(&host, &session, "hello").await;
+    let (_, end) = until_run_end(&mut sub, &run).await;
+    assert_eq!(end["state"], "completed");
+    let row = host.ok("session.get", json!({"session_id": session})).await;
+    let pid = i32::try_from(row["live"]["agent_pid"].as_u64().unwrap()).unwrap();
+    assert_eq!(
+        row["native_session_id"],
+        "11111111-2222-4333-8444-555566667777"
+    );
+    // Idle for a second: the process is closed (well before the test's patience runs out).
+    tokio::time::timeout(WAIT, exit_of(pid)).await.unwrap();
+    let row = host.ok("session.get", json!({"session_id": session})).await;
+    assert_eq!(row["live"]["agent_pid"], Value::Null);
+    // The next prompt starts a new process that resumes the same native session.
+    let again = send(&host, &session, "again").await;
+    let (_, end) = until_run_end(&mut sub, &again).await;
+    assert_eq!(end["state"], "completed");
+    let row = host.ok("session.get", json!({"session_id": session})).await;
+    assert_ne!(
+        row["live"]["agent_pid"].as_u64(),
+        Some(u64::try_from(pid).unwrap())
+    );
     host.stop().await;
 }

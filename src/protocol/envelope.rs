@@ -361,7 +361,7 @@ pub const COMMANDS: &[CommandSpec] = &[
         name: "session.get",
         route: Route::Ipc,
         params: "{session_id: string}",
-        summary: "one session's row",
+        summary: "one session's row, and `live` {agent_pid, run_id, queued} once it has run (null before)",
     },
     CommandSpec {
         name: "session.delete",

@@ -144,6 +144,8 @@ pub(super) struct Actor {
     resuming: bool,
     current: Option<Current>,
     queue: VecDeque<Queued>,
+    /// When an idle agent process is closed.
+    idle_deadline: Option<Instant>,
 }
 
 async fn next_output(agent: &mut Option<AgentSession>) -> AgentOutput {
@@ -198,12 +200,14 @@ impl Actor {
             resuming: false,
             current: None,
             queue: VecDeque::new(),
+            idle_deadline: None,
         }
     }
 
     pub(super) async fn run(mut self, mut inbox: mpsc::Receiver<Msg>) {
         let stop = loop {
             let deadline = self.current.as_ref().and_then(|c| c.cancel_deadline);
+            let idle = self.idle_deadline.filter(|_| self.agent.is_some());
             tokio::select! {
                 biased;
                 output = next_output(&mut self.agent) => self.on_output(output).await,
@@ -213,6 +217,7 @@ impl Actor {
                     None => break None,
                 },
                 () = until(deadline) => self.on_cancel_timeout().await,
+                () = until(idle) => self.on_idle().await,
             }
         };
         let quiet = stop.as_ref().is_some_and(|(quiet, _)| *quiet);
@@ -384,6 +389,7 @@ impl Actor {
     /// Start a run: `user.text`, `run.start`, then the prompt to the agent.
     async fn dispatch(&mut self, item: Queued) {
         tracing::info!(run_id = %item.run_id, "run dispatched");
+        self.idle_deadline = None;
         // Queued now, committed while the prompt goes out: in the writer's order before
         // anything this run saves later.
         let saved = self
@@ -514,6 +520,7 @@ impl Actor {
         let next = self.queue.pop_front();
         if next.is_none() {
             self.set_session_state("idle").await;
+            self.idle_deadline = self.settings.idle_timeout.map(|t| Instant::now() + t);
         }
         self.publish(Some(&current.run_id), EventBody::RunEnd(end))
             .await;
@@ -671,6 +678,19 @@ impl Actor {
             run_id: current_id,
             state: "cancelling",
         })
+    }
+
+    /// Nothing ran for a while: close the agent process; the next prompt resumes the session.
+    async fn on_idle(&mut self) {
+        self.idle_deadline = None;
+        if self.current.is_some() || !self.queue.is_empty() {
+            return;
+        }
+        if let Some(agent) = self.agent.take() {
+            tracing::info!(pid = ?agent.pid(), "closing an idle agent");
+            agent.close(STOP_GRACE).await;
+        }
+        self.drop_agent().await;
     }
 
     /// The agent did not end an interrupted turn in time: kill it and end the run.

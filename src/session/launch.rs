@@ -41,6 +41,8 @@ struct Family {
 pub struct AgentSettings {
     base_env: Vec<(String, String)>,
     families: BTreeMap<String, Family>,
+    /// How long an idle agent process is kept (`None`: for ever).
+    pub idle_timeout: Option<std::time::Duration>,
 }
 
 impl AgentSettings {
@@ -65,6 +67,7 @@ impl AgentSettings {
         AgentSettings {
             base_env: filter_env(config.env.iter().cloned()),
             families,
+            idle_timeout: Some(config.agent_idle_timeout),
         }
     }
 

@@ -258,11 +258,17 @@ impl SessionManager {
                 .await?
             {
                 None => Err(SessionError::PermissionNotFound(request_id)),
-                Some(row) => Err(SessionError::AlreadyResolved {
-                    request_id,
-                    decision: row.decision.unwrap_or_else(|| "expired".to_owned()),
-                    by: row.resolved_by.unwrap_or_else(|| "host".to_owned()),
-                }),
+                Some(row) => {
+                    if row.state == "pending" {
+                        // No agent holds it any more: it expires now, visibly.
+                        actor::expire_permission(&self.store, &self.bus, row.clone()).await;
+                    }
+                    Err(SessionError::AlreadyResolved {
+                        request_id,
+                        decision: row.decision.unwrap_or_else(|| "expired".to_owned()),
+                        by: row.resolved_by.unwrap_or_else(|| "host".to_owned()),
+                    })
+                }
             };
         }
         self.ask(session_id, |reply| actor::Msg::Permission {
