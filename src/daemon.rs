@@ -16,12 +16,13 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
+use crate::adapter::AgentSettings;
 use crate::bus::{Bus, BusError};
 use crate::config::{Config, ConfigError};
 use crate::dispatch::Dispatcher;
 use crate::instance::{InstanceError, InstanceLock, LockInfo};
 use crate::ipc::{self, IpcError};
-use crate::session::{AgentSettings, SessionManager};
+use crate::session::SessionManager;
 use crate::store::{Store, StoreError};
 use crate::ws::server::WsContext;
 use crate::ws::{self, GrantStore, Subscribers};
@@ -97,7 +98,7 @@ async fn serve(
     let sessions = SessionManager::new(
         store.clone(),
         bus.clone(),
-        AgentSettings::from_config(&config),
+        Arc::new(AgentSettings::from_config(&config)),
     );
     // What a stopped host left open is closed (and published) before anyone can connect.
     if let Err(e) = sessions.recover().await {

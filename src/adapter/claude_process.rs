@@ -15,10 +15,9 @@ use tokio::io::AsyncWriteExt;
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::codec::{FramedRead, LinesCodec, LinesCodecError};
 
-use super::AdapterError;
 use super::claude::{self, Translator};
-use super::session::{AgentInput, AgentOutput, AgentSession, Native, OpenSpec};
 use super::spawn::{SpawnSpec, Spawned, spawn};
+use super::{AdapterError, AgentInput, AgentOutput, AgentSession, Native, OpenSpec};
 use crate::protocol::events::EventBody;
 
 /// The longest stdout line read; a longer one is skipped (and counted), not fatal.

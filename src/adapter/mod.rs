@@ -4,15 +4,20 @@
 //! So far this module holds the parts every family shares: a [`Descriptor`] with explicit
 //! capabilities (a capability a family lacks is declared, never faked), binary resolution
 //! (config / env / `PATH`), and [`probe`] (found, version, usable or why not), which
-//! `agent.list` reports. [`session`] is the live half of the contract: the [`AgentSession`]
-//! handle every family's driver sits behind. A family without a driver yet says `turns: false`.
+//! `agent.list` reports. The contract's live half (the [`AgentSession`] handle, [`AdapterError`])
+//! is defined by the session layer below (`session::agent`); [`launch`] implements its
+//! `Launcher` and [`open`] starts a family's driver. A family without a driver yet says
+//! `turns: false`.
 
 pub mod claude;
 pub mod claude_process;
-pub mod session;
+pub mod launch;
+pub mod open;
 pub mod spawn;
 
-pub use session::{AgentOutput, AgentSession, Native, OpenSpec};
+pub use crate::session::agent::{AdapterError, AgentInput, AgentOutput, AgentSession, Native};
+pub use launch::AgentSettings;
+pub use open::OpenSpec;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -21,23 +26,6 @@ use serde::Serialize;
 use tokio::io::AsyncReadExt;
 
 use crate::protocol::events::ErrorCategory;
-
-/// An adapter failure, always with one of the shared categories.
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
-#[error("{message}")]
-pub struct AdapterError {
-    pub category: ErrorCategory,
-    pub message: String,
-}
-
-impl AdapterError {
-    pub fn new(category: ErrorCategory, message: impl Into<String>) -> Self {
-        AdapterError {
-            category,
-            message: message.into(),
-        }
-    }
-}
 
 /// How a family resumes a session.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]

@@ -278,7 +278,11 @@ mod tests {
             ws_port: None,
             started_at: "t".into(),
         };
-        let sessions = SessionManager::new(store.clone(), bus.clone(), Default::default());
+        let sessions = SessionManager::new(
+            store.clone(),
+            bus.clone(),
+            std::sync::Arc::new(crate::session::NoAgents),
+        );
         let grants = std::sync::Arc::new(crate::ws::GrantStore::new(crate::clock::Clock::system()));
         let subscribers = crate::ws::Subscribers::new(store.clone(), sessions.clone(), grants, 1);
         let dispatcher = Dispatcher::new(sessions, subscribers, info, CancellationToken::new());

@@ -29,8 +29,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
 use super::SessionError;
-use super::launch::AgentSettings;
-use crate::adapter::{self, AdapterError, AgentOutput, AgentSession, Native};
+use super::agent::{AdapterError, AgentOutput, AgentSession, Launcher, Native};
 use crate::bus::{Bus, BusError};
 pub use crate::protocol::envelope::PermissionDecision as Decision;
 use crate::protocol::events::{
@@ -138,7 +137,7 @@ pub(super) struct Actor {
     native: Option<String>,
     store: Store,
     bus: Bus,
-    settings: Arc<AgentSettings>,
+    launcher: Arc<dyn Launcher>,
     agent: Option<AgentSession>,
     /// The agent was opened with a resume that it has not confirmed yet.
     resuming: bool,
@@ -186,7 +185,7 @@ impl Actor {
         row: &SessionRow,
         store: Store,
         bus: Bus,
-        settings: Arc<AgentSettings>,
+        launcher: Arc<dyn Launcher>,
     ) -> Actor {
         Actor {
             session_id: row.session_id.clone(),
@@ -195,7 +194,7 @@ impl Actor {
             native: row.native_session_id.clone(),
             store,
             bus,
-            settings,
+            launcher,
             agent: None,
             resuming: false,
             current: None,
@@ -465,10 +464,9 @@ impl Actor {
             None => Native::New(uuid::Uuid::new_v4().to_string()),
         };
         self.resuming = matches!(native, Native::Resume(_));
-        let spec =
-            self.settings
-                .open_spec(&self.agent_type, &self.cwd, &self.session_id, native)?;
-        let agent = adapter::session::open(&self.agent_type, spec)?;
+        let agent = self
+            .launcher
+            .open(&self.agent_type, &self.cwd, &self.session_id, native)?;
         tracing::info!(pid = ?agent.pid(), resuming = self.resuming, "agent started");
         self.agent = Some(agent);
         Ok(())
@@ -520,7 +518,7 @@ impl Actor {
         let next = self.queue.pop_front();
         if next.is_none() {
             self.set_session_state("idle").await;
-            self.idle_deadline = self.settings.idle_timeout.map(|t| Instant::now() + t);
+            self.idle_deadline = self.launcher.idle_timeout().map(|t| Instant::now() + t);
         }
         self.publish(Some(&current.run_id), EventBody::RunEnd(end))
             .await;

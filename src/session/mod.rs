@@ -7,7 +7,7 @@
 //! directly. At start, [`SessionManager::recover`] closes what a stopped host left open.
 
 pub mod actor;
-pub mod launch;
+pub mod agent;
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -22,7 +22,7 @@ pub use actor::{
     CancelReceipt, Decision, LiveStatus, MAX_PROMPT_BYTES, MAX_QUEUE, PermissionReceipt,
     SendReceipt,
 };
-pub use launch::AgentSettings;
+pub use agent::{Launcher, NoAgents};
 
 use crate::bus::Bus;
 use crate::protocol::events::{Event, EventBody, Notice, RunEnd, RunState};
@@ -116,16 +116,16 @@ struct Actors {
 pub struct SessionManager {
     store: Store,
     bus: Bus,
-    settings: Arc<AgentSettings>,
+    launcher: Arc<dyn Launcher>,
     actors: Arc<Mutex<Actors>>,
 }
 
 impl SessionManager {
-    pub fn new(store: Store, bus: Bus, settings: AgentSettings) -> SessionManager {
+    pub fn new(store: Store, bus: Bus, launcher: Arc<dyn Launcher>) -> SessionManager {
         SessionManager {
             store,
             bus,
-            settings: Arc::new(settings),
+            launcher,
             actors: Arc::new(Mutex::new(Actors::default())),
         }
     }
@@ -146,8 +146,7 @@ impl SessionManager {
             return Ok(handle.inbox.clone());
         }
         let row = self.get(session_id).await?;
-        let runs_turns = crate::adapter::descriptor(&row.agent_type).is_some_and(|d| d.turns);
-        if !runs_turns {
+        if !self.launcher.runs_turns(&row.agent_type) {
             return Err(SessionError::NoAgent(format!(
                 "this build has no adapter that runs {:?} agents yet",
                 row.agent_type
@@ -167,7 +166,7 @@ impl SessionManager {
             &row,
             self.store.clone(),
             self.bus.clone(),
-            self.settings.clone(),
+            self.launcher.clone(),
         );
         let span = tracing::info_span!("session", session_id = %row.session_id);
         let task = tokio::spawn(actor.run(messages).instrument(span));
@@ -498,7 +497,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let (store, threads) = Store::open(&dir.path().join("t.db")).unwrap();
         let (bus, bus_tasks) = Bus::start(store.clone()).await.unwrap();
-        let sessions = SessionManager::new(store.clone(), bus.clone(), AgentSettings::default());
+        let sessions = SessionManager::new(store.clone(), bus.clone(), Arc::new(NoAgents));
         let row = sessions
             .create(NewSession {
                 agent_type: "claude".into(),

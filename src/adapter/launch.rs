@@ -1,5 +1,6 @@
-//! How the session layer starts agents: the environment snapshot and per-family settings taken
-//! from the [`Config`] once at start, turned into an [`OpenSpec`] per process.
+//! How agents are started for the session layer: [`AgentSettings`] (the environment snapshot
+//! and per-family settings taken from the [`Config`] once at start) implements the session
+//! layer's `Launcher`, turning each request into an [`OpenSpec`] for the family's driver.
 //!
 //! Environment scoping: every agent gets the spawn policy's allow-list of the host's
 //! environment (HOME, PATH, locale, proxies, provider keys and base URLs, agent config dirs),
@@ -9,10 +10,13 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
+use std::time::Duration;
 
-use crate::adapter::spawn::filter_env;
-use crate::adapter::{self, AdapterError, Native, OpenSpec};
+use super::spawn::filter_env;
+use super::{AdapterError, AgentSession, Native, OpenSpec};
+use crate::adapter;
 use crate::config::Config;
+use crate::session::agent::Launcher;
 
 /// Variables (by prefix, or exactly) a family's agents do not get from the host environment:
 /// another vendor's credentials and settings.
@@ -42,7 +46,7 @@ pub struct AgentSettings {
     base_env: Vec<(String, String)>,
     families: BTreeMap<String, Family>,
     /// How long an idle agent process is kept (`None`: for ever).
-    pub idle_timeout: Option<std::time::Duration>,
+    pub idle_timeout: Option<Duration>,
 }
 
 impl AgentSettings {
@@ -112,6 +116,27 @@ impl AgentSettings {
             host_session_id: host_session_id.to_owned(),
             native,
         })
+    }
+}
+
+impl Launcher for AgentSettings {
+    fn runs_turns(&self, agent_type: &str) -> bool {
+        adapter::descriptor(agent_type).is_some_and(|d| d.turns)
+    }
+
+    fn open(
+        &self,
+        agent_type: &str,
+        cwd: &Path,
+        host_session_id: &str,
+        native: Native,
+    ) -> Result<AgentSession, AdapterError> {
+        let spec = self.open_spec(agent_type, cwd, host_session_id, native)?;
+        super::open::open(agent_type, spec)
+    }
+
+    fn idle_timeout(&self) -> Option<Duration> {
+        self.idle_timeout
     }
 }
 

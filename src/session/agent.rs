@@ -1,19 +1,38 @@
-//! The adapter contract's live half (design §9): [`AgentSession`], the handle the session layer
-//! holds for one running agent, whatever its protocol family.
+//! The agent contract as the session layer sees it (design §9): what it asks of any agent,
+//! whatever its protocol family. Adapters (a layer above) implement it; the daemon hands the
+//! session layer a [`Launcher`] that opens them.
 //!
-//! Every family's driver is one task that owns its process and talks to the handle by two
-//! channels: [`AgentInput`] in (prompt, permission answer, interrupt, close) and
-//! [`AgentOutput`] out (canonical event bodies, then one `Exited`). [`open`] starts the driver
-//! of a family; the handle's methods are the same for all of them.
+//! - [`AgentSession`] is the handle of one running agent. Every family's driver is one task
+//!   that owns its process and talks to the handle by two channels: [`AgentInput`] in
+//!   (prompt, permission answer, interrupt, close) and [`AgentOutput`] out (canonical event
+//!   bodies, then one `Exited`).
+//! - [`AdapterError`] carries one of the shared error categories, everywhere.
+//! - [`Launcher`] says which agent types can run turns and opens one (new or resumed).
 
-use std::path::PathBuf;
+use std::path::Path;
 use std::time::Duration;
 
 use serde_json::Value;
 use tokio::sync::{mpsc, oneshot};
 
-use super::AdapterError;
 use crate::protocol::events::{ErrorCategory, EventBody};
+
+/// An adapter failure, always with one of the shared categories.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("{message}")]
+pub struct AdapterError {
+    pub category: ErrorCategory,
+    pub message: String,
+}
+
+impl AdapterError {
+    pub fn new(category: ErrorCategory, message: impl Into<String>) -> Self {
+        AdapterError {
+            category,
+            message: message.into(),
+        }
+    }
+}
 
 /// Which native session to open.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -30,18 +49,6 @@ impl Native {
             Native::New(id) | Native::Resume(id) => id,
         }
     }
-}
-
-/// Everything needed to open a session.
-#[derive(Debug, Clone)]
-pub struct OpenSpec {
-    pub program: PathBuf,
-    pub cwd: PathBuf,
-    pub base_env: Vec<(String, String)>,
-    pub extra_env: Vec<(String, String)>,
-    /// The agent-host session this process serves.
-    pub host_session_id: String,
-    pub native: Native,
 }
 
 /// What a driver reports.
@@ -147,14 +154,49 @@ impl AgentSession {
     }
 }
 
-/// Start the driver of `agent_type`'s family. Only families whose descriptor says `turns`
-/// have one.
-pub fn open(agent_type: &str, spec: OpenSpec) -> Result<AgentSession, AdapterError> {
-    match agent_type {
-        "claude" => super::claude_process::open(spec),
-        other => Err(AdapterError::new(
+/// Opens agents for the session layer.
+pub trait Launcher: Send + Sync {
+    /// Whether agents of this type can run turns in this build.
+    fn runs_turns(&self, agent_type: &str) -> bool;
+
+    /// Start an agent of `agent_type` for `host_session_id`, in `cwd`, on a new or resumed
+    /// native session. Called on a runtime worker thread (a parent-death signal is tied to the
+    /// thread that spawns).
+    fn open(
+        &self,
+        agent_type: &str,
+        cwd: &Path,
+        host_session_id: &str,
+        native: Native,
+    ) -> Result<AgentSession, AdapterError>;
+
+    /// How long an idle agent process is kept (`None`: for ever).
+    fn idle_timeout(&self) -> Option<Duration>;
+}
+
+/// A launcher for a host that runs no agents (tests, tools that only read history).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NoAgents;
+
+impl Launcher for NoAgents {
+    fn runs_turns(&self, _agent_type: &str) -> bool {
+        false
+    }
+
+    fn open(
+        &self,
+        agent_type: &str,
+        _cwd: &Path,
+        _host_session_id: &str,
+        _native: Native,
+    ) -> Result<AgentSession, AdapterError> {
+        Err(AdapterError::new(
             ErrorCategory::ProtocolIncompatible,
-            format!("this build cannot run turns with {other:?} agents yet"),
-        )),
+            format!("this host runs no {agent_type:?} agents"),
+        ))
+    }
+
+    fn idle_timeout(&self) -> Option<Duration> {
+        None
     }
 }

@@ -1,0 +1,31 @@
+//! Opening an agent of some family: [`OpenSpec`], everything one process needs, and [`open`],
+//! which starts the driver of the family.
+
+use std::path::PathBuf;
+
+use super::{AdapterError, AgentSession, Native};
+use crate::protocol::events::ErrorCategory;
+
+/// Everything needed to open a session.
+#[derive(Debug, Clone)]
+pub struct OpenSpec {
+    pub program: PathBuf,
+    pub cwd: PathBuf,
+    pub base_env: Vec<(String, String)>,
+    pub extra_env: Vec<(String, String)>,
+    /// The agent-host session this process serves.
+    pub host_session_id: String,
+    pub native: Native,
+}
+
+/// Start the driver of `agent_type`'s family. Only families whose descriptor says `turns`
+/// have one.
+pub fn open(agent_type: &str, spec: OpenSpec) -> Result<AgentSession, AdapterError> {
+    match agent_type {
+        "claude" => super::claude_process::open(spec),
+        other => Err(AdapterError::new(
+            ErrorCategory::ProtocolIncompatible,
+            format!("this build cannot run turns with {other:?} agents yet"),
+        )),
+    }
+}
