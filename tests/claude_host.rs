@@ -93,6 +93,24 @@ impl World {
         data["run_id"].as_str().unwrap().to_owned()
     }
 
+    /// A whole turn: send, and wait for its `run.end` on `ws`.
+    async fn turn(&self, ws: &mut Follower, session: &str, text: &str) -> String {
+        let run = self.send(session, text).await;
+        run_end(ws, &run, TURN).await;
+        run
+    }
+
+    /// Send a `SLOW` prompt and wait until its text streams.
+    async fn streaming(&self, ws: &mut Follower, session: &str, text: &str) -> String {
+        let run = self.send(session, &format!("SLOW {text}")).await;
+        let id = run.clone();
+        ws.until("a delta of the slow run", TURN, |s| {
+            s.kind() == "text.delta" && s.run_id == id
+        })
+        .await;
+        run
+    }
+
     async fn native_id(&self, session: &str) -> String {
         let row = self
             .host()
@@ -478,16 +496,11 @@ fn cancel_ends_the_turn_and_the_session_goes_on() {
         let world = World::start().await;
         let session = world.session().await;
         let mut ws = world.follower(&session, true).await;
-        let first = world.send(&session, "before the cancel").await;
-        run_end(&mut ws, &first, TURN).await;
+        world.turn(&mut ws, &session, "before the cancel").await;
         let native = world.native_id(&session).await;
         let pid = world.agent_pid(&session).await;
 
-        let slow = world.send(&session, "SLOW stream").await;
-        ws.until("a delta of the slow run", TURN, |s| {
-            s.kind() == "text.delta" && s.run_id == slow
-        })
-        .await;
+        let slow = world.streaming(&mut ws, &session, "stream").await;
         let asked = Instant::now();
         let reply = ws
             .request(
@@ -534,15 +547,10 @@ fn a_killed_agent_fails_the_run_and_the_next_prompt_resumes() {
         let world = World::start().await;
         let session = world.session().await;
         let mut ws = world.follower(&session, true).await;
-        let first = world.send(&session, "before the kill").await;
-        run_end(&mut ws, &first, TURN).await;
+        world.turn(&mut ws, &session, "before the kill").await;
         let native = world.native_id(&session).await;
 
-        let slow = world.send(&session, "SLOW doomed").await;
-        ws.until("a delta of the slow run", TURN, |s| {
-            s.kind() == "text.delta" && s.run_id == slow
-        })
-        .await;
+        let slow = world.streaming(&mut ws, &session, "doomed").await;
         let pid = world.agent_pid(&session).await;
         let killed = Instant::now();
         nix::sys::signal::kill(
@@ -588,8 +596,7 @@ fn a_restart_resumes_and_a_rejected_resume_is_announced() {
         let mut world = World::start().await;
         let session = world.session().await;
         let mut ws = world.follower(&session, false).await;
-        let first = world.send(&session, "remember me").await;
-        run_end(&mut ws, &first, TURN).await;
+        world.turn(&mut ws, &session, "remember me").await;
         let native = world.native_id(&session).await;
         // Leave a permission request pending over the restart.
         let asking = world
