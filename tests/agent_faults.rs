@@ -162,6 +162,16 @@ async fn an_agent_that_ignores_the_interrupt_is_killed_and_the_run_cancelled() {
         )
         .await;
     assert_eq!(cancel["state"], "cancelling");
+    // Asking again changes nothing: still the same run, still cancelling.
+    for _ in 0..3 {
+        let again = host
+            .ok("session.cancel", json!({"session_id": session}))
+            .await;
+        assert_eq!(
+            (again["run_id"].as_str(), again["state"].as_str()),
+            (Some(run.as_str()), Some("cancelling"))
+        );
+    }
     let (_, end) = until_run_end(&mut sub, &run).await;
     let took = asked.elapsed();
     assert_eq!(end["state"], "cancelled");

@@ -662,15 +662,21 @@ impl Actor {
                 "no run is in progress in this session".to_owned()
             })));
         };
-        if let Some(agent) = self.agent.as_ref()
-            && let Err(e) = agent.cancel_turn().await
-        {
-            tracing::info!(error = %e, "interrupt not delivered; the agent is going away");
-        }
-        if let Some(current) = self.current.as_mut()
-            && current.cancel_deadline.is_none()
-        {
-            current.cancel_deadline = Some(Instant::now() + CANCEL_GRACE);
+        // One interrupt per run: a repeated cancel only answers (so a burst of cancels can
+        // never fill the driver's input queue while it waits for us to take its events).
+        let first_cancel = self
+            .current
+            .as_ref()
+            .is_some_and(|c| c.cancel_deadline.is_none());
+        if first_cancel {
+            if let Some(current) = self.current.as_mut() {
+                current.cancel_deadline = Some(Instant::now() + CANCEL_GRACE);
+            }
+            if let Some(agent) = self.agent.as_ref()
+                && let Err(e) = agent.cancel_turn().await
+            {
+                tracing::info!(error = %e, "interrupt not delivered; the agent is going away");
+            }
         }
         Ok(CancelReceipt {
             run_id: current_id,
