@@ -278,3 +278,154 @@ async fn an_idle_agent_is_closed_and_the_next_prompt_starts_it_again() {
     );
     host.stop().await;
 }
+
+/// A stand-in for claude that answers prompts at once in a new session (naming the id it was
+/// given), and refuses every `--resume` on stderr only (as some CLI versions do) — after
+/// reading one more stdin line first when `mode` says `cancel` (the interrupt).
+fn forgetful_agent(dir: &Path) -> PathBuf {
+    let d = dir.display();
+    script(
+        dir,
+        "forgetful-claude",
+        &format!(
+            r#"echo "$*" >> {d}/starts
+case "$*" in
+  *--resume=*)
+    read prompt
+    if [ "$(cat {d}/mode)" = cancel ]; then read interrupt; fi
+    echo "No conversation found with session ID: the-old-one" >&2
+    exit 1;;
+esac
+id=$(echo "$*" | sed -n 's/.*--session-id=\([^ ]*\).*/\1/p')
+while read line; do
+  echo '{{"type":"system","subtype":"init","session_id":"'$id'"}}'
+  echo '{{"type":"result","subtype":"success","is_error":false,"result":"ok","session_id":"'$id'","usage":{{"input_tokens":1,"output_tokens":1}}}}'
+done"#
+        ),
+    )
+}
+
+async fn kinds_of_run(sub: &mut agent_host::bus::Subscription, run: &str) -> (Vec<Value>, Value) {
+    let (seen, end) = until_run_end(sub, run).await;
+    let of_run = seen
+        .into_iter()
+        .filter(|e| e["runId"] == run)
+        .collect::<Vec<_>>();
+    (of_run, end)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resume_refused_on_stderr_goes_on_fresh_and_a_cancelled_one_does_not() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("mode"), "plain").unwrap();
+    let claude = forgetful_agent(dir.path());
+    let host = host_with(dir.path(), claude.clone()).await;
+    let session = host.session(dir.path()).await;
+    let mut sub = subscribe(&host, &session).await;
+    let first = send(&host, &session, "one").await;
+    let (_, end) = until_run_end(&mut sub, &first).await;
+    assert_eq!(end["state"], "completed");
+    let row = host.ok("session.get", json!({"session_id": session})).await;
+    let native = row["native_session_id"].as_str().unwrap().to_owned();
+
+    // After a restart the session resumes; the CLI refuses (stderr only): announced, then fresh.
+    let host = host.restart().await;
+    let mut sub = subscribe(&host, &session).await;
+    let second = send(&host, &session, "two").await;
+    let (events, end) = kinds_of_run(&mut sub, &second).await;
+    assert_eq!(end["state"], "completed", "{events:#?}");
+    let error = events.iter().find(|e| e["k"] == "error").unwrap();
+    assert_eq!(error["category"], "resume_rejected");
+    assert!(
+        error["message"]
+            .as_str()
+            .unwrap()
+            .contains("No conversation found")
+    );
+    let warning = events.iter().find(|e| e["k"] == "warning").unwrap();
+    assert_eq!(warning["code"], "resume_rejected");
+    let row = host.ok("session.get", json!({"session_id": session})).await;
+    let fresh = row["native_session_id"].as_str().unwrap().to_owned();
+    assert_ne!(fresh, native);
+
+    // Again, but the prompt is cancelled while the resume is pending: it ends cancelled and is
+    // not run again in a fresh session.
+    std::fs::write(dir.path().join("mode"), "cancel").unwrap();
+    let host = host.restart().await;
+    let mut sub = subscribe(&host, &session).await;
+    let third = send(&host, &session, "three").await;
+    let cancel = host
+        .ok(
+            "session.cancel",
+            json!({"session_id": session, "run_id": third}),
+        )
+        .await;
+    assert_eq!(cancel["state"], "cancelling");
+    let (events, end) = kinds_of_run(&mut sub, &third).await;
+    assert_eq!(end["state"], "cancelled", "{events:#?}");
+    assert!(events.iter().all(|e| e["code"] != "resume_rejected"));
+    let starts = std::fs::read_to_string(dir.path().join("starts")).unwrap();
+    let resumes = starts.lines().filter(|l| l.contains("--resume=")).count();
+    let news = starts
+        .lines()
+        .filter(|l| l.contains("--session-id="))
+        .count();
+    assert_eq!((news, resumes), (2, 2), "{starts}");
+    host.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prompt_racing_a_delete_finds_no_session() {
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("closing.fifo");
+    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::S_IRWXU).unwrap();
+    // Takes the prompt, says when its stdin closes (the delete is under way), then lingers
+    // deaf to SIGTERM until the group is killed.
+    let claude = script(
+        dir.path(),
+        "slow-to-die",
+        &format!(
+            "trap '' TERM\nwhile read line; do :; done\necho closing > {}\nsleep 600",
+            fifo.display()
+        ),
+    );
+    let host = host_with(dir.path(), claude).await;
+    let session = host.session(dir.path()).await;
+    send(&host, &session, "hello").await;
+    let closing = tokio::task::spawn_blocking({
+        let fifo = fifo.clone();
+        move || std::fs::read_to_string(fifo).unwrap()
+    });
+    let ipc = host.home.join("host.sock");
+    let delete = tokio::spawn({
+        let session = session.clone();
+        async move {
+            agent_host::ipc::request(
+                &ipc,
+                &json!({"command": "session.delete", "params": {"session_id": session}}),
+                WAIT,
+            )
+            .await
+            .unwrap()
+        }
+    });
+    assert_eq!(closing.await.unwrap().trim(), "closing");
+    let raced = host
+        .ipc(
+            "session.send",
+            json!({"session_id": session, "text": "late"}),
+        )
+        .await;
+    assert_eq!(
+        raced.data["error"],
+        "session_not_found",
+        "{}",
+        raced.to_line()
+    );
+    assert!(delete.await.unwrap().is_ok());
+    let gone = host
+        .ipc("session.get", json!({"session_id": session}))
+        .await;
+    assert_eq!(gone.data["error"], "session_not_found");
+    host.stop().await;
+}

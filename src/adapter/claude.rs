@@ -219,6 +219,23 @@ impl Translator {
         out
     }
 
+    /// The CLI refused `--resume` (said so on stderr and exited): the turn ends
+    /// `resume_rejected`.
+    pub fn on_resume_rejected(&mut self, reason: &str) -> Vec<EventBody> {
+        let mut out = self.close_open_blocks();
+        let message = reason.trim().to_owned();
+        out.push(EventBody::Error(ErrorNotice {
+            category: ErrorCategory::ResumeRejected,
+            message: message.clone(),
+        }));
+        out.push(EventBody::RunEnd(RunEnd {
+            state: RunState::Failed,
+            category: Some(ErrorCategory::ResumeRejected),
+            message: Some(message),
+        }));
+        out
+    }
+
     fn skip(&mut self, line: &str) {
         self.skipped += 1;
         let head: String = line.chars().take(120).collect();

@@ -43,13 +43,14 @@ pub fn open(spec: OpenSpec) -> Result<AgentSession, AdapterError> {
         label: format!("claude[{}]", spec.host_session_id),
     })?;
     let pid = child.pid();
+    let resuming = resume.map(str::to_owned);
     let (input, inputs) = mpsc::channel(64);
     let (events_tx, events) = mpsc::channel(EVENT_QUEUE);
     let stdout = child.stdout.take();
     let stdin = child.stdin.take();
     let span = tracing::info_span!("agent", session_id = %spec.host_session_id, pid);
     tokio::spawn(tracing::Instrument::instrument(
-        run(child, stdin, stdout, inputs, events_tx),
+        run(child, stdin, stdout, inputs, events_tx, resuming),
         span,
     ));
     Ok(AgentSession::new(input, events, pid))
@@ -94,12 +95,16 @@ async fn write_line(stdin: &mut Option<tokio::process::ChildStdin>, line: &str) 
     }
 }
 
+/// How long a driver whose session went away gives the process to finish.
+const ORPHAN_GRACE: Duration = Duration::from_secs(2);
+
 async fn run(
     mut child: Spawned,
     mut stdin: Option<tokio::process::ChildStdin>,
     stdout: Option<tokio::process::ChildStdout>,
     mut inputs: mpsc::Receiver<AgentInput>,
     events: mpsc::Sender<AgentOutput>,
+    resuming: Option<String>,
 ) {
     let Some(stdout) = stdout else {
         return;
@@ -109,11 +114,12 @@ async fn run(
     let mut in_turn = false;
     let mut interrupts = 0u64;
     let mut closing: Option<(Duration, oneshot::Sender<()>)> = None;
-    loop {
+    // The session stopped taking events (it is closing us, or it is gone).
+    let mut session_gone = false;
+    'process: loop {
         tokio::select! {
-            input = inputs.recv(), if closing.is_none() => match input {
+            input = inputs.recv() => match input {
                 Some(AgentInput::Close { grace, done }) => {
-                    drop(stdin.take());
                     closing = Some((grace, done));
                     break;
                 }
@@ -124,9 +130,7 @@ async fn run(
                     }
                 }
                 None => {
-                    // The session was dropped: same as close with a short grace.
-                    drop(stdin.take());
-                    closing = Some((Duration::from_secs(2), oneshot::channel().0));
+                    session_gone = true;
                     break;
                 }
             },
@@ -143,7 +147,8 @@ async fn run(
                             in_turn = false;
                         }
                         if events.send(AgentOutput::Event(event)).await.is_err() {
-                            return;
+                            session_gone = true;
+                            break 'process;
                         }
                     }
                 }
@@ -158,6 +163,21 @@ async fn run(
             },
         }
     }
+    // Nothing more is taken: a prompt sent from now on fails at once (the session then opens
+    // a new process) instead of vanishing into a process that is going away.
+    inputs.close();
+    if closing.is_none() {
+        while let Ok(input) = inputs.try_recv() {
+            if let AgentInput::Close { grace, done } = input {
+                closing = Some((grace, done));
+                break;
+            }
+        }
+    }
+    if closing.is_none() && session_gone {
+        closing = Some((ORPHAN_GRACE, oneshot::channel().0));
+    }
+    drop(stdin.take());
     let status = match closing {
         Some((grace, done)) => {
             let status = child.stop(grace).await;
@@ -167,14 +187,42 @@ async fn run(
         None => child.wait().await,
     };
     let status = match status {
-        Ok(status) => status.to_string(),
-        Err(e) => format!("unknown ({e})"),
+        Ok(status) => status,
+        Err(e) => {
+            tracing::warn!(error = %e, "reaping the agent failed");
+            std::process::ExitStatus::default()
+        }
     };
+    let stderr = child.stderr_tail().await;
     tracing::info!(%status, in_turn, skipped = translator.skipped(), "agent process ended");
-    for event in translator.on_exit(in_turn, &status) {
+    if session_gone {
+        return;
+    }
+    let exit = describe_exit(status, &stderr);
+    let rejected = stderr
+        .iter()
+        .find(|l| l.contains("No conversation found"))
+        .filter(|_| resuming.is_some() && translator.native_id().is_none() && in_turn);
+    let last = match rejected {
+        // A CLI that reports an unknown `--resume` id only on stderr.
+        Some(line) => translator.on_resume_rejected(line),
+        None => translator.on_exit(in_turn, &exit),
+    };
+    for event in last {
         if events.send(AgentOutput::Event(event)).await.is_err() {
             return;
         }
     }
-    let _session_gone = events.send(AgentOutput::Exited { status }).await;
+    let _session_gone = events.send(AgentOutput::Exited { status: exit }).await;
+}
+
+/// "exit status: 1", with the last line the process wrote to stderr, if any.
+fn describe_exit(status: std::process::ExitStatus, stderr: &[String]) -> String {
+    match stderr.iter().rev().find(|l| !l.trim().is_empty()) {
+        Some(line) => {
+            let line: String = line.trim().chars().take(300).collect();
+            format!("{status}; stderr: {line}")
+        }
+        None => status.to_string(),
+    }
 }

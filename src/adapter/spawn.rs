@@ -11,8 +11,10 @@
 //! - kill-on-drop as the last resort; [`Spawned::stop`] is the orderly way: SIGTERM to the
 //!   group, a grace period, then SIGKILL to the group.
 
+use std::collections::VecDeque;
 use std::path::PathBuf;
 use std::process::{ExitStatus, Stdio};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use nix::sys::signal::{Signal, killpg};
@@ -25,6 +27,10 @@ use crate::protocol::events::ErrorCategory;
 
 /// The longest stderr line logged; the rest of a longer one is dropped (still read).
 const MAX_STDERR_LINE: usize = 16 * 1024;
+/// The last stderr lines kept for error reports.
+const STDERR_TAIL_LINES: usize = 8;
+/// How long the stderr drain may take to reach the end once the group is gone.
+const STDERR_DRAIN_WAIT: Duration = Duration::from_millis(500);
 
 /// Names passed through from the host's environment as they are.
 const PASS_EXACT: &[&str] = &[
@@ -134,9 +140,24 @@ pub struct Spawned {
     reaped: bool,
     pub stdin: Option<ChildStdin>,
     pub stdout: Option<ChildStdout>,
+    /// The last lines of stderr (a `std` mutex: pushed and read without an `.await` held).
+    stderr_tail: Arc<Mutex<VecDeque<String>>>,
+    stderr_task: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl Spawned {
+    /// The last lines the process wrote to stderr (at most 8, each at most 16 KiB), once its
+    /// stderr has ended or half a second has passed. For error reports after the exit.
+    pub async fn stderr_tail(&mut self) -> Vec<String> {
+        if let Some(task) = self.stderr_task.take() {
+            let _drained = tokio::time::timeout(STDERR_DRAIN_WAIT, task).await;
+        }
+        self.stderr_tail
+            .lock()
+            .map(|tail| tail.iter().cloned().collect())
+            .unwrap_or_default()
+    }
+
     /// The process (and process group) id.
     pub fn pid(&self) -> Option<u32> {
         self.child.id()
@@ -151,7 +172,7 @@ impl Spawned {
 
     /// Stop the whole group: close stdin (a well-behaved agent finishes and exits), wait half
     /// the grace period, SIGTERM the group, wait the other half, SIGKILL the group; reap.
-    pub async fn stop(mut self, grace: Duration) -> std::io::Result<ExitStatus> {
+    pub async fn stop(&mut self, grace: Duration) -> std::io::Result<ExitStatus> {
         drop(self.stdin.take());
         let half = grace / 2;
         if tokio::time::timeout(half, self.exited()).await.is_err() {
@@ -260,17 +281,27 @@ pub fn spawn(spec: &SpawnSpec) -> Result<Spawned, AdapterError> {
         .id()
         .and_then(|pid| i32::try_from(pid).ok())
         .map(Pid::from_raw);
+    let stderr_tail = Arc::new(Mutex::new(VecDeque::new()));
+    let mut stderr_task = None;
     if let Some(stderr) = child.stderr.take() {
         let label = spec.label.clone();
         let pid = child.id();
+        let tail = stderr_tail.clone();
         // stderr is log, never protocol: drained to the end whatever it holds (bytes that are
         // not UTF-8, endless lines), so the child never blocks on it or dies of SIGPIPE.
-        tokio::spawn(async move {
+        stderr_task = Some(tokio::spawn(async move {
             let mut stderr = stderr;
             let mut chunk = [0u8; 8192];
             let mut line: Vec<u8> = Vec::new();
             let log = |line: &mut Vec<u8>| {
-                tracing::debug!(agent = %label, ?pid, "stderr: {}", String::from_utf8_lossy(line));
+                let text = String::from_utf8_lossy(line).into_owned();
+                tracing::debug!(agent = %label, ?pid, "stderr: {text}");
+                if let Ok(mut tail) = tail.lock() {
+                    if tail.len() == STDERR_TAIL_LINES {
+                        tail.pop_front();
+                    }
+                    tail.push_back(text);
+                }
                 line.clear();
             };
             loop {
@@ -290,7 +321,7 @@ pub fn spawn(spec: &SpawnSpec) -> Result<Spawned, AdapterError> {
             if !line.is_empty() {
                 log(&mut line);
             }
-        });
+        }));
     }
     Ok(Spawned {
         stdin: child.stdin.take(),
@@ -298,6 +329,8 @@ pub fn spawn(spec: &SpawnSpec) -> Result<Spawned, AdapterError> {
         child,
         pgid,
         reaped: false,
+        stderr_tail,
+        stderr_task,
     })
 }
 

@@ -30,7 +30,7 @@ use tokio::time::Instant;
 
 use super::SessionError;
 use super::agent::{AdapterError, AgentOutput, AgentSession, Launcher, Native};
-use crate::bus::{Bus, BusError};
+use crate::bus::{Bus, BusError, Receipt};
 pub use crate::protocol::envelope::PermissionDecision as Decision;
 use crate::protocol::events::{
     ErrorCategory, ErrorNotice, Event, EventBody, Notice, PermissionResolved, RunEnd, RunStart,
@@ -261,9 +261,24 @@ impl Actor {
     // ---- publishing ----
 
     async fn publish(&self, run_id: Option<&str>, body: EventBody) {
+        self.publish_receipt(run_id, body).await;
+    }
+
+    /// Publish and wait until the event is committed: a terminal event goes to disk before
+    /// the row that says the run is over, so after a crash the event log is never behind the
+    /// rows (recovery reads the log, see [`super::SessionManager::recover`]).
+    async fn publish_committed(&self, run_id: Option<&str>, body: EventBody) {
+        if let Some(receipt) = self.publish_receipt(run_id, body).await
+            && let Err(e) = receipt.committed().await
+        {
+            tracing::error!(error = %e, "a terminal event was not committed");
+        }
+    }
+
+    async fn publish_receipt(&self, run_id: Option<&str>, body: EventBody) -> Option<Receipt> {
         let event = Event::new(&self.session_id, run_id.map(str::to_owned), body);
         match self.bus.publish(&event).await {
-            Ok(_receipt) => {}
+            Ok(receipt) => return Some(receipt),
             Err(BusError::TooLarge(size)) => {
                 tracing::warn!(
                     size,
@@ -287,6 +302,7 @@ impl Actor {
             }
             Err(e) => tracing::error!(error = %e, kind = event.kind(), "publishing failed"),
         }
+        None
     }
 
     async fn warn(&self, run_id: Option<&str>, code: &str, message: String) {
@@ -295,6 +311,16 @@ impl Actor {
             message,
         });
         self.publish(run_id, body).await;
+    }
+
+    /// A prompt that will never run: its warning (committed), then its row.
+    async fn retire_queued(&self, run_id: &str, state: &'static str, code: &str, message: String) {
+        let body = EventBody::Warning(Notice {
+            code: code.to_owned(),
+            message,
+        });
+        self.publish_committed(Some(run_id), body).await;
+        self.set_run_state(run_id, state, None).await;
     }
 
     async fn set_run_state(&self, run_id: &str, state: &'static str, category: Option<String>) {
@@ -371,9 +397,9 @@ impl Actor {
         while self.queue.len() > MAX_QUEUE {
             if let Some(dropped) = self.queue.pop_front() {
                 tracing::info!(run_id = %dropped.run_id, "follow-up queue full: dropped the oldest");
-                self.set_run_state(&dropped.run_id, "dropped", None).await;
-                self.warn(
-                    Some(&dropped.run_id),
+                self.retire_queued(
+                    &dropped.run_id,
+                    "dropped",
                     "followup_dropped",
                     format!(
                         "more than {MAX_QUEUE} prompts were waiting; the oldest one was dropped \
@@ -511,17 +537,19 @@ impl Actor {
             end.category = Some(ErrorCategory::Cancelled);
         }
         self.expire_permissions("the run ended").await;
-        // The rows first: whoever sees the `run.end` reads a consistent state.
         let state = run_state_name(end.state);
         let category = category_name(end.category);
-        self.set_run_state(&current.run_id, state, category).await;
         let next = self.queue.pop_front();
         if next.is_none() {
+            // Before the `run.end`: whoever sees it reads the session idle. (A crash right
+            // after leaves it `running`; recovery resets that.)
             self.set_session_state("idle").await;
             self.idle_deadline = self.launcher.idle_timeout().map(|t| Instant::now() + t);
         }
-        self.publish(Some(&current.run_id), EventBody::RunEnd(end))
+        // The event is committed before the run's row says it ended.
+        self.publish_committed(Some(&current.run_id), EventBody::RunEnd(end))
             .await;
+        self.set_run_state(&current.run_id, state, category).await;
         if let Some(next) = next {
             Box::pin(self.dispatch(next)).await;
         }
@@ -546,9 +574,13 @@ impl Actor {
         let run_id = self.current.as_ref().map(|c| c.run_id.clone());
         match body {
             EventBody::RunEnd(end) => {
+                // A cancelled prompt is not re-run in a fresh session: the run just ends.
                 let rejected = end.category == Some(ErrorCategory::ResumeRejected)
                     && self.resuming
-                    && self.current.as_ref().is_some_and(|c| !c.retried_fresh);
+                    && self
+                        .current
+                        .as_ref()
+                        .is_some_and(|c| !c.retried_fresh && c.cancel_deadline.is_none());
                 if rejected {
                     self.continue_fresh().await;
                 } else {
@@ -643,9 +675,9 @@ impl Actor {
             && let Some(index) = self.queue.iter().position(|q| &q.run_id == wanted)
             && let Some(item) = self.queue.remove(index)
         {
-            self.set_run_state(&item.run_id, "cancelled", None).await;
-            self.warn(
-                Some(&item.run_id),
+            self.retire_queued(
+                &item.run_id,
+                "cancelled",
                 "followup_cancelled",
                 "this queued prompt was cancelled before it ran".to_owned(),
             )
@@ -793,10 +825,12 @@ impl Actor {
     /// is closed. `quiet` publishes nothing (the session's events are being deleted).
     async fn stop(&mut self, quiet: bool) {
         for item in std::mem::take(&mut self.queue) {
-            self.set_run_state(&item.run_id, "dropped", None).await;
-            if !quiet {
-                self.warn(
-                    Some(&item.run_id),
+            if quiet {
+                self.set_run_state(&item.run_id, "dropped", None).await;
+            } else {
+                self.retire_queued(
+                    &item.run_id,
+                    "dropped",
                     "followup_dropped",
                     "the host stopped before this prompt ran".to_owned(),
                 )
@@ -815,9 +849,7 @@ impl Actor {
         self.expire_permissions("the host stopped").await;
         self.set_session_state("idle").await;
         if let Some(current) = self.current.take() {
-            self.set_run_state(&current.run_id, "interrupted", None)
-                .await;
-            self.publish(
+            self.publish_committed(
                 Some(&current.run_id),
                 EventBody::RunEnd(RunEnd {
                     state: RunState::Interrupted,
@@ -826,11 +858,13 @@ impl Actor {
                 }),
             )
             .await;
+            self.set_run_state(&current.run_id, "interrupted", None)
+                .await;
         }
     }
 
     /// Interrupt the running turn and pass on what the agent says until it ends (or the grace
-    /// runs out); its own `run.end` is replaced by `interrupted`.
+    /// runs out). A turn that completed keeps its `run.end`; any other becomes `interrupted`.
     async fn wind_down_turn(&mut self) {
         let Some(agent) = self.agent.as_mut() else {
             return;
@@ -848,7 +882,14 @@ impl Actor {
                 Ok(None) | Err(_) => return,
             };
             match output {
-                AgentOutput::Event(EventBody::RunEnd(_)) | AgentOutput::Exited { .. } => return,
+                AgentOutput::Event(EventBody::RunEnd(end)) => {
+                    if end.state == RunState::Completed {
+                        // It finished on its own: that is how it ended.
+                        self.end_run(end).await;
+                    }
+                    return;
+                }
+                AgentOutput::Exited { .. } => return,
                 AgentOutput::Event(
                     body @ (EventBody::PermissionRequest(_) | EventBody::PermissionResolved(_)),
                 ) => {

@@ -141,16 +141,24 @@ impl AgentSession {
     }
 
     /// Close stdin, let the process finish, stop its group after `grace`; returns once the
-    /// process is reaped.
+    /// process is reaped. Events not taken yet are discarded (the driver never waits for a
+    /// reader that is closing it).
     pub async fn close(self, grace: Duration) {
+        let AgentSession { input, events, .. } = self;
         let (done, finished) = oneshot::channel();
-        if self
-            .request(AgentInput::Close { grace, done })
-            .await
-            .is_ok()
-        {
-            let _stopped = finished.await;
+        // The request goes in before the events stop being taken, so the driver (perhaps
+        // blocked on a full event queue) finds it as soon as its next send fails.
+        match input.try_send(AgentInput::Close { grace, done }) {
+            Ok(()) => drop(events),
+            Err(mpsc::error::TrySendError::Full(close)) => {
+                drop(events);
+                if input.send(close).await.is_err() {
+                    return;
+                }
+            }
+            Err(mpsc::error::TrySendError::Closed(_)) => return,
         }
+        let _stopped = finished.await;
     }
 }
 

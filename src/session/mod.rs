@@ -108,6 +108,8 @@ struct ActorHandle {
 #[derive(Default)]
 struct Actors {
     by_session: HashMap<String, ActorHandle>,
+    /// Sessions being deleted: no actor may start for them.
+    deleting: std::collections::HashSet<String>,
     closed: bool,
 }
 
@@ -156,6 +158,9 @@ impl SessionManager {
         if actors.closed {
             return Err(SessionError::ShuttingDown);
         }
+        if actors.deleting.contains(session_id) {
+            return Err(SessionError::NotFound(session_id.to_owned()));
+        }
         if let Some(handle) = actors.by_session.get(session_id)
             && !handle.inbox.is_closed()
         {
@@ -188,11 +193,23 @@ impl SessionManager {
     ) -> Result<T, SessionError> {
         let inbox = self.inbox(session_id).await?;
         let (reply, answer) = oneshot::channel();
-        inbox
-            .send(msg(reply))
-            .await
-            .map_err(|_| SessionError::ShuttingDown)?;
-        answer.await.map_err(|_| SessionError::ShuttingDown)?
+        let answered = match inbox.send(msg(reply)).await {
+            Ok(()) => answer.await.ok(),
+            Err(_) => None,
+        };
+        match answered {
+            Some(answer) => answer,
+            // The actor stopped under the request: the session was deleted, or the host is
+            // stopping.
+            None => {
+                self.get(session_id).await?;
+                Err(SessionError::ShuttingDown)
+            }
+        }
+    }
+
+    fn is_live(&self, session_id: &str) -> bool {
+        self.lock_actors().by_session.contains_key(session_id)
     }
 
     /// Start (or queue) a run with a prompt; returns its run id at once.
@@ -233,6 +250,14 @@ impl SessionManager {
         session_id: &str,
         run_id: Option<String>,
     ) -> Result<CancelReceipt, SessionError> {
+        if !self.is_live(session_id) {
+            // Nothing has run since the host started: nothing to cancel (no agent is started
+            // for the question).
+            self.get(session_id).await?;
+            return Err(SessionError::RunNotFound(run_id.unwrap_or_else(|| {
+                "no run is in progress in this session".to_owned()
+            })));
+        }
         self.ask(session_id, |reply| actor::Msg::Cancel { run_id, reply })
             .await
     }
@@ -248,8 +273,7 @@ impl SessionManager {
     ) -> Result<PermissionReceipt, SessionError> {
         // A request the host no longer tracks (e.g. after a restart) is answered from the
         // store without starting an agent for it.
-        let live = self.lock_actors().by_session.contains_key(session_id);
-        if !live {
+        if !self.is_live(session_id) {
             self.get(session_id).await?;
             return match self
                 .store
@@ -292,40 +316,36 @@ impl SessionManager {
         answer.await.ok()
     }
 
-    /// Close what a host that stopped (or crashed) left open: pending permission requests
-    /// expire, a run in progress ends `interrupted`, queued prompts are dropped. Each is
-    /// published, so followers see it.
+    /// Close what a host that stopped (or crashed) left open, each visibly: pending permission
+    /// requests expire; a run the event log shows started but not ended ends `interrupted`; a
+    /// prompt that never started is dropped. The event log decides, not the row: a terminal
+    /// event is committed before its row, so a crash in between leaves a row to fix and no
+    /// event to repeat. Sessions still marked `running` go back to `idle`.
     pub async fn recover(&self) -> Result<(), SessionError> {
         for row in self.store.pending_permissions(None).await? {
             actor::expire_permission(&self.store, &self.bus, row).await;
         }
         for run in self.store.unfinished_runs().await? {
-            let (state, body) = if run.state == "running" {
-                (
-                    "interrupted",
-                    EventBody::RunEnd(RunEnd {
-                        state: RunState::Interrupted,
-                        category: None,
-                        message: Some("the host stopped during this run".to_owned()),
-                    }),
-                )
-            } else {
-                (
-                    "dropped",
-                    EventBody::Warning(Notice {
-                        code: "followup_dropped".to_owned(),
-                        message: "the host stopped before this prompt ran".to_owned(),
-                    }),
-                )
-            };
+            let lifecycle = self
+                .store
+                .run_lifecycle(run.session_id.clone(), run.run_id.clone())
+                .await?;
+            let (state, publish) = recovered(&lifecycle);
             tracing::info!(run_id = %run.run_id, state, "closing a run the last host left open");
-            let event = Event::new(&run.session_id, Some(run.run_id.clone()), body);
-            if let Err(e) = self.bus.publish(&event).await {
-                tracing::error!(error = %e, "publishing a recovered run failed");
+            if let Some(body) = publish {
+                let event = Event::new(&run.session_id, Some(run.run_id.clone()), body);
+                match self.bus.publish(&event).await {
+                    Ok(receipt) => {
+                        if let Err(e) = receipt.committed().await {
+                            tracing::error!(error = %e, "a recovered run's end was not committed");
+                        }
+                    }
+                    Err(e) => tracing::error!(error = %e, "publishing a recovered run failed"),
+                }
             }
             self.store.set_run_state(run.run_id, state, None).await?;
-            self.store.set_session_state(run.session_id, "idle").await?;
         }
+        self.store.reset_running_sessions().await?;
         Ok(())
     }
 
@@ -428,8 +448,13 @@ impl SessionManager {
     }
 
     pub async fn delete(&self, session_id: &str) -> Result<(), SessionError> {
+        // No actor may start for it from now on (a prompt racing the delete gets
+        // `session_not_found`), and the one running stops before the rows go.
+        self.lock_actors().deleting.insert(session_id.to_owned());
         self.stop_quietly(session_id).await;
-        if self.store.delete_session(session_id.to_owned()).await? {
+        let deleted = self.store.delete_session(session_id.to_owned()).await;
+        self.lock_actors().deleting.remove(session_id);
+        if deleted? {
             tracing::info!(session_id, "session deleted");
             Ok(())
         } else {
@@ -464,6 +489,57 @@ impl SessionManager {
         events.truncate(keep);
         Ok(events)
     }
+}
+
+/// What the event log of an unfinished run says: the state its row should get, and the event
+/// to publish when the log has no terminal one yet.
+fn recovered(lifecycle: &[(String, String)]) -> (&'static str, Option<EventBody>) {
+    let payload_of = |kind: &str| {
+        lifecycle
+            .iter()
+            .find(|(k, _)| k == kind)
+            .and_then(|(_, p)| serde_json::from_str::<serde_json::Value>(p).ok())
+    };
+    if let Some(end) = payload_of("run.end") {
+        let state = match end["state"].as_str() {
+            Some("completed") => "completed",
+            Some("failed") => "failed",
+            Some("cancelled") => "cancelled",
+            _ => "interrupted",
+        };
+        return (state, None);
+    }
+    let retired = lifecycle.iter().find_map(|(k, p)| {
+        let code = serde_json::from_str::<serde_json::Value>(p).ok()?["code"]
+            .as_str()?
+            .to_owned();
+        (k == "warning" && code.starts_with("followup_")).then_some(code)
+    });
+    if let Some(code) = retired {
+        let state = if code == "followup_cancelled" {
+            "cancelled"
+        } else {
+            "dropped"
+        };
+        return (state, None);
+    }
+    if payload_of("run.start").is_some() {
+        return (
+            "interrupted",
+            Some(EventBody::RunEnd(RunEnd {
+                state: RunState::Interrupted,
+                category: None,
+                message: Some("the host stopped during this run".to_owned()),
+            })),
+        );
+    }
+    (
+        "dropped",
+        Some(EventBody::Warning(Notice {
+            code: "followup_dropped".to_owned(),
+            message: "the host stopped before this prompt ran".to_owned(),
+        })),
+    )
 }
 
 fn canonical_dir(cwd: &str) -> Result<String, SessionError> {
@@ -507,7 +583,38 @@ mod tests {
             .await
             .unwrap();
         let sid = row.session_id.clone();
-        for (run_id, state) in [("r1-running", "running"), ("r2-queued", "queued")] {
+        // r1 started (its run.start is in the log), r2 never did, and r0's run.end was
+        // committed but the crash came before its row was updated.
+        let log = |run: &str, body: EventBody| {
+            let event = Event::new(&sid, Some(run.to_owned()), body);
+            let bus = bus.clone();
+            async move {
+                bus.publish(&event)
+                    .await
+                    .unwrap()
+                    .committed()
+                    .await
+                    .unwrap()
+            }
+        };
+        log("r0-ended", EventBody::RunStart(Default::default())).await;
+        log(
+            "r0-ended",
+            EventBody::RunEnd(RunEnd {
+                state: RunState::Completed,
+                category: None,
+                message: None,
+            }),
+        )
+        .await;
+        let logged = log("r1-running", EventBody::RunStart(Default::default()))
+            .await
+            .unwrap();
+        for (run_id, state) in [
+            ("r0-ended", "running"),
+            ("r1-running", "running"),
+            ("r2-queued", "queued"),
+        ] {
             store
                 .insert_run(RunRow {
                     run_id: run_id.into(),
@@ -553,7 +660,7 @@ mod tests {
         drop(bus);
         bus_tasks.shutdown().await;
 
-        let events = store.history(sid.clone(), 0, 100).await.unwrap();
+        let events = store.history(sid.clone(), logged, 100).await.unwrap();
         let got: Vec<(Option<String>, String)> = events
             .iter()
             .map(|e| (e.run_id.clone(), e.kind.clone()))
@@ -579,7 +686,11 @@ mod tests {
         states.sort_unstable();
         assert_eq!(
             states,
-            [("r1-running", "interrupted"), ("r2-queued", "dropped")]
+            [
+                ("r0-ended", "completed"),
+                ("r1-running", "interrupted"),
+                ("r2-queued", "dropped")
+            ]
         );
         assert!(store.unfinished_runs().await.unwrap().is_empty());
         threads.shutdown().await;

@@ -177,6 +177,37 @@ impl Store {
         .await
     }
 
+    /// The lifecycle events of one run — `run.start`, `run.end` and `warning` — as (kind,
+    /// payload), oldest first: what the event log says happened to it.
+    pub async fn run_lifecycle(
+        &self,
+        session_id: String,
+        run_id: String,
+    ) -> StoreResult<Vec<(String, String)>> {
+        self.read(move |conn| {
+            let mut stmt = conn.prepare_cached(
+                "SELECT kind, payload FROM messages WHERE session_id = ?1 AND run_id = ?2 \
+                 AND kind IN ('run.start', 'run.end', 'warning') ORDER BY sequence_id",
+            )?;
+            let rows = stmt
+                .query_map(params![session_id, run_id], |r| Ok((r.get(0)?, r.get(1)?)))?
+                .collect::<Result<Vec<_>, _>>()?;
+            Ok(rows)
+        })
+        .await
+    }
+
+    /// Every session marked `running` back to `idle` (at start, nothing runs yet).
+    pub async fn reset_running_sessions(&self) -> StoreResult<usize> {
+        self.write(|conn| {
+            Ok(conn.execute(
+                "UPDATE sessions SET state = 'idle', updated_at = ?1 WHERE state = 'running'",
+                params![now_ms()],
+            )?)
+        })
+        .await
+    }
+
     /// Record the agent's native session id (and that the session was touched).
     pub async fn set_native_session_id(
         &self,
