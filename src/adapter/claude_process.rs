@@ -10,12 +10,11 @@
 
 use std::time::Duration;
 
-use futures_util::StreamExt;
 use tokio::io::AsyncWriteExt;
 use tokio::sync::{mpsc, oneshot};
-use tokio_util::codec::{FramedRead, LinesCodec, LinesCodecError};
 
 use super::claude::{self, Translator};
+use super::lines::{BoundedLines, Line};
 use super::spawn::{SpawnSpec, Spawned, spawn};
 use super::{AdapterError, AgentInput, AgentOutput, AgentSession, Native, OpenSpec};
 use crate::protocol::events::EventBody;
@@ -109,7 +108,7 @@ async fn run(
     let Some(stdout) = stdout else {
         return;
     };
-    let mut lines = FramedRead::new(stdout, LinesCodec::new_with_max_length(MAX_LINE));
+    let mut lines = BoundedLines::new(stdout, MAX_LINE);
     let mut translator = Translator::new();
     let mut in_turn = false;
     let mut interrupts = 0u64;
@@ -134,8 +133,8 @@ async fn run(
                     break;
                 }
             },
-            line = lines.next() => match line {
-                Some(Ok(line)) => {
+            line = lines.next_line() => match line {
+                Ok(Some(Line::Text(line))) => {
                     let events_of_line = translator.on_stdout_line(&line);
                     // Control requests we do not serve (hooks, SDK MCP) get an error answer,
                     // so the CLI never waits on us.
@@ -152,14 +151,17 @@ async fn run(
                         }
                     }
                 }
-                Some(Err(LinesCodecError::MaxLineLengthExceeded)) => {
+                Ok(Some(Line::TooLong)) => {
                     tracing::warn!(max = MAX_LINE, "skipped an over-long stdout line");
                 }
-                Some(Err(LinesCodecError::Io(e))) => {
+                Ok(Some(Line::NotUtf8)) => {
+                    tracing::debug!("skipped a stdout line that is not UTF-8");
+                }
+                Ok(None) => break,
+                Err(e) => {
                     tracing::debug!(error = %e, "agent stdout failed");
                     break;
                 }
-                None => break,
             },
         }
     }

@@ -11,7 +11,9 @@
 
 pub mod claude;
 pub mod claude_process;
+pub mod jsonrpc;
 pub mod launch;
+pub mod lines;
 pub mod open;
 pub mod spawn;
 

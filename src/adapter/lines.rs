@@ -1,0 +1,123 @@
+//! Reading an agent's stdout line by line with a bound on the line length. An over-long line
+//! is skipped (reported as [`Line::TooLong`]) and reading goes on at the next line — unlike a
+//! `FramedRead<LinesCodec>`, whose stream ends at the first decoding error.
+
+use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
+
+/// One line read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Line {
+    Text(String),
+    /// Longer than the bound: skipped whole.
+    TooLong,
+    /// Not UTF-8: skipped.
+    NotUtf8,
+}
+
+/// Lines of at most `max` bytes (without the newline; a trailing `\r` is dropped).
+#[derive(Debug)]
+pub struct BoundedLines<R> {
+    reader: BufReader<R>,
+    max: usize,
+    buf: Vec<u8>,
+    /// The current line is over the bound: its bytes are dropped until the newline.
+    discarding: bool,
+}
+
+impl<R: AsyncRead + Unpin> BoundedLines<R> {
+    pub fn new(reader: R, max: usize) -> Self {
+        BoundedLines {
+            reader: BufReader::with_capacity(64 * 1024, reader),
+            max,
+            buf: Vec::new(),
+            discarding: false,
+        }
+    }
+
+    /// The next line; `None` at the end of the stream. Cancel-safe: a partial line stays
+    /// buffered for the next call.
+    pub async fn next_line(&mut self) -> std::io::Result<Option<Line>> {
+        loop {
+            let available = self.reader.fill_buf().await?;
+            if available.is_empty() {
+                // The end: a last line without a newline still counts.
+                if self.buf.is_empty() && !self.discarding {
+                    return Ok(None);
+                }
+                return Ok(Some(self.finish()));
+            }
+            match available.iter().position(|&b| b == b'\n') {
+                Some(end) => {
+                    self.take(end);
+                    self.reader.consume(end + 1);
+                    return Ok(Some(self.finish()));
+                }
+                None => {
+                    let n = available.len();
+                    self.take(n);
+                    self.reader.consume(n);
+                }
+            }
+        }
+    }
+
+    /// Keep the first `n` bytes of what the reader holds, unless the line is over the bound.
+    fn take(&mut self, n: usize) {
+        if self.discarding {
+            return;
+        }
+        if self.buf.len() + n > self.max {
+            self.discarding = true;
+            self.buf = Vec::new();
+            return;
+        }
+        let available = self.reader.buffer();
+        self.buf.extend_from_slice(&available[..n]);
+    }
+
+    fn finish(&mut self) -> Line {
+        if std::mem::take(&mut self.discarding) {
+            return Line::TooLong;
+        }
+        let mut bytes = std::mem::take(&mut self.buf);
+        if bytes.last() == Some(&b'\r') {
+            bytes.pop();
+        }
+        match String::from_utf8(bytes) {
+            Ok(text) => Line::Text(text),
+            Err(_) => Line::NotUtf8,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn all(input: &[u8], max: usize) -> Vec<Line> {
+        let mut lines = BoundedLines::new(input, max);
+        let mut out = Vec::new();
+        while let Some(line) = lines.next_line().await.unwrap() {
+            out.push(line);
+        }
+        out
+    }
+
+    #[tokio::test]
+    async fn long_lines_are_skipped_and_reading_goes_on() {
+        let text = |s: &str| Line::Text(s.to_owned());
+        assert_eq!(
+            all(b"ab\r\n0123456789\ncd\n\xff\xfe\nlast", 5).await,
+            [
+                text("ab"),
+                Line::TooLong,
+                text("cd"),
+                Line::NotUtf8,
+                text("last")
+            ]
+        );
+        assert_eq!(all(b"", 5).await, []);
+        assert_eq!(all(b"toolongtail", 5).await, [Line::TooLong]);
+        assert_eq!(all(b"\n\n", 5).await, [text(""), text("")]);
+    }
+}
