@@ -147,6 +147,9 @@ enum Cmd {
     },
 }
 
+/// Requests written and waiting for their answer, by id.
+type Pending = HashMap<u64, (String, oneshot::Sender<Result<Value, RpcError>>)>;
+
 /// The sending half; cloneable.
 #[derive(Debug, Clone)]
 pub struct RpcClient {
@@ -277,8 +280,7 @@ async fn run<R, W>(
     W: AsyncWrite + Unpin,
 {
     let mut lines = BoundedLines::new(reader, MAX_LINE);
-    let mut pending: HashMap<u64, (String, oneshot::Sender<Result<Value, RpcError>>)> =
-        HashMap::new();
+    let mut pending = Pending::new();
     let mut writable = true;
     loop {
         tokio::select! {
@@ -365,7 +367,7 @@ async fn write<W: AsyncWrite + Unpin>(writer: &mut W, line: &str) -> bool {
 /// Route one line; `false` when the owner is gone (stop reading).
 async fn route(
     line: &str,
-    pending: &mut HashMap<u64, (String, oneshot::Sender<Result<Value, RpcError>>)>,
+    pending: &mut Pending,
     out: &mpsc::Sender<Cmd>,
     incoming: &mpsc::Sender<Incoming>,
     skipped: &Skipped,
