@@ -469,6 +469,7 @@ impl Translator {
                     .get("is_error")
                     .and_then(Value::as_bool)
                     .unwrap_or(false),
+                exit_code: None,
             }));
         }
         out

@@ -11,6 +11,7 @@
 
 pub mod claude;
 pub mod claude_process;
+pub mod codex;
 pub mod jsonrpc;
 pub mod launch;
 pub mod lines;

@@ -322,6 +322,9 @@ pub struct ToolExecEnd {
     pub output: String,
     #[serde(default)]
     pub is_error: bool,
+    /// The exit code, for a command.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit_code: Option<i64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
@@ -519,6 +522,7 @@ mod tests {
                 call_id: "t".into(),
                 output: "a\nb".into(),
                 is_error: false,
+                exit_code: Some(0),
             }),
             EventBody::PermissionRequest(PermissionRequest {
                 request_id: "p".into(),
@@ -599,6 +603,7 @@ mod tests {
                 call_id: "c".into(),
                 output: "o".into(),
                 is_error: true,
+                exit_code: None,
             }),
         );
         let v = serde_json::to_value(&e).unwrap();
