@@ -432,10 +432,10 @@ async fn hostile_frames_get_an_error_or_a_close_and_nobody_else_notices() {
     assert_eq!(error_of(next_reply(&mut ws).await).name, "unknown_cmd");
     // Requests still work on the same connection: a prompt to a family this build cannot run
     // yet is refused (never a fake run).
-    let codex = host
+    let acp = host
         .ok(
             "session.create",
-            json!({"agent_type": "codex", "cwd": dir.path().display().to_string()}),
+            json!({"agent_type": "acp", "cwd": dir.path().display().to_string()}),
         )
         .await["session_id"]
         .as_str()
@@ -445,7 +445,7 @@ async fn hostile_frames_get_an_error_or_a_close_and_nobody_else_notices() {
         .send(
             CmdId::RelayMessageReq,
             &pb::RelayMessageReq {
-                session_id: codex,
+                session_id: acp,
                 text: "hi".into(),
                 client_msg_id: "c1".into(),
             },
@@ -457,7 +457,7 @@ async fn hostile_frames_get_an_error_or_a_close_and_nobody_else_notices() {
     let err = error_of(reply);
     assert_eq!((err.code, err.name.as_str()), (4002, "no_agent"));
     assert!(
-        err.message.contains("no adapter that runs \"codex\""),
+        err.message.contains("no adapter that runs \"acp\""),
         "{}",
         err.message
     );

@@ -15,7 +15,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::claude::{self, Translator};
 use super::lines::{BoundedLines, Line};
-use super::spawn::{SpawnSpec, Spawned, spawn};
+use super::spawn::{SpawnSpec, Spawned, describe_exit, spawn};
 use super::{AdapterError, AgentInput, AgentOutput, AgentSession, Native, OpenSpec};
 use crate::protocol::events::EventBody;
 
@@ -216,15 +216,4 @@ async fn run(
         }
     }
     let _session_gone = events.send(AgentOutput::Exited { status: exit }).await;
-}
-
-/// "exit status: 1", with the last line the process wrote to stderr, if any.
-fn describe_exit(status: std::process::ExitStatus, stderr: &[String]) -> String {
-    match stderr.iter().rev().find(|l| !l.trim().is_empty()) {
-        Some(line) => {
-            let line: String = line.trim().chars().take(300).collect();
-            format!("{status}; stderr: {line}")
-        }
-        None => status.to_string(),
-    }
 }

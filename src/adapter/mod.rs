@@ -12,6 +12,7 @@
 pub mod claude;
 pub mod claude_process;
 pub mod codex;
+pub mod codex_process;
 pub mod jsonrpc;
 pub mod launch;
 pub mod lines;
@@ -102,7 +103,7 @@ pub const FAMILIES: &[Descriptor] = &[
             usage: true,
             persistent_process: true,
         },
-        turns: false,
+        turns: true,
     },
     Descriptor {
         agent_type: "acp",

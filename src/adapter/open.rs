@@ -23,6 +23,7 @@ pub struct OpenSpec {
 pub fn open(agent_type: &str, spec: OpenSpec) -> Result<AgentSession, AdapterError> {
     match agent_type {
         "claude" => super::claude_process::open(spec),
+        "codex" => super::codex_process::open(spec),
         other => Err(AdapterError::new(
             ErrorCategory::ProtocolIncompatible,
             format!("this build cannot run turns with {other:?} agents yet"),

@@ -363,6 +363,17 @@ fn set_parent_death_signal(cmd: &mut Command) {
 #[cfg(not(target_os = "linux"))]
 fn set_parent_death_signal(_cmd: &mut Command) {}
 
+/// "exit status: 1", with the last line the process wrote to stderr, if any.
+pub fn describe_exit(status: std::process::ExitStatus, stderr: &[String]) -> String {
+    match stderr.iter().rev().find(|l| !l.trim().is_empty()) {
+        Some(line) => {
+            let line: String = line.trim().chars().take(300).collect();
+            format!("{status}; stderr: {line}")
+        }
+        None => status.to_string(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

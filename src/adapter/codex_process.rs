@@ -1,0 +1,449 @@
+//! The driver of one `codex app-server` process (design §9), behind the generic
+//! [`AgentSession`] handle: [`open`] starts it.
+//!
+//! One task owns the process through the [`RpcClient`]: it shakes hands (`initialize`,
+//! `initialized`), opens the thread (`thread/start`, or `thread/resume` — a fresh app-server
+//! must load a thread before `turn/start`), then serves the session: a prompt is a
+//! `turn/start`, a cancel a `turn/interrupt` (held until `turn/started` names the turn), a
+//! permission answer goes back to the approval request it answers. Everything the app-server
+//! sends goes through the pure [`Translator`]. While it waits for an answer the task keeps
+//! taking what the app-server sends (buffered, then handled in order), so a full queue can
+//! never stall the answer it waits for.
+//!
+//! Opening failures are reported on the first prompt: a thread Codex cannot find
+//! (`no rollout found`, `thread not found`) ends that run `resume_rejected` (the session then
+//! starts a fresh thread, visibly); a thread another process writes (`active writer`) is
+//! forked instead (design §8: never fight for the lock), with a `warning`.
+
+use std::collections::{HashMap, VecDeque};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use tokio::sync::{mpsc, oneshot};
+
+use super::codex::{self, Translator};
+use super::jsonrpc::{Dialect, Incoming, RpcClient, RpcError, ServerRequest};
+use super::spawn::{SpawnSpec, Spawned, describe_exit, spawn};
+use super::{AdapterError, AgentInput, AgentOutput, AgentSession, Native, OpenSpec};
+use crate::protocol::events::{ErrorCategory, ErrorNotice, EventBody, Notice, RunEnd, RunState};
+
+/// Events buffered between the process task and the session.
+const EVENT_QUEUE: usize = 256;
+/// How long the handshake and opening a thread may take.
+const OPEN_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long `turn/start` and `turn/interrupt` may take to be answered.
+const CALL_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a driver whose session went away gives the process to finish.
+const ORPHAN_GRACE: Duration = Duration::from_secs(2);
+
+/// Start `codex app-server`. Must run on a runtime worker thread (the parent-death signal is
+/// tied to the thread that spawns).
+pub fn open(spec: OpenSpec) -> Result<AgentSession, AdapterError> {
+    let mut child = spawn(&SpawnSpec {
+        program: spec.program,
+        args: vec!["app-server".to_owned()],
+        cwd: spec.cwd.clone(),
+        base_env: spec.base_env,
+        extra_env: spec.extra_env,
+        session_id: Some(spec.host_session_id.clone()),
+        label: format!("codex[{}]", spec.host_session_id),
+    })?;
+    let pid = child.pid();
+    let (Some(stdout), Some(stdin)) = (child.stdout.take(), child.stdin.take()) else {
+        return Err(AdapterError::new(
+            ErrorCategory::TransportLost,
+            "the app-server has no stdio",
+        ));
+    };
+    let (rpc, incoming, _skipped) = RpcClient::start(stdout, stdin, Dialect::Bare);
+    let (input, inputs) = mpsc::channel(64);
+    let (events_tx, events) = mpsc::channel(EVENT_QUEUE);
+    let driver = Driver {
+        rpc,
+        incoming,
+        backlog: VecDeque::new(),
+        events: events_tx,
+        translator: Translator::new(),
+        approvals: HashMap::new(),
+        interrupt_pending: false,
+        open_error: None,
+    };
+    let cwd = spec.cwd.display().to_string();
+    let span = tracing::info_span!("agent", session_id = %spec.host_session_id, pid);
+    tokio::spawn(tracing::Instrument::instrument(
+        driver.run(child, inputs, spec.native, cwd),
+        span,
+    ));
+    Ok(AgentSession::new(input, events, pid))
+}
+
+/// Why the thread could not be opened; reported on the next prompt.
+struct OpenError {
+    category: ErrorCategory,
+    message: String,
+}
+
+struct Driver {
+    rpc: RpcClient,
+    incoming: mpsc::Receiver<Incoming>,
+    /// What arrived while a call was waiting for its answer, in order.
+    backlog: VecDeque<Incoming>,
+    events: mpsc::Sender<AgentOutput>,
+    translator: Translator,
+    /// Approval requests waiting for the session's answer, by permission id.
+    approvals: HashMap<String, ServerRequest>,
+    /// A cancel came before the turn had an id.
+    interrupt_pending: bool,
+    open_error: Option<OpenError>,
+}
+
+/// The session stopped taking events.
+struct Gone;
+
+impl Driver {
+    async fn run(
+        mut self,
+        mut child: Spawned,
+        mut inputs: mpsc::Receiver<AgentInput>,
+        native: Native,
+        cwd: String,
+    ) {
+        let mut closing: Option<(Duration, oneshot::Sender<()>)> = None;
+        let mut session_gone = self.open(&native, &cwd).await.is_err();
+        let mut stdout_open = true;
+        while !session_gone {
+            if let Err(Gone) = self.drain_backlog().await {
+                session_gone = true;
+                break;
+            }
+            tokio::select! {
+                input = inputs.recv() => match input {
+                    Some(AgentInput::Close { grace, done }) => {
+                        closing = Some((grace, done));
+                        break;
+                    }
+                    Some(input) => {
+                        if let Err(Gone) = self.on_input(input).await {
+                            session_gone = true;
+                        }
+                    }
+                    None => session_gone = true,
+                },
+                msg = self.incoming.recv() => match msg {
+                    Some(msg) => {
+                        if let Err(Gone) = self.on_incoming(msg).await {
+                            session_gone = true;
+                        }
+                    }
+                    None => {
+                        stdout_open = false;
+                        break;
+                    }
+                },
+            }
+        }
+        inputs.close();
+        if closing.is_none() {
+            while let Ok(input) = inputs.try_recv() {
+                if let AgentInput::Close { grace, done } = input {
+                    closing = Some((grace, done));
+                    break;
+                }
+            }
+        }
+        if closing.is_none() && (session_gone || stdout_open) {
+            closing = Some((ORPHAN_GRACE, oneshot::channel().0));
+        }
+        // Unanswered approvals are refused as the process goes; then stdin closes (the
+        // app-server exits cleanly on EOF) with the last handle to the client.
+        self.approvals.clear();
+        let Driver {
+            rpc,
+            incoming,
+            events,
+            mut translator,
+            ..
+        } = self;
+        drop(rpc);
+        drop(incoming);
+        let status = match closing {
+            Some((grace, done)) => {
+                let status = child.stop(grace).await;
+                let _caller_gone = done.send(());
+                status
+            }
+            None => child.wait().await,
+        };
+        let status = status.unwrap_or_default();
+        let stderr = child.stderr_tail().await;
+        let exit = describe_exit(status, &stderr);
+        let in_turn = translator.in_turn();
+        tracing::info!(%status, in_turn, skipped = translator.skipped(), "app-server ended");
+        if session_gone {
+            return;
+        }
+        for event in translator.on_exit(in_turn, &exit) {
+            if events.send(AgentOutput::Event(event)).await.is_err() {
+                return;
+            }
+        }
+        let _session_gone = events.send(AgentOutput::Exited { status: exit }).await;
+    }
+
+    async fn emit(&self, events: Vec<EventBody>) -> Result<(), Gone> {
+        for event in events {
+            if self.events.send(AgentOutput::Event(event)).await.is_err() {
+                return Err(Gone);
+            }
+        }
+        Ok(())
+    }
+
+    /// A request whose answer is awaited while what the app-server sends is buffered.
+    async fn call(
+        &mut self,
+        method: &str,
+        params: Value,
+        timeout: Duration,
+    ) -> Result<Value, RpcError> {
+        let rpc = self.rpc.clone();
+        let method_owned = method.to_owned();
+        let call = rpc.request(&method_owned, params, timeout);
+        tokio::pin!(call);
+        loop {
+            tokio::select! {
+                answer = &mut call => return answer,
+                msg = self.incoming.recv() => match msg {
+                    Some(msg) => self.backlog.push_back(msg),
+                    // stdout ended: the answer will say so.
+                    None => return call.await,
+                },
+            }
+        }
+    }
+
+    async fn drain_backlog(&mut self) -> Result<(), Gone> {
+        while let Some(msg) = self.backlog.pop_front() {
+            self.on_incoming(msg).await?;
+        }
+        Ok(())
+    }
+
+    /// Handshake and thread. Failures are kept for the first prompt.
+    async fn open(&mut self, native: &Native, cwd: &str) -> Result<(), Gone> {
+        if let Err(e) = self
+            .call("initialize", codex::initialize_params(), OPEN_TIMEOUT)
+            .await
+        {
+            self.open_error = Some(OpenError {
+                category: ErrorCategory::AgentFailed,
+                message: format!("the app-server did not start: {e}"),
+            });
+            return Ok(());
+        }
+        self.rpc.notify("initialized", json!({})).await;
+        let opened = match native {
+            Native::New(_) => {
+                self.call(
+                    "thread/start",
+                    codex::thread_start_params(cwd),
+                    OPEN_TIMEOUT,
+                )
+                .await
+            }
+            Native::Resume(id) => {
+                let resumed = self
+                    .call("thread/resume", json!({"threadId": id}), OPEN_TIMEOUT)
+                    .await;
+                match resumed {
+                    Err(e) if e.remote_message().is_some_and(codex::is_foreign_writer) => {
+                        self.fork(id, &e).await
+                    }
+                    other => other,
+                }
+            }
+        };
+        match opened {
+            Ok(result) => {
+                let events = self.translator.on_result(&result);
+                self.emit(events).await
+            }
+            Err(e) => {
+                let rejected = matches!(native, Native::Resume(_))
+                    && e.remote_message().is_some_and(codex::is_missing_thread);
+                self.open_error = Some(OpenError {
+                    category: if rejected {
+                        ErrorCategory::ResumeRejected
+                    } else {
+                        ErrorCategory::AgentFailed
+                    },
+                    message: e
+                        .remote_message()
+                        .map_or_else(|| e.to_string(), str::to_owned),
+                });
+                Ok(())
+            }
+        }
+    }
+
+    /// Another process writes the thread: continue in a fork of it.
+    async fn fork(&mut self, id: &str, why: &RpcError) -> Result<Value, RpcError> {
+        let forked = self
+            .call("thread/fork", json!({"threadId": id}), OPEN_TIMEOUT)
+            .await?;
+        let new_id = forked
+            .pointer("/thread/id")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        tracing::warn!(
+            thread = id,
+            fork = new_id,
+            "thread has another writer; forked"
+        );
+        let notice = EventBody::Warning(Notice {
+            code: "forked".to_owned(),
+            message: format!(
+                "thread {id} is being written by another process ({}); this session continues \
+                 in a fork of it, {new_id}",
+                why.remote_message().unwrap_or_default()
+            ),
+        });
+        // The session learns the new id from `session.bound` right after.
+        let _gone = self.emit(vec![notice]).await;
+        Ok(forked)
+    }
+
+    async fn on_input(&mut self, input: AgentInput) -> Result<(), Gone> {
+        match input {
+            AgentInput::Prompt(text) => self.start_turn(&text).await,
+            AgentInput::Permission {
+                request_id, allow, ..
+            } => {
+                match self.approvals.remove(&request_id) {
+                    Some(request) => {
+                        let answer =
+                            codex::approval_answer(&request.method, &request.params, allow);
+                        request.respond(answer);
+                    }
+                    None => tracing::info!(request_id, "an answer to no pending approval"),
+                }
+                Ok(())
+            }
+            AgentInput::Interrupt => {
+                match self.translator.turn_id().map(str::to_owned) {
+                    Some(turn) => self.interrupt(&turn).await,
+                    None => self.interrupt_pending = true,
+                }
+                Ok(())
+            }
+            AgentInput::Close { .. } => Ok(()),
+        }
+    }
+
+    async fn start_turn(&mut self, text: &str) -> Result<(), Gone> {
+        if let Some(error) = self.open_error.take() {
+            return self.fail_turn(error.category, error.message).await;
+        }
+        let Some(thread) = self.translator.thread_id().map(str::to_owned) else {
+            return self
+                .fail_turn(ErrorCategory::AgentFailed, "no thread is open".to_owned())
+                .await;
+        };
+        self.interrupt_pending = false;
+        let started = self
+            .call(
+                "turn/start",
+                codex::turn_start_params(&thread, text),
+                CALL_TIMEOUT,
+            )
+            .await;
+        match started {
+            Ok(_) => Ok(()),
+            Err(RpcError::NoAnswer { .. } | RpcError::NotSent { .. }) => {
+                // The process is going: its exit ends the run.
+                Ok(())
+            }
+            Err(e) => {
+                let message = e
+                    .remote_message()
+                    .map_or_else(|| e.to_string(), str::to_owned);
+                self.fail_turn(ErrorCategory::AgentFailed, message).await
+            }
+        }
+    }
+
+    /// A run that could not start: `error` and `run.end` failed.
+    async fn fail_turn(&mut self, category: ErrorCategory, message: String) -> Result<(), Gone> {
+        self.emit(vec![
+            EventBody::Error(ErrorNotice {
+                category,
+                message: message.clone(),
+            }),
+            EventBody::RunEnd(RunEnd {
+                state: RunState::Failed,
+                category: Some(category),
+                message: Some(message),
+            }),
+        ])
+        .await
+    }
+
+    async fn interrupt(&mut self, turn: &str) {
+        let Some(thread) = self.translator.thread_id().map(str::to_owned) else {
+            return;
+        };
+        self.interrupt_pending = false;
+        if let Err(e) = self
+            .call(
+                "turn/interrupt",
+                json!({"threadId": thread, "turnId": turn}),
+                CALL_TIMEOUT,
+            )
+            .await
+        {
+            // The turn may have ended meanwhile; the session's cancel deadline covers the rest.
+            tracing::info!(error = %e, "turn/interrupt failed");
+        }
+    }
+
+    async fn on_incoming(&mut self, msg: Incoming) -> Result<(), Gone> {
+        match msg {
+            Incoming::Notification { method, params } => {
+                let events = self.translator.on_notification(&method, &params);
+                self.emit(events).await?;
+                if method == "turn/started"
+                    && self.interrupt_pending
+                    && let Some(turn) = self.translator.turn_id().map(str::to_owned)
+                {
+                    self.interrupt(&turn).await;
+                }
+                Ok(())
+            }
+            Incoming::Request(request) => {
+                let events = self.translator.on_server_request(
+                    &request.id,
+                    &request.method,
+                    &request.params,
+                );
+                let asks = events.iter().find_map(|e| match e {
+                    EventBody::PermissionRequest(p) => Some(p.request_id.clone()),
+                    _ => None,
+                });
+                match asks {
+                    Some(id) => {
+                        self.approvals.insert(id, request);
+                    }
+                    None if codex::APPROVALS.contains(&request.method.as_str()) => {
+                        // Another thread's approval: not ours to grant.
+                        let answer =
+                            codex::approval_answer(&request.method, &request.params, false);
+                        request.respond(answer);
+                    }
+                    // Anything else is refused (method not found) as it drops.
+                    None => drop(request),
+                }
+                self.emit(events).await
+            }
+        }
+    }
+}
