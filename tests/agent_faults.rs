@@ -31,7 +31,9 @@ fn script(dir: &Path, name: &str, body: &str) -> PathBuf {
 async fn host_with(dir: &Path, claude: PathBuf) -> TestHost {
     let agents = Agents {
         env: vec![("PATH".to_owned(), "/usr/bin:/bin".to_owned())],
-        claude,
+        family_env: Vec::new(),
+        claude: Some(claude),
+        codex: None,
     };
     TestHost::start_with_agents(&dir.join("host"), agents).await
 }

@@ -14,262 +14,11 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use agent_host::protocol::wire::{CmdId, Decoded, PROTOCOL_VERSION, pb};
-use agent_host::ws::client::{self, WsClient};
-use common::agents::{agent_env, ensure_claude, group_alive, in_loopback_only_netns};
-use common::mock_model::MockModel;
-use common::{Agents, TestHost};
+use agent_host::protocol::wire::{CmdId, pb};
+use common::TestHost;
+use common::agents::group_alive;
+use common::world::{Family, TURN, World, in_netns, run_end, run_end_of, text_of_run};
 use serde_json::{Value, json};
-
-/// How long a real turn against the mock may take.
-const TURN: Duration = Duration::from_secs(60);
-
-/// In the namespace child: a runtime to run the test on. In the parent: `None` (the child ran
-/// it, and passed).
-fn in_netns(test: &str) -> Option<tokio::runtime::Runtime> {
-    ensure_claude();
-    if !in_loopback_only_netns(test) {
-        return None;
-    }
-    Some(
-        tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .unwrap(),
-    )
-}
-
-/// A mock model, a host that runs claude against it, and a workspace.
-struct World {
-    dir: tempfile::TempDir,
-    _mock: MockModel,
-    work: PathBuf,
-    host: Option<TestHost>,
-}
-
-impl World {
-    async fn start() -> World {
-        let mock = MockModel::start(0).await.unwrap();
-        let dir = tempfile::tempdir().unwrap();
-        let agent_home = dir.path().join("agent-home");
-        let work = dir.path().join("work");
-        std::fs::create_dir_all(&agent_home).unwrap();
-        std::fs::create_dir_all(&work).unwrap();
-        let mut env = agent_env(&agent_home, &mock);
-        // A surrounding agent's marker must not reach the children.
-        env.push(("CLAUDECODE".to_owned(), "1".to_owned()));
-        let agents = Agents {
-            env,
-            claude: ensure_claude(),
-        };
-        let host = TestHost::start_with_agents(&dir.path().join("host"), agents).await;
-        World {
-            dir,
-            _mock: mock,
-            work,
-            host: Some(host),
-        }
-    }
-
-    fn host(&self) -> &TestHost {
-        self.host.as_ref().unwrap()
-    }
-
-    async fn restart(&mut self) {
-        let host = self.host.take().unwrap();
-        self.host = Some(host.restart().await);
-    }
-
-    async fn session(&self) -> String {
-        self.host().session(&self.work).await
-    }
-
-    async fn send(&self, session: &str, text: &str) -> String {
-        let data = self
-            .host()
-            .ok("session.send", json!({"session_id": session, "text": text}))
-            .await;
-        data["run_id"].as_str().unwrap().to_owned()
-    }
-
-    /// A whole turn: send, and wait for its `run.end` on `ws`.
-    async fn turn(&self, ws: &mut Follower, session: &str, text: &str) -> String {
-        let run = self.send(session, text).await;
-        run_end(ws, &run, TURN).await;
-        run
-    }
-
-    /// Send a `SLOW` prompt and wait until its text streams.
-    async fn streaming(&self, ws: &mut Follower, session: &str, text: &str) -> String {
-        let run = self.send(session, &format!("SLOW {text}")).await;
-        let id = run.clone();
-        ws.until("a delta of the slow run", TURN, |s| {
-            s.kind() == "text.delta" && s.run_id == id
-        })
-        .await;
-        run
-    }
-
-    async fn native_id(&self, session: &str) -> String {
-        let row = self
-            .host()
-            .ok("session.get", json!({"session_id": session}))
-            .await;
-        row["native_session_id"].as_str().unwrap().to_owned()
-    }
-
-    async fn agent_pid(&self, session: &str) -> i32 {
-        let row = self
-            .host()
-            .ok("session.get", json!({"session_id": session}))
-            .await;
-        i32::try_from(row["live"]["agent_pid"].as_u64().expect("no live agent")).unwrap()
-    }
-
-    async fn follower(&self, session: &str, deltas: bool) -> Follower {
-        let data = self
-            .host()
-            .ok(
-                "subscriber.add",
-                json!({"type": "local", "session_id": session, "forward_deltas": deltas,
-                       "replay_mode": "since_cursor"}),
-            )
-            .await;
-        let hello = pb::Hello {
-            client_name: "claude-host-test".into(),
-            cursor: None,
-            protocol_version: PROTOCOL_VERSION,
-        };
-        let (ws, _) = client::connect(
-            data["ws_endpoint"].as_str().unwrap(),
-            data["ws_token"].as_str().unwrap(),
-            hello,
-        )
-        .await
-        .unwrap();
-        Follower {
-            ws,
-            subscriber_id: data["subscriber_id"].as_str().unwrap().to_owned(),
-            seen: Vec::new(),
-        }
-    }
-}
-
-/// One event a follower received.
-#[derive(Debug, Clone)]
-struct Seen {
-    seq: i64,
-    run_id: String,
-    delta: bool,
-    event: Value,
-}
-
-impl Seen {
-    fn kind(&self) -> &str {
-        self.event["k"].as_str().unwrap_or_default()
-    }
-}
-
-struct Follower {
-    ws: WsClient,
-    subscriber_id: String,
-    seen: Vec<Seen>,
-}
-
-impl Follower {
-    fn record(&mut self, frame: &Decoded) -> Option<Seen> {
-        let push = client::event_of(frame)?;
-        let seen = Seen {
-            seq: push.sequence_id,
-            run_id: push.run_id,
-            delta: push.is_delta,
-            event: serde_json::from_str(&push.event_json).unwrap(),
-        };
-        self.seen.push(seen.clone());
-        Some(seen)
-    }
-
-    /// Events until one matches; returns it.
-    async fn until(&mut self, what: &str, wait: Duration, pred: impl Fn(&Seen) -> bool) -> Seen {
-        let deadline = tokio::time::Instant::now() + wait;
-        loop {
-            let frame = tokio::time::timeout_at(deadline, self.ws.next_frame())
-                .await
-                .unwrap_or_else(|_| panic!("no {what} in {wait:?}; saw {:#?}", self.kinds()))
-                .unwrap()
-                .expect("connection closed");
-            if let Some(seen) = self.record(&frame)
-                && pred(&seen)
-            {
-                return seen;
-            }
-        }
-    }
-
-    async fn until_kind(&mut self, kind: &str, wait: Duration) -> Seen {
-        self.until(kind, wait, |s| s.kind() == kind).await
-    }
-
-    /// Send a request and wait for its reply, recording pushes on the way.
-    async fn request<M: prost::Message>(&mut self, cmd: CmdId, body: &M) -> Decoded {
-        let id = self.ws.send(cmd, body).await.unwrap();
-        loop {
-            let frame = tokio::time::timeout(common::WAIT, self.ws.next_frame())
-                .await
-                .expect("no reply")
-                .unwrap()
-                .expect("connection closed");
-            if self.record(&frame).is_none() && frame.request_id == id {
-                return frame;
-            }
-        }
-    }
-
-    fn kinds(&self) -> Vec<String> {
-        self.seen.iter().map(|s| s.kind().to_owned()).collect()
-    }
-
-    /// Brackets only, as (sequence id, kind).
-    fn brackets(&self) -> Vec<(i64, String)> {
-        self.seen
-            .iter()
-            .filter(|s| !s.delta)
-            .map(|s| (s.seq, s.kind().to_owned()))
-            .collect()
-    }
-
-    fn of_run(&self, run_id: &str) -> Vec<&Seen> {
-        self.seen.iter().filter(|s| s.run_id == run_id).collect()
-    }
-}
-
-fn text_of_run(follower: &Follower, run_id: &str) -> String {
-    follower
-        .of_run(run_id)
-        .iter()
-        .filter(|s| s.kind() == "text.end")
-        .map(|s| s.event["text"].as_str().unwrap().to_owned())
-        .collect::<Vec<_>>()
-        .join("")
-}
-
-fn run_end_of(follower: &Follower, run_id: &str) -> Value {
-    follower
-        .of_run(run_id)
-        .iter()
-        .find(|s| s.kind() == "run.end")
-        .map(|s| s.event.clone())
-        .unwrap_or_else(|| panic!("no run.end for {run_id}"))
-}
-
-/// Wait for `run_id`'s `run.end`.
-async fn run_end(f: &mut Follower, run_id: &str, wait: Duration) -> Value {
-    let id = run_id.to_owned();
-    f.until("run.end", wait, |s| s.kind() == "run.end" && s.run_id == id)
-        .await
-        .event
-}
 
 /// The claude session files under the agent's HOME.
 fn session_files(root: &Path) -> Vec<PathBuf> {
@@ -293,11 +42,11 @@ fn session_files(root: &Path) -> Vec<PathBuf> {
 /// `session.bound` comes before the first text, and the second answer remembers the first.
 #[test]
 fn two_turns_stream_to_two_followers_alike() {
-    let Some(rt) = in_netns("two_turns_stream_to_two_followers_alike") else {
+    let Some(rt) = in_netns(Family::Claude, "two_turns_stream_to_two_followers_alike") else {
         return;
     };
     rt.block_on(async {
-        let world = World::start().await;
+        let world = World::start(Family::Claude).await;
         let session = world.session().await;
         let mut with_deltas = world.follower(&session, true).await;
         let mut without = world.follower(&session, false).await;
@@ -362,11 +111,14 @@ fn two_turns_stream_to_two_followers_alike() {
 /// `already_resolved` saying who answered first.
 #[test]
 fn permissions_are_answered_once_from_any_client() {
-    let Some(rt) = in_netns("permissions_are_answered_once_from_any_client") else {
+    let Some(rt) = in_netns(
+        Family::Claude,
+        "permissions_are_answered_once_from_any_client",
+    ) else {
         return;
     };
     rt.block_on(async {
-        let world = World::start().await;
+        let world = World::start(Family::Claude).await;
         let session = world.session().await;
         let mut ws = world.follower(&session, false).await;
 
@@ -489,11 +241,14 @@ fn permissions_are_answered_once_from_any_client() {
 /// next prompt works in the same process and native session.
 #[test]
 fn cancel_ends_the_turn_and_the_session_goes_on() {
-    let Some(rt) = in_netns("cancel_ends_the_turn_and_the_session_goes_on") else {
+    let Some(rt) = in_netns(
+        Family::Claude,
+        "cancel_ends_the_turn_and_the_session_goes_on",
+    ) else {
         return;
     };
     rt.block_on(async {
-        let world = World::start().await;
+        let world = World::start(Family::Claude).await;
         let session = world.session().await;
         let mut ws = world.follower(&session, true).await;
         world.turn(&mut ws, &session, "before the cancel").await;
@@ -540,11 +295,14 @@ fn cancel_ends_the_turn_and_the_session_goes_on() {
 /// within 2 s, nothing left of its process group, and the next prompt resumes the session.
 #[test]
 fn a_killed_agent_fails_the_run_and_the_next_prompt_resumes() {
-    let Some(rt) = in_netns("a_killed_agent_fails_the_run_and_the_next_prompt_resumes") else {
+    let Some(rt) = in_netns(
+        Family::Claude,
+        "a_killed_agent_fails_the_run_and_the_next_prompt_resumes",
+    ) else {
         return;
     };
     rt.block_on(async {
-        let world = World::start().await;
+        let world = World::start(Family::Claude).await;
         let session = world.session().await;
         let mut ws = world.follower(&session, true).await;
         world.turn(&mut ws, &session, "before the kill").await;
@@ -589,11 +347,14 @@ fn a_killed_agent_fails_the_run_and_the_next_prompt_resumes() {
 /// a late answer says so.
 #[test]
 fn a_restart_resumes_and_a_rejected_resume_is_announced() {
-    let Some(rt) = in_netns("a_restart_resumes_and_a_rejected_resume_is_announced") else {
+    let Some(rt) = in_netns(
+        Family::Claude,
+        "a_restart_resumes_and_a_rejected_resume_is_announced",
+    ) else {
         return;
     };
     rt.block_on(async {
-        let mut world = World::start().await;
+        let mut world = World::start(Family::Claude).await;
         let session = world.session().await;
         let mut ws = world.follower(&session, false).await;
         world.turn(&mut ws, &session, "remember me").await;
@@ -644,9 +405,8 @@ fn a_restart_resumes_and_a_rejected_resume_is_announced() {
             .find(|f| f.file_stem().is_some_and(|s| s == native.as_str()))
             .unwrap_or_else(|| panic!("no session file for {native} in {files:?}"));
         std::fs::remove_file(file).unwrap();
-        world.host = Some(
-            TestHost::start_with_agents(&world.dir.path().join("host"), world.host_agents()).await,
-        );
+        world.host =
+            Some(TestHost::start_with_agents(&world.dir.path().join("host"), world.agents()).await);
         let mut ws = world.follower(&session, false).await;
         let fresh = world.send(&session, "start over").await;
         run_end(&mut ws, &fresh, TURN).await;
@@ -676,30 +436,20 @@ fn a_restart_resumes_and_a_rejected_resume_is_announced() {
     });
 }
 
-impl World {
-    fn host_agents(&self) -> Agents {
-        let mock_url = self._mock.base_url();
-        let mut env = agent_env(&self.dir.path().join("agent-home"), &self._mock);
-        assert!(env.iter().any(|(_, v)| *v == mock_url));
-        env.push(("CLAUDECODE".to_owned(), "1".to_owned()));
-        Agents {
-            env,
-            claude: ensure_claude(),
-        }
-    }
-}
-
 /// Acceptance 7: five prompts in a burst: the first runs, three wait, the oldest waiting one is
 /// dropped with a visible warning; on the bus every run's `run.end` comes before the next
 /// run's `user.text`, which comes before its `run.start`. A repeated `client_msg_id` is the
 /// same run.
 #[test]
 fn a_burst_of_prompts_queues_three_and_keeps_the_order() {
-    let Some(rt) = in_netns("a_burst_of_prompts_queues_three_and_keeps_the_order") else {
+    let Some(rt) = in_netns(
+        Family::Claude,
+        "a_burst_of_prompts_queues_three_and_keeps_the_order",
+    ) else {
         return;
     };
     rt.block_on(async {
-        let world = World::start().await;
+        let world = World::start(Family::Claude).await;
         let session = world.session().await;
         let mut ws = world.follower(&session, false).await;
         let host = world.host();

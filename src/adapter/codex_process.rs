@@ -109,6 +109,10 @@ impl Driver {
         cwd: String,
     ) {
         let mut closing: Option<(Duration, oneshot::Sender<()>)> = None;
+        // A dead app-server whose stdout a child of it still holds never sends EOF: its
+        // exit is watched too.
+        let leader = child.leader_exit();
+        tokio::pin!(leader);
         let mut session_gone = self.open(&native, &cwd).await.is_err();
         let mut stdout_open = true;
         while !session_gone {
@@ -140,6 +144,10 @@ impl Driver {
                         break;
                     }
                 },
+                () = &mut leader => {
+                    stdout_open = false;
+                    break;
+                }
             }
         }
         inputs.close();
@@ -159,20 +167,41 @@ impl Driver {
         self.approvals.clear();
         let Driver {
             rpc,
-            incoming,
+            mut incoming,
             events,
             mut translator,
             ..
         } = self;
         drop(rpc);
-        drop(incoming);
         let status = match closing {
             Some((grace, done)) => {
+                drop(incoming);
                 let status = child.stop(grace).await;
                 let _caller_gone = done.send(());
                 status
             }
-            None => child.wait().await,
+            None => {
+                // The leader is gone; the group is killed as it is reaped, which closes the
+                // pipe. What the app-server wrote before it died still counts.
+                let status = child.wait().await;
+                let drained = tokio::time::timeout(Duration::from_secs(1), async {
+                    let mut last = Vec::new();
+                    while let Some(msg) = incoming.recv().await {
+                        if let Incoming::Notification { method, params } = msg {
+                            last.extend(translator.on_notification(&method, &params));
+                        }
+                    }
+                    last
+                })
+                .await
+                .unwrap_or_default();
+                for event in drained {
+                    if events.send(AgentOutput::Event(event)).await.is_err() {
+                        return;
+                    }
+                }
+                status
+            }
         };
         let status = status.unwrap_or_default();
         let stderr = child.stderr_tail().await;

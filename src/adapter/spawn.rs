@@ -188,22 +188,31 @@ impl Spawned {
         self.reap().await
     }
 
+    /// A future that resolves once the leader has exited (not reaped), owning what it needs —
+    /// for a driver to notice a dead agent whose stdout is still held open by a child.
+    pub fn leader_exit(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let pgid = self.pgid.filter(|_| !self.reaped);
+        async move {
+            let Some(pgid) = pgid else {
+                return;
+            };
+            let waited = tokio::task::spawn_blocking(move || {
+                nix::sys::wait::waitid(
+                    nix::sys::wait::Id::Pid(pgid),
+                    nix::sys::wait::WaitPidFlag::WEXITED | nix::sys::wait::WaitPidFlag::WNOWAIT,
+                )
+            })
+            .await;
+            if !matches!(waited, Ok(Ok(_))) {
+                tracing::debug!(pid = ?pgid, "waitid failed; the leader is already reaped");
+            }
+        }
+    }
+
     /// Resolves once the leader has exited, without reaping it (its pid, and so the group id,
     /// stay reserved).
     async fn exited(&self) {
-        let Some(pgid) = self.pgid.filter(|_| !self.reaped) else {
-            return;
-        };
-        let waited = tokio::task::spawn_blocking(move || {
-            nix::sys::wait::waitid(
-                nix::sys::wait::Id::Pid(pgid),
-                nix::sys::wait::WaitPidFlag::WEXITED | nix::sys::wait::WaitPidFlag::WNOWAIT,
-            )
-        })
-        .await;
-        if !matches!(waited, Ok(Ok(_))) {
-            tracing::debug!(pid = ?pgid, "waitid failed; the leader is already reaped");
-        }
+        self.leader_exit().await;
     }
 
     async fn reap(&mut self) -> std::io::Result<ExitStatus> {

@@ -139,3 +139,93 @@ pub fn exit_of(pid: i32) -> impl std::future::Future<Output = ()> {
         }
     }
 }
+
+/// The pinned codex CLI, installed if missing (the same `npm ci` and lock as `ensure_claude`).
+pub fn ensure_codex() -> PathBuf {
+    ensure_npm_agent("codex", "@openai/codex")
+}
+
+/// `agents/node_modules/.bin/<bin>` of npm package `package`, installed by `npm ci` when it is
+/// missing, not the pinned version, or does not run `--version` (under the install lock).
+fn ensure_npm_agent(bin: &str, package: &str) -> PathBuf {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("agents");
+    let path = root.join("node_modules/.bin").join(bin);
+    let lock = File::create(root.join(".install.lock")).unwrap();
+    let _held = nix::fcntl::Flock::lock(lock, nix::fcntl::FlockArg::LockExclusive).unwrap();
+    let json = |file: PathBuf| {
+        std::fs::read_to_string(file)
+            .ok()
+            .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+    };
+    let installed = json(root.join("node_modules").join(package).join("package.json"))
+        .and_then(|v| v["version"].as_str().map(str::to_owned));
+    let pinned = json(root.join("package.json"))
+        .and_then(|v| v["dependencies"][package].as_str().map(str::to_owned));
+    let works = |path: &Path| {
+        Command::new(path)
+            .arg("--version")
+            .output()
+            .is_ok_and(|o| o.status.success())
+    };
+    if !path.exists() || installed != pinned || !works(&path) {
+        let status = Command::new("npm")
+            .args(["ci", "--no-audit", "--no-fund", "--loglevel=error"])
+            .current_dir(&root)
+            .status()
+            .expect("npm is needed to install the agent CLIs the tests drive");
+        assert!(status.success(), "npm ci in agents/ failed");
+    }
+    assert!(works(&path), "{} does not run after npm ci", path.display());
+    path
+}
+
+/// What `codex` needs to run offline against the mock: a private HOME, CODEX_HOME inside it
+/// (`home/.codex`, where `write_codex_config` puts the config naming the mock), and the key
+/// the config's provider reads (never checked).
+pub fn codex_env(home: &Path, _mock: &super::mock_model::MockModel) -> Vec<(String, String)> {
+    let codex_home = home.join(".codex");
+    [
+        ("HOME", home.to_str().unwrap().to_owned()),
+        ("PATH", "/usr/bin:/bin".to_owned()),
+        ("CODEX_HOME", codex_home.to_str().unwrap().to_owned()),
+        ("MOCK_API_KEY", "mock-key".to_owned()),
+    ]
+    .map(|(k, v)| (k.to_owned(), v))
+    .to_vec()
+}
+
+/// Write `codex_home/config.toml`: the mock as the model provider over the Responses API, a
+/// pinned model (fallback metadata keeps the classic `exec_command` tool; Codex's default model
+/// would use "code mode", which the mock does not script), no retries (an HTTP 500 fails the
+/// turn at once), and analytics, feedback, OpenTelemetry and update checks off.
+pub fn write_codex_config(codex_home: &Path, mock: &super::mock_model::MockModel) {
+    std::fs::create_dir_all(codex_home).unwrap();
+    let config = format!(
+        r#"model = "mock-model"
+model_provider = "mock"
+approval_policy = "on-request"
+sandbox_mode = "workspace-write"
+check_for_update_on_startup = false
+
+[model_providers.mock]
+name = "Mock LLM"
+base_url = "{}/v1"
+env_key = "MOCK_API_KEY"
+wire_api = "responses"
+request_max_retries = 0
+stream_max_retries = 0
+stream_idle_timeout_ms = 60000
+
+[analytics]
+enabled = false
+
+[feedback]
+enabled = false
+
+[otel]
+exporter = "none"
+"#,
+        mock.base_url()
+    );
+    std::fs::write(codex_home.join("config.toml"), config).unwrap();
+}

@@ -1,16 +1,24 @@
-//! The project's own mock model server: the Anthropic Messages API on 127.0.0.1, streaming
-//! SSE, with scripted replies, for driving the real `claude` CLI offline. Stateless: each reply
-//! is decided from the conversation in the request, so history continuity is checkable
-//! (`[user turns seen: N; first: …]`).
+//! The project's own mock model server on 127.0.0.1, with scripted replies, for driving the
+//! real agent CLIs offline: the Anthropic Messages API (`POST /v1/messages`, for `claude`) and
+//! the OpenAI Responses API (`POST /v1/responses`, for `codex`), both streaming SSE. Stateless:
+//! each reply is decided from the conversation in the request, so history continuity is
+//! checkable (`[user turns seen: N; first: …]`; for Codex only the prompts the user typed count,
+//! not the context items it adds as user messages, such as `<environment_context>`).
 //!
 //! Scripts, by the text of the last user message:
 //! - plain text → `echo: <text> [user turns seen: N; first: <first user text>]`;
-//! - `TOOLCALL` (optionally ``TOOLCALL `cmd` ``) → a `Bash` tool call, then, once the tool
-//!   result comes back, `tool said: <result>`;
-//! - `THINK` → a thinking block, then the echo;
+//! - `TOOLCALL` (optionally ``TOOLCALL `cmd` ``) → a shell tool call (Claude `Bash`, Codex
+//!   `exec_command`), then, once the tool result comes back, `tool said: <result>`;
+//!   ``TOOLCALL ESCALATE `cmd` `` has the Codex call ask for
+//!   `sandbox_permissions: require_escalated` (so app-server asks the client to approve it);
+//! - `THINK` → a thinking block (Codex: a reasoning summary), then the echo;
 //! - `SLOW` → 40 text chunks 250 ms apart (something to cancel);
 //! - `FAIL500` → HTTP 500 with an API error body;
-//! - `OVERFLOW` → HTTP 400 `prompt is too long` (context exhausted).
+//! - `OVERFLOW` → HTTP 400 `prompt is too long` (context exhausted; Codex: code
+//!   `context_length_exceeded`).
+//!
+//! Anything else: `GET /v1/models` → an empty model list, any other `GET`/`HEAD` → `{}`,
+//! `POST /v1/messages/count_tokens` → 10 tokens, other paths → 404.
 //!
 //! A hand-written HTTP/1.1 responder is enough here (one request per connection, then close):
 //! this is a test fixture, and keeping it free of an HTTP stack keeps the test build small.
@@ -99,8 +107,16 @@ async fn serve(stream: TcpStream) -> std::io::Result<()> {
     let mut parts = request_line.split_whitespace();
     let method = parts.next().unwrap_or_default();
     let path = parts.next().unwrap_or_default();
+    if method == "GET" && path.starts_with("/v1/models") {
+        let models = r#"{"object":"list","data":[],"models":[]}"#;
+        return respond(&mut stream, 200, "application/json", models).await;
+    }
     if method == "HEAD" || method == "GET" {
         return respond(&mut stream, 200, "application/json", "{}").await;
+    }
+    if path.starts_with("/v1/responses") {
+        let request: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+        return responses::serve(&mut stream, &request).await;
     }
     if path.starts_with("/v1/messages/count_tokens") {
         return respond(
@@ -179,7 +195,12 @@ async fn respond(
 enum Block {
     Text(Vec<String>),
     Thinking(String),
-    Tool { id: String, command: String },
+    /// A shell command; `escalate` asks to run it outside the sandbox (Codex only).
+    Tool {
+        id: String,
+        command: String,
+        escalate: bool,
+    },
 }
 
 impl Block {
@@ -189,7 +210,7 @@ impl Block {
             Block::Thinking(text) => {
                 json!({"type": "thinking", "thinking": text, "signature": "mock"})
             }
-            Block::Tool { id, command } => json!({
+            Block::Tool { id, command, .. } => json!({
                 "type": "tool_use", "id": id, "name": "Bash",
                 "input": {"command": command, "description": "run a command"}
             }),
@@ -231,15 +252,21 @@ fn script(request: &Value) -> Reply {
         .filter(|t| !t.is_empty())
         .collect();
     let last = messages.last().cloned().unwrap_or(Value::Null);
-    // A tool result coming back: finish the turn with what the tool said.
-    if let Some(result) = last["content"]
+    let tool_result = last["content"]
         .as_array()
         .and_then(|blocks| blocks.iter().find(|b| b["type"] == "tool_result").cloned())
-    {
-        let said = match &result["content"] {
+        .map(|result| match &result["content"] {
             Value::String(s) => s.clone(),
             other => text_of(other),
-        };
+        });
+    decide(&user_texts, tool_result)
+}
+
+/// The reply to a conversation, from its user prompts (oldest first) and, when the last thing
+/// in it is a tool result, that result. Shared by both APIs.
+fn decide(user_texts: &[String], tool_result: Option<String>) -> Reply {
+    // A tool result coming back: finish the turn with what the tool said.
+    if let Some(said) = tool_result {
         return Reply::Blocks(
             vec![Block::Text(vec![format!("tool said: {}", said.trim())])],
             Duration::ZERO,
@@ -273,6 +300,7 @@ fn script(request: &Value) -> Reply {
                 Block::Tool {
                     id: format!("toolu_mock_{}", user_texts.len()),
                     command,
+                    escalate: text.contains("ESCALATE"),
                 },
             ],
             Duration::ZERO,
@@ -335,7 +363,7 @@ async fn stream_sse(
                 send("content_block_delta", json!({"type": "content_block_delta", "index": index, "delta": {"type": "thinking_delta", "thinking": text}})).await?;
                 send("content_block_delta", json!({"type": "content_block_delta", "index": index, "delta": {"type": "signature_delta", "signature": "mock"}})).await?;
             }
-            Block::Tool { id, command } => {
+            Block::Tool { id, command, .. } => {
                 send("content_block_start", json!({"type": "content_block_start", "index": index, "content_block": {"type": "tool_use", "id": id, "name": "Bash", "input": {}}})).await?;
                 let input = json!({"command": command, "description": "run a command"}).to_string();
                 let middle = input
@@ -362,4 +390,294 @@ async fn stream_sse(
     send("message_delta", json!({"type": "message_delta", "delta": {"stop_reason": stop, "stop_sequence": null}, "usage": {"output_tokens": output_tokens}})).await?;
     send("message_stop", json!({"type": "message_stop"})).await?;
     stream.shutdown().await
+}
+
+/// The OpenAI Responses API (`POST /v1/responses`), as Codex (`wire_api = "responses"`) uses
+/// it: the conversation is the `input` array, tool results come back as
+/// `function_call_output` items, and the reply streams as `response.*` SSE events whose `type`
+/// is repeated in each data object (Codex reads it from there).
+mod responses {
+    use super::{Block, Reply, decide, model_of, respond};
+    use serde_json::{Value, json};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::time::Duration;
+    use tokio::io::AsyncWriteExt;
+    use tokio::net::TcpStream;
+
+    /// Response and item ids, unique per reply.
+    static IDS: AtomicUsize = AtomicUsize::new(1);
+
+    fn next_id(prefix: &str) -> String {
+        format!("{prefix}_mock_{:04}", IDS.fetch_add(1, Ordering::Relaxed))
+    }
+
+    /// Codex's shell tool with fallback model metadata: `exec_command {cmd, ...}`.
+    const SHELL_TOOL: &str = "exec_command";
+
+    pub(super) async fn serve(stream: &mut TcpStream, request: &Value) -> std::io::Result<()> {
+        match script(request) {
+            Reply::Error(status, message) => {
+                let body = error_body(status, &message);
+                respond(stream, status, "application/json", &body.to_string()).await
+            }
+            Reply::Blocks(blocks, delay) if request["stream"] == true => {
+                stream_sse(stream, request, &blocks, delay).await
+            }
+            Reply::Blocks(blocks, _) => {
+                let output: Vec<Value> = blocks.iter().map(item).collect();
+                let body = response(request, &next_id("resp"), "completed", output);
+                respond(stream, 200, "application/json", &body.to_string()).await
+            }
+        }
+    }
+
+    /// An OpenAI error body; a 400 here is the context overflow, which Codex recognises by its
+    /// code (`contextWindowExceeded`).
+    fn error_body(status: u16, message: &str) -> Value {
+        let (kind, code) = if status == 400 {
+            ("invalid_request_error", "context_length_exceeded")
+        } else {
+            ("server_error", "server_error")
+        };
+        json!({"error": {"type": kind, "code": code, "message": message, "param": null}})
+    }
+
+    /// The reply, from the prompts the user typed and the last tool result if no prompt
+    /// follows it.
+    fn script(request: &Value) -> Reply {
+        let input = match &request["input"] {
+            Value::Array(items) => items.clone(),
+            Value::String(text) => vec![json!({"role": "user", "content": text})],
+            _ => Vec::new(),
+        };
+        let mut user_texts = Vec::new();
+        let mut tool_result = None;
+        for entry in &input {
+            if entry["type"] == "function_call_output" {
+                tool_result = Some(output_text(&entry["output"]));
+            } else if entry["role"] == "user" {
+                let text = prompt_text(&entry["content"]);
+                if !text.is_empty() {
+                    user_texts.push(text);
+                    tool_result = None;
+                }
+            }
+        }
+        decide(&user_texts, tool_result)
+    }
+
+    /// The text a user typed in a user message, skipping the parts Codex adds itself.
+    fn prompt_text(content: &Value) -> String {
+        match content {
+            Value::String(s) if !codex_context(s) => s.clone(),
+            Value::Array(parts) => parts
+                .iter()
+                .filter(|p| p["type"] == "input_text")
+                .filter_map(|p| p["text"].as_str())
+                .filter(|t| !codex_context(t))
+                .collect::<Vec<_>>()
+                .join(""),
+            _ => String::new(),
+        }
+    }
+
+    /// Whether a user-role text is context Codex adds, not a prompt: a whole `<tag>…</tag>`
+    /// block (`<environment_context>`, `<turn_aborted>` after an interrupt, …) or the
+    /// `# AGENTS.md instructions for <dir>` block.
+    fn codex_context(text: &str) -> bool {
+        let text = text.trim();
+        if text.starts_with("# AGENTS.md") {
+            return true;
+        }
+        let tag = text
+            .strip_prefix('<')
+            .and_then(|rest| rest.split_once('>'))
+            .map_or("", |(tag, _)| tag);
+        !tag.is_empty()
+            && tag.chars().all(|c| c.is_ascii_lowercase() || c == '_')
+            && text.ends_with(&format!("</{tag}>"))
+    }
+
+    /// A `function_call_output`'s output: a string, or content items with text.
+    fn output_text(output: &Value) -> String {
+        match output {
+            Value::String(s) => s.clone(),
+            Value::Array(parts) => parts
+                .iter()
+                .filter_map(|p| p["text"].as_str())
+                .collect::<Vec<_>>()
+                .join(""),
+            _ => String::new(),
+        }
+    }
+
+    /// `exec_command`'s arguments; escalated, app-server asks the client before running it.
+    fn arguments(command: &str, escalate: bool) -> String {
+        let mut args = json!({"cmd": command});
+        if escalate {
+            args["sandbox_permissions"] = json!("require_escalated");
+            args["justification"] = json!("The mock model asks to run this outside the sandbox.");
+        }
+        args.to_string()
+    }
+
+    /// A block as a finished output item.
+    fn item(block: &Block) -> Value {
+        match block {
+            Block::Text(chunks) => json!({
+                "type": "message", "id": next_id("msg"), "role": "assistant",
+                "status": "completed",
+                "content": [{"type": "output_text", "text": chunks.concat(), "annotations": []}]
+            }),
+            Block::Thinking(text) => json!({
+                "type": "reasoning", "id": next_id("rs"),
+                "summary": [{"type": "summary_text", "text": text}]
+            }),
+            Block::Tool {
+                command, escalate, ..
+            } => json!({
+                "type": "function_call", "id": next_id("fc"), "call_id": next_id("call"),
+                "name": SHELL_TOOL, "status": "completed",
+                "arguments": arguments(command, *escalate)
+            }),
+        }
+    }
+
+    /// The item as `response.output_item.added` announces it: same ids, nothing in it yet.
+    fn started(item: &Value) -> Value {
+        let mut item = item.clone();
+        match item["type"].as_str() {
+            Some("message") => item["content"] = json!([]),
+            Some("reasoning") => item["summary"] = json!([]),
+            _ => item["arguments"] = json!(""),
+        }
+        if item.get("status").is_some() {
+            item["status"] = json!("in_progress");
+        }
+        item
+    }
+
+    fn response(request: &Value, id: &str, status: &str, output: Vec<Value>) -> Value {
+        let output_tokens = output.len() + 1;
+        json!({
+            "id": id, "object": "response", "created_at": 0, "status": status,
+            "model": model_of(request), "output": output,
+            "usage": {
+                "input_tokens": 10, "input_tokens_details": {"cached_tokens": 0},
+                "output_tokens": output_tokens,
+                "output_tokens_details": {"reasoning_tokens": 0},
+                "total_tokens": 10 + output_tokens
+            }
+        })
+    }
+
+    /// One SSE event, `response.<kind>`, at a place in the output (`at`: output index, item
+    /// id, part index), carrying `value` under `key`. The event name is repeated in the data's
+    /// `type`, which is what Codex reads.
+    async fn emit(
+        stream: &mut TcpStream,
+        kind: &str,
+        at: &Value,
+        key: &str,
+        value: Value,
+    ) -> std::io::Result<()> {
+        let mut data = at.clone();
+        data["type"] = json!(format!("response.{kind}"));
+        data[key] = value;
+        let frame = format!("event: response.{kind}\ndata: {data}\n\n");
+        stream.write_all(frame.as_bytes()).await?;
+        stream.flush().await
+    }
+
+    async fn stream_sse(
+        stream: &mut TcpStream,
+        request: &Value,
+        blocks: &[Block],
+        delay: Duration,
+    ) -> std::io::Result<()> {
+        let head = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncache-control: no-cache\r\nconnection: close\r\n\r\n";
+        stream.write_all(head.as_bytes()).await?;
+        let id = next_id("resp");
+        let created = response(request, &id, "in_progress", Vec::new());
+        emit(stream, "created", &json!({}), "response", created).await?;
+        let mut output = Vec::new();
+        for (index, block) in blocks.iter().enumerate() {
+            let item = item(block);
+            let at = json!({"output_index": index});
+            emit(stream, "output_item.added", &at, "item", started(&item)).await?;
+            let at = json!({"output_index": index, "item_id": item["id"]});
+            match block {
+                Block::Text(chunks) => stream_text(stream, &at, &item, chunks, delay).await?,
+                Block::Thinking(text) => stream_summary(stream, &at, text).await?,
+                Block::Tool { .. } => stream_arguments(stream, &at, &item).await?,
+            }
+            emit(stream, "output_item.done", &at, "item", item.clone()).await?;
+            output.push(item);
+        }
+        let done = response(request, &id, "completed", output);
+        emit(stream, "completed", &json!({}), "response", done).await?;
+        stream.shutdown().await
+    }
+
+    async fn stream_text(
+        stream: &mut TcpStream,
+        at: &Value,
+        item: &Value,
+        chunks: &[String],
+        delay: Duration,
+    ) -> std::io::Result<()> {
+        let mut at = at.clone();
+        at["content_index"] = json!(0);
+        let empty = json!({"type": "output_text", "text": "", "annotations": []});
+        emit(stream, "content_part.added", &at, "part", empty).await?;
+        for chunk in chunks {
+            if !delay.is_zero() {
+                tokio::time::sleep(delay).await;
+            }
+            emit(stream, "output_text.delta", &at, "delta", json!(chunk)).await?;
+        }
+        let text = json!(chunks.concat());
+        emit(stream, "output_text.done", &at, "text", text).await?;
+        let part = item["content"][0].clone();
+        emit(stream, "content_part.done", &at, "part", part).await
+    }
+
+    async fn stream_summary(stream: &mut TcpStream, at: &Value, text: &str) -> std::io::Result<()> {
+        let mut at = at.clone();
+        at["summary_index"] = json!(0);
+        let part = |text: &str| json!({"type": "summary_text", "text": text});
+        let steps = [
+            ("reasoning_summary_part.added", "part", part("")),
+            ("reasoning_summary_text.delta", "delta", json!(text)),
+            ("reasoning_summary_text.done", "text", json!(text)),
+            ("reasoning_summary_part.done", "part", part(text)),
+        ];
+        for (kind, key, value) in steps {
+            emit(stream, kind, &at, key, value).await?;
+        }
+        Ok(())
+    }
+
+    /// The call's arguments in two deltas, then whole.
+    async fn stream_arguments(
+        stream: &mut TcpStream,
+        at: &Value,
+        item: &Value,
+    ) -> std::io::Result<()> {
+        let arguments = item["arguments"].as_str().unwrap_or_default();
+        let middle = arguments
+            .char_indices()
+            .nth(arguments.chars().count() / 2)
+            .map_or(0, |(i, _)| i);
+        let (a, b) = arguments.split_at(middle);
+        let steps = [
+            ("function_call_arguments.delta", "delta", a),
+            ("function_call_arguments.delta", "delta", b),
+            ("function_call_arguments.done", "arguments", arguments),
+        ];
+        for (kind, key, value) in steps {
+            emit(stream, kind, at, key, json!(value)).await?;
+        }
+        Ok(())
+    }
 }

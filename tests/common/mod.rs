@@ -5,6 +5,7 @@
 
 pub mod agents;
 pub mod mock_model;
+pub mod world;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -21,11 +22,15 @@ use tokio::task::JoinHandle;
 pub const WAIT: Duration = Duration::from_secs(20);
 
 /// What a host needs to run real agents: the environment it passes on (the spawn policy
-/// filters it) and the claude binary.
+/// filters it) and the binaries of the families it runs.
 #[derive(Debug, Clone)]
 pub struct Agents {
     pub env: Vec<(String, String)>,
-    pub claude: PathBuf,
+    /// Variables the spawn policy would not pass, set for the families in `config.toml`
+    /// (`[agents.<type>] env`), as a user does for a custom provider's key.
+    pub family_env: Vec<(String, String)>,
+    pub claude: Option<PathBuf>,
+    pub codex: Option<PathBuf>,
 }
 
 pub struct TestHost {
@@ -57,13 +62,17 @@ impl TestHost {
         config.clock = clock.clone();
         if let Some(agents) = &agents {
             config.env = agents.env.clone();
-            config.agents.insert(
-                "claude".to_owned(),
-                agent_host::config::AgentConfig {
-                    binary: Some(agents.claude.display().to_string()),
-                    env: Default::default(),
-                },
-            );
+            for (family, binary) in [("claude", &agents.claude), ("codex", &agents.codex)] {
+                if let Some(binary) = binary {
+                    config.agents.insert(
+                        family.to_owned(),
+                        agent_host::config::AgentConfig {
+                            binary: Some(binary.display().to_string()),
+                            env: agents.family_env.iter().cloned().collect(),
+                        },
+                    );
+                }
+            }
         }
         let (stop, stopped) = oneshot::channel::<()>();
         let (ready_tx, ready_rx) = oneshot::channel();
@@ -124,10 +133,14 @@ impl TestHost {
     }
 
     pub async fn session(&self, dir: &Path) -> String {
+        self.session_of("claude", dir).await
+    }
+
+    pub async fn session_of(&self, agent_type: &str, dir: &Path) -> String {
         let data = self
             .ok(
                 "session.create",
-                json!({"agent_type": "claude", "cwd": dir.display().to_string()}),
+                json!({"agent_type": agent_type, "cwd": dir.display().to_string()}),
             )
             .await;
         data["session_id"].as_str().unwrap().to_owned()

@@ -1,0 +1,298 @@
+//! Runs with the real Codex CLI (`codex app-server`, pinned in agents/package.json) through the
+//! whole host (issue 5, acceptance 1–4): turns streamed to WebSocket followers, approvals from
+//! either side, cancel, a host restart, and the app-server killed mid-turn. Each test runs
+//! inside its own loopback-only network namespace against the project's mock model (its
+//! OpenAI Responses API).
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "a failing test should panic"
+)]
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use agent_host::protocol::wire::{CmdId, pb};
+use common::agents::group_alive;
+use common::world::{Family, TURN, World, in_netns, run_end, run_end_of, text_of_run};
+use serde_json::{Value, json};
+
+/// Acceptance 1: two turns streamed to two followers (one with deltas, one without); the
+/// second answer proves the history; `session.bound` carries the thread id.
+#[test]
+fn codex_two_turns_stream_to_two_followers_alike() {
+    let Some(rt) = in_netns(
+        Family::Codex,
+        "codex_two_turns_stream_to_two_followers_alike",
+    ) else {
+        return;
+    };
+    rt.block_on(async {
+        let world = World::start(Family::Codex).await;
+        let session = world.session().await;
+        let mut with_deltas = world.follower(&session, true).await;
+        let mut without = world.follower(&session, false).await;
+
+        let first = world.send(&session, "hello codex").await;
+        run_end(&mut with_deltas, &first, TURN).await;
+        let second = world.send(&session, "second turn").await;
+        run_end(&mut with_deltas, &second, TURN).await;
+        run_end(&mut without, &second, TURN).await;
+
+        assert_eq!(with_deltas.brackets(), without.brackets());
+        assert!(
+            with_deltas.seen.iter().any(|s| s.kind() == "text.delta"),
+            "{:#?}",
+            with_deltas
+                .seen
+                .iter()
+                .map(|s| s.event.clone())
+                .collect::<Vec<_>>()
+        );
+        assert!(without.seen.iter().all(|s| !s.delta));
+        for run in [&first, &second] {
+            assert_eq!(run_end_of(&with_deltas, run)["state"], "completed");
+            let usage = with_deltas.of_run(run).iter().any(|s| s.kind() == "usage");
+            assert!(usage, "a usage for {run}");
+        }
+        assert_eq!(
+            text_of_run(&with_deltas, &first),
+            "echo: hello codex [user turns seen: 1; first: hello codex]"
+        );
+        assert_eq!(
+            text_of_run(&without, &second),
+            "echo: second turn [user turns seen: 2; first: hello codex]"
+        );
+        let thread = world.native_id(&session).await;
+        let bound = with_deltas
+            .seen
+            .iter()
+            .find(|s| s.kind() == "session.bound")
+            .unwrap();
+        assert_eq!(bound.event["nativeSessionId"], thread.as_str());
+        let kinds = with_deltas.kinds();
+        let bound_at = kinds.iter().position(|k| k == "session.bound").unwrap();
+        let text_at = kinds.iter().position(|k| k.starts_with("text.")).unwrap();
+        assert!(bound_at < text_at, "{kinds:?}");
+        world.host.unwrap().stop().await;
+    });
+}
+
+/// Acceptance 2: a command that needs approval — accepted from a WebSocket client, the command
+/// runs and `tool.exec.end` carries its output and exit code; declined over IPC, the turn goes
+/// on; a resolved request is gone for every client (a late answer is `already_resolved`).
+#[test]
+fn codex_approvals_from_any_client() {
+    let Some(rt) = in_netns(Family::Codex, "codex_approvals_from_any_client") else {
+        return;
+    };
+    rt.block_on(async {
+        let world = World::start(Family::Codex).await;
+        let session = world.session().await;
+        let mut ws = world.follower(&session, false).await;
+        let mut other = world.follower(&session, false).await;
+
+        let accepted = world
+            .send(
+                &session,
+                "TOOLCALL ESCALATE `touch accepted && echo codex-out`",
+            )
+            .await;
+        let request = ws.until_kind("permission.request", TURN).await;
+        assert_eq!(request.run_id, accepted);
+        let request_id = request.event["requestId"].as_str().unwrap().to_owned();
+        let reply = ws
+            .request(
+                CmdId::PermissionDecisionReq,
+                &pb::PermissionDecisionReq {
+                    session_id: session.clone(),
+                    request_id: request_id.clone(),
+                    decision: "allow".into(),
+                },
+            )
+            .await;
+        assert_eq!(reply.cmd, CmdId::PermissionDecisionResp, "{reply:?}");
+        assert_eq!(
+            run_end(&mut ws, &accepted, TURN).await["state"],
+            "completed"
+        );
+        let exec = ws
+            .of_run(&accepted)
+            .into_iter()
+            .find(|s| s.kind() == "tool.exec.end")
+            .unwrap()
+            .clone();
+        assert!(
+            exec.event["output"].as_str().unwrap().contains("codex-out"),
+            "{}",
+            exec.event
+        );
+        assert_eq!(exec.event["exitCode"], 0);
+        assert!(world.work.join("accepted").exists());
+        // The other follower saw the request resolved, by the first client.
+        run_end(&mut other, &accepted, TURN).await;
+        let resolved = other
+            .of_run(&accepted)
+            .into_iter()
+            .find(|s| s.kind() == "permission.resolved")
+            .unwrap()
+            .clone();
+        assert_eq!(resolved.event["requestId"], request_id.as_str());
+        assert_eq!(resolved.event["by"], ws.subscriber_id.as_str());
+        let late = world
+            .host()
+            .ipc(
+                "permission.respond",
+                json!({"session_id": session, "request_id": request_id, "decision": "deny"}),
+            )
+            .await;
+        assert_eq!(late.data["error"], "already_resolved", "{}", late.to_line());
+
+        let declined = world
+            .send(&session, "TOOLCALL ESCALATE `touch declined && echo never`")
+            .await;
+        let request = ws
+            .until("the second request", TURN, |s| {
+                s.kind() == "permission.request" && s.run_id == declined
+            })
+            .await;
+        let answer = world
+            .host()
+            .ok(
+                "permission.respond",
+                json!({"session_id": session,
+                       "request_id": request.event["requestId"], "decision": "deny"}),
+            )
+            .await;
+        assert_eq!(answer["decision"], "deny");
+        assert_eq!(
+            run_end(&mut ws, &declined, TURN).await["state"],
+            "completed"
+        );
+        let exec = ws
+            .of_run(&declined)
+            .into_iter()
+            .find(|s| s.kind() == "tool.exec.end")
+            .unwrap()
+            .clone();
+        assert_eq!(exec.event["isError"], true);
+        assert!(!world.work.join("declined").exists());
+        assert!(
+            text_of_run(&ws, &declined).contains("tool said:"),
+            "the turn went on after the decline: {}",
+            text_of_run(&ws, &declined)
+        );
+        world.host.unwrap().stop().await;
+    });
+}
+
+/// Acceptance 3: `session.cancel` during a slow stream ends the run `cancelled`; the next prompt
+/// works on the same thread.
+#[test]
+fn codex_cancel_ends_the_turn_and_the_thread_goes_on() {
+    let Some(rt) = in_netns(
+        Family::Codex,
+        "codex_cancel_ends_the_turn_and_the_thread_goes_on",
+    ) else {
+        return;
+    };
+    rt.block_on(async {
+        let world = World::start(Family::Codex).await;
+        let session = world.session().await;
+        let mut ws = world.follower(&session, true).await;
+        world.turn(&mut ws, &session, "before the cancel").await;
+        let thread = world.native_id(&session).await;
+        let slow = world.streaming(&mut ws, &session, "stream").await;
+        let asked = Instant::now();
+        let cancel = world
+            .host()
+            .ok(
+                "session.cancel",
+                json!({"session_id": session, "run_id": slow}),
+            )
+            .await;
+        assert_eq!(cancel["state"], "cancelling");
+        let end = run_end(&mut ws, &slow, Duration::from_secs(2)).await;
+        eprintln!("cancelled in {:?}", asked.elapsed());
+        assert_eq!(end["state"], "cancelled");
+        // The partial message was closed by the host (Codex never completes it).
+        let texts: Vec<&str> = ws
+            .of_run(&slow)
+            .iter()
+            .filter(|s| s.kind() == "text.end")
+            .map(|s| s.event["text"].as_str().unwrap())
+            .collect();
+        assert!(texts.iter().any(|t| t.starts_with("slow 0")), "{texts:?}");
+
+        let after = world.send(&session, "after the cancel").await;
+        run_end(&mut ws, &after, TURN).await;
+        assert_eq!(run_end_of(&ws, &after)["state"], "completed");
+        assert!(text_of_run(&ws, &after).contains("first: before the cancel"));
+        assert_eq!(world.native_id(&session).await, thread);
+        world.host.unwrap().stop().await;
+    });
+}
+
+/// Acceptance 4: a host restart between turns resumes the same thread; the app-server killed
+/// mid-turn fails the run (`agent_failed`) with nothing left of its group, and the next prompt
+/// resumes the thread.
+#[test]
+fn codex_restart_resumes_and_a_killed_app_server_fails_the_run() {
+    let Some(rt) = in_netns(
+        Family::Codex,
+        "codex_restart_resumes_and_a_killed_app_server_fails_the_run",
+    ) else {
+        return;
+    };
+    rt.block_on(async {
+        let mut world = World::start(Family::Codex).await;
+        let session = world.session().await;
+        let mut ws = world.follower(&session, false).await;
+        world.turn(&mut ws, &session, "remember me").await;
+        let thread = world.native_id(&session).await;
+        drop(ws);
+
+        world.restart().await;
+        let mut ws = world.follower(&session, true).await;
+        let resumed = world.send(&session, "do you remember").await;
+        run_end(&mut ws, &resumed, TURN).await;
+        assert_eq!(run_end_of(&ws, &resumed)["state"], "completed");
+        assert!(
+            text_of_run(&ws, &resumed).contains("first: remember me"),
+            "not resumed: {}",
+            text_of_run(&ws, &resumed)
+        );
+        assert_eq!(world.native_id(&session).await, thread);
+
+        let slow = world.streaming(&mut ws, &session, "doomed").await;
+        let pid = world.agent_pid(&session).await;
+        let killed = Instant::now();
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGKILL,
+        )
+        .unwrap();
+        let end = run_end(&mut ws, &slow, Duration::from_secs(2)).await;
+        eprintln!("failed in {:?}", killed.elapsed());
+        assert_eq!(end["state"], "failed");
+        assert_eq!(end["category"], "agent_failed");
+        assert!(
+            !group_alive(pid),
+            "processes left in the app-server's group"
+        );
+
+        let after = world.send(&session, "after the kill").await;
+        run_end(&mut ws, &after, TURN).await;
+        assert_eq!(run_end_of(&ws, &after)["state"], "completed");
+        assert!(text_of_run(&ws, &after).contains("first: remember me"));
+        assert_eq!(world.native_id(&session).await, thread);
+        let row = world
+            .host()
+            .ok("session.get", json!({"session_id": session}))
+            .await;
+        assert_ne!(row["live"]["agent_pid"], Value::Null);
+        world.host.unwrap().stop().await;
+    });
+}

@@ -1,0 +1,327 @@
+//! A world for tests that drive a real agent CLI through the whole host: the project's mock
+//! model, a host running the pinned CLI against it, a workspace, and WebSocket followers that
+//! record what they are sent.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use agent_host::protocol::wire::{CmdId, Decoded, PROTOCOL_VERSION, pb};
+use agent_host::ws::client::{self, WsClient};
+use serde_json::{Value, json};
+
+use super::agents::{
+    agent_env, codex_env, ensure_claude, ensure_codex, in_loopback_only_netns, write_codex_config,
+};
+use super::mock_model::MockModel;
+use super::{Agents, TestHost};
+
+/// How long a real turn against the mock may take.
+pub const TURN: Duration = Duration::from_secs(60);
+
+/// The agent family a test drives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Family {
+    Claude,
+    Codex,
+}
+
+impl Family {
+    pub fn agent_type(self) -> &'static str {
+        match self {
+            Family::Claude => "claude",
+            Family::Codex => "codex",
+        }
+    }
+
+    /// The pinned CLI, installed if missing.
+    pub fn binary(self) -> PathBuf {
+        match self {
+            Family::Claude => ensure_claude(),
+            Family::Codex => ensure_codex(),
+        }
+    }
+}
+
+/// In the namespace child: a runtime to run the test on. In the parent: `None` (the child ran
+/// it, and passed).
+pub fn in_netns(family: Family, test: &str) -> Option<tokio::runtime::Runtime> {
+    family.binary();
+    if !in_loopback_only_netns(test) {
+        return None;
+    }
+    Some(
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap(),
+    )
+}
+
+/// A mock model, a host that runs one family's real CLI against it, and a workspace.
+pub struct World {
+    pub family: Family,
+    pub dir: tempfile::TempDir,
+    pub mock: MockModel,
+    pub work: PathBuf,
+    pub host: Option<TestHost>,
+}
+
+impl World {
+    pub async fn start(family: Family) -> World {
+        let mock = MockModel::start(0).await.unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let work = dir.path().join("work");
+        std::fs::create_dir_all(dir.path().join("agent-home")).unwrap();
+        std::fs::create_dir_all(&work).unwrap();
+        let mut world = World {
+            family,
+            dir,
+            mock,
+            work,
+            host: None,
+        };
+        let host =
+            TestHost::start_with_agents(&world.dir.path().join("host"), world.agents()).await;
+        world.host = Some(host);
+        world
+    }
+
+    /// The agents' environment and binary: a private HOME (and CODEX_HOME with a config that
+    /// points at the mock), and a surrounding agent's marker that must not reach the children.
+    pub fn agents(&self) -> Agents {
+        let home = self.dir.path().join("agent-home");
+        let (mut env, family_env) = match self.family {
+            Family::Claude => (agent_env(&home, &self.mock), Vec::new()),
+            Family::Codex => {
+                write_codex_config(&home.join(".codex"), &self.mock);
+                // The mock provider's key is no variable the spawn policy passes on: it goes
+                // in `[agents.codex] env`, as a custom provider's key does for a user.
+                codex_env(&home, &self.mock)
+                    .into_iter()
+                    .partition(|(k, _)| k != "MOCK_API_KEY")
+            }
+        };
+        env.push(("CLAUDECODE".to_owned(), "1".to_owned()));
+        let binary = self.family.binary();
+        match self.family {
+            Family::Claude => Agents {
+                env,
+                family_env,
+                claude: Some(binary),
+                codex: None,
+            },
+            Family::Codex => Agents {
+                env,
+                family_env,
+                claude: None,
+                codex: Some(binary),
+            },
+        }
+    }
+
+    pub fn host(&self) -> &TestHost {
+        self.host.as_ref().unwrap()
+    }
+
+    pub async fn restart(&mut self) {
+        let host = self.host.take().unwrap();
+        self.host = Some(host.restart().await);
+    }
+
+    pub async fn session(&self) -> String {
+        self.host()
+            .session_of(self.family.agent_type(), &self.work)
+            .await
+    }
+
+    pub async fn send(&self, session: &str, text: &str) -> String {
+        let data = self
+            .host()
+            .ok("session.send", json!({"session_id": session, "text": text}))
+            .await;
+        data["run_id"].as_str().unwrap().to_owned()
+    }
+
+    /// A whole turn: send, and wait for its `run.end` on `ws`.
+    pub async fn turn(&self, ws: &mut Follower, session: &str, text: &str) -> String {
+        let run = self.send(session, text).await;
+        run_end(ws, &run, TURN).await;
+        run
+    }
+
+    /// Send a `SLOW` prompt and wait until its text streams.
+    pub async fn streaming(&self, ws: &mut Follower, session: &str, text: &str) -> String {
+        let run = self.send(session, &format!("SLOW {text}")).await;
+        let id = run.clone();
+        ws.until("a delta of the slow run", TURN, |s| {
+            s.kind() == "text.delta" && s.run_id == id
+        })
+        .await;
+        run
+    }
+
+    pub async fn native_id(&self, session: &str) -> String {
+        let row = self
+            .host()
+            .ok("session.get", json!({"session_id": session}))
+            .await;
+        row["native_session_id"].as_str().unwrap().to_owned()
+    }
+
+    pub async fn agent_pid(&self, session: &str) -> i32 {
+        let row = self
+            .host()
+            .ok("session.get", json!({"session_id": session}))
+            .await;
+        i32::try_from(row["live"]["agent_pid"].as_u64().expect("no live agent")).unwrap()
+    }
+
+    pub async fn follower(&self, session: &str, deltas: bool) -> Follower {
+        let data = self
+            .host()
+            .ok(
+                "subscriber.add",
+                json!({"type": "local", "session_id": session, "forward_deltas": deltas,
+                       "replay_mode": "since_cursor"}),
+            )
+            .await;
+        let hello = pb::Hello {
+            client_name: "world-test".into(),
+            cursor: None,
+            protocol_version: PROTOCOL_VERSION,
+        };
+        let (ws, _) = client::connect(
+            data["ws_endpoint"].as_str().unwrap(),
+            data["ws_token"].as_str().unwrap(),
+            hello,
+        )
+        .await
+        .unwrap();
+        Follower {
+            ws,
+            subscriber_id: data["subscriber_id"].as_str().unwrap().to_owned(),
+            seen: Vec::new(),
+        }
+    }
+}
+
+/// One event a follower received.
+#[derive(Debug, Clone)]
+pub struct Seen {
+    pub seq: i64,
+    pub run_id: String,
+    pub delta: bool,
+    pub event: Value,
+}
+
+impl Seen {
+    pub fn kind(&self) -> &str {
+        self.event["k"].as_str().unwrap_or_default()
+    }
+}
+
+pub struct Follower {
+    pub ws: WsClient,
+    pub subscriber_id: String,
+    pub seen: Vec<Seen>,
+}
+
+impl Follower {
+    pub fn record(&mut self, frame: &Decoded) -> Option<Seen> {
+        let push = client::event_of(frame)?;
+        let seen = Seen {
+            seq: push.sequence_id,
+            run_id: push.run_id,
+            delta: push.is_delta,
+            event: serde_json::from_str(&push.event_json).unwrap(),
+        };
+        self.seen.push(seen.clone());
+        Some(seen)
+    }
+
+    /// Events until one matches; returns it.
+    pub async fn until(
+        &mut self,
+        what: &str,
+        wait: Duration,
+        pred: impl Fn(&Seen) -> bool,
+    ) -> Seen {
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            let frame = tokio::time::timeout_at(deadline, self.ws.next_frame())
+                .await
+                .unwrap_or_else(|_| panic!("no {what} in {wait:?}; saw {:#?}", self.kinds()))
+                .unwrap()
+                .expect("connection closed");
+            if let Some(seen) = self.record(&frame)
+                && pred(&seen)
+            {
+                return seen;
+            }
+        }
+    }
+
+    pub async fn until_kind(&mut self, kind: &str, wait: Duration) -> Seen {
+        self.until(kind, wait, |s| s.kind() == kind).await
+    }
+
+    /// Send a request and wait for its reply, recording pushes on the way.
+    pub async fn request<M: prost::Message>(&mut self, cmd: CmdId, body: &M) -> Decoded {
+        let id = self.ws.send(cmd, body).await.unwrap();
+        loop {
+            let frame = tokio::time::timeout(super::WAIT, self.ws.next_frame())
+                .await
+                .expect("no reply")
+                .unwrap()
+                .expect("connection closed");
+            if self.record(&frame).is_none() && frame.request_id == id {
+                return frame;
+            }
+        }
+    }
+
+    pub fn kinds(&self) -> Vec<String> {
+        self.seen.iter().map(|s| s.kind().to_owned()).collect()
+    }
+
+    /// Brackets only, as (sequence id, kind).
+    pub fn brackets(&self) -> Vec<(i64, String)> {
+        self.seen
+            .iter()
+            .filter(|s| !s.delta)
+            .map(|s| (s.seq, s.kind().to_owned()))
+            .collect()
+    }
+
+    pub fn of_run(&self, run_id: &str) -> Vec<&Seen> {
+        self.seen.iter().filter(|s| s.run_id == run_id).collect()
+    }
+}
+
+pub fn text_of_run(follower: &Follower, run_id: &str) -> String {
+    follower
+        .of_run(run_id)
+        .iter()
+        .filter(|s| s.kind() == "text.end")
+        .map(|s| s.event["text"].as_str().unwrap().to_owned())
+        .collect::<Vec<_>>()
+        .join("")
+}
+
+pub fn run_end_of(follower: &Follower, run_id: &str) -> Value {
+    follower
+        .of_run(run_id)
+        .iter()
+        .find(|s| s.kind() == "run.end")
+        .map(|s| s.event.clone())
+        .unwrap_or_else(|| panic!("no run.end for {run_id}"))
+}
+
+/// Wait for `run_id`'s `run.end`.
+pub async fn run_end(f: &mut Follower, run_id: &str, wait: Duration) -> Value {
+    let id = run_id.to_owned();
+    f.until("run.end", wait, |s| s.kind() == "run.end" && s.run_id == id)
+        .await
+        .event
+}
