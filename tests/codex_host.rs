@@ -296,3 +296,125 @@ fn codex_restart_resumes_and_a_killed_app_server_fails_the_run() {
         world.host.unwrap().stop().await;
     });
 }
+
+/// The rollout files (`$CODEX_HOME/sessions/**/rollout-*.jsonl`) of a thread.
+fn rollouts_of(world: &World, thread: &str) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    let mut stack = vec![world.dir.path().join("agent-home/.codex/sessions")];
+    while let Some(dir) = stack.pop() {
+        for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                stack.push(path);
+            } else if path.to_string_lossy().ends_with(&format!("{thread}.jsonl")) {
+                out.push(path);
+            }
+        }
+    }
+    out
+}
+
+/// A thread Codex no longer has ends the resume `resume_rejected`, visibly, and the prompt
+/// goes on in a fresh thread; a thread another process is writing is forked, never fought
+/// over (design §8), and the session goes on in the fork with a visible warning.
+#[test]
+fn codex_a_lost_thread_starts_fresh_and_a_busy_one_is_forked() {
+    let Some(rt) = in_netns(
+        Family::Codex,
+        "codex_a_lost_thread_starts_fresh_and_a_busy_one_is_forked",
+    ) else {
+        return;
+    };
+    rt.block_on(async {
+        let mut world = World::start(Family::Codex).await;
+        let session = world.session().await;
+        let mut ws = world.follower(&session, false).await;
+        world.turn(&mut ws, &session, "first words").await;
+        let thread = world.native_id(&session).await;
+        drop(ws);
+
+        // Another Codex process takes the thread (and its writer lock) while the host is down.
+        world.host.take().unwrap().stop().await;
+        let agents = world.agents();
+        let mut other = tokio::process::Command::new(agents.codex.clone().unwrap())
+            .arg("app-server")
+            .env_clear()
+            .envs(agents.env.iter().cloned())
+            .envs(agents.family_env.iter().cloned())
+            .current_dir(&world.work)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let mut stdin = other.stdin.take().unwrap();
+        let mut lines =
+            tokio::io::AsyncBufReadExt::lines(tokio::io::BufReader::new(other.stdout.take().unwrap()));
+        let handshake = [
+            json!({"id": 1, "method": "initialize", "params": {"clientInfo": {"name": "other", "title": "other", "version": "0"}, "capabilities": {"experimentalApi": false}}}),
+            json!({"method": "initialized"}),
+            json!({"id": 2, "method": "thread/resume", "params": {"threadId": thread}}),
+        ];
+        for msg in handshake {
+            tokio::io::AsyncWriteExt::write_all(&mut stdin, format!("{msg}\n").as_bytes())
+                .await
+                .unwrap();
+        }
+        loop {
+            let line = tokio::time::timeout(TURN, lines.next_line()).await.unwrap().unwrap().unwrap();
+            let msg: Value = serde_json::from_str(&line).unwrap();
+            if msg["id"] == 2 {
+                assert!(msg.get("error").is_none(), "{msg}");
+                break;
+            }
+        }
+        world.host = Some(common::TestHost::start_with_agents(&world.dir.path().join("host"), world.agents()).await);
+        let mut ws = world.follower(&session, false).await;
+        let forked = world.send(&session, "while another writes").await;
+        run_end(&mut ws, &forked, TURN).await;
+        assert_eq!(run_end_of(&ws, &forked)["state"], "completed");
+        let warning = ws
+            .of_run(&forked)
+            .into_iter()
+            .find(|s| s.kind() == "warning" && s.event["code"] == "forked")
+            .unwrap_or_else(|| panic!("no fork warning: {:?}", ws.kinds()))
+            .clone();
+        assert!(warning.event["message"].as_str().unwrap().contains(&thread));
+        let fork = world.native_id(&session).await;
+        assert_ne!(fork, thread);
+        assert!(
+            text_of_run(&ws, &forked).contains("first: first words"),
+            "the fork keeps the history: {}",
+            text_of_run(&ws, &forked)
+        );
+        drop(stdin);
+        drop(other);
+        drop(ws);
+
+        // The fork's rollout disappears while the host is down: a fresh thread, announced.
+        world.host.take().unwrap().stop().await;
+        for file in rollouts_of(&world, &fork) {
+            std::fs::remove_file(file).unwrap();
+        }
+        world.host = Some(common::TestHost::start_with_agents(&world.dir.path().join("host"), world.agents()).await);
+        let mut ws = world.follower(&session, false).await;
+        let fresh = world.send(&session, "start over").await;
+        run_end(&mut ws, &fresh, TURN).await;
+        let of_run = ws.of_run(&fresh);
+        let kinds: Vec<&str> = of_run.iter().map(|s| s.kind()).collect();
+        let error = of_run.iter().find(|s| s.kind() == "error").unwrap_or_else(|| panic!("{kinds:?}"));
+        assert_eq!(error.event["category"], "resume_rejected");
+        let warned = of_run
+            .iter()
+            .any(|s| s.kind() == "warning" && s.event["code"] == "resume_rejected");
+        assert!(warned, "{kinds:?}");
+        assert_eq!(run_end_of(&ws, &fresh)["state"], "completed");
+        assert_eq!(
+            text_of_run(&ws, &fresh),
+            "echo: start over [user turns seen: 1; first: start over]"
+        );
+        assert_ne!(world.native_id(&session).await, fork);
+        world.host.unwrap().stop().await;
+    });
+}
