@@ -431,3 +431,25 @@ async fn a_prompt_racing_a_delete_finds_no_session() {
     assert_eq!(gone.data["error"], "session_not_found");
     host.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_that_dies_while_a_child_holds_its_stdout_still_ends_the_run() {
+    let dir = tempfile::tempdir().unwrap();
+    // The child inherits stdout and outlives the agent: no end of file ever comes by itself.
+    let claude = script(dir.path(), "leaky-claude", "read line\nsleep 600 &\nexit 3");
+    let host = host_with(dir.path(), claude).await;
+    let session = host.session(dir.path()).await;
+    let mut sub = subscribe(&host, &session).await;
+    let run = send(&host, &session, "hello?").await;
+    let row = host.ok("session.get", json!({"session_id": session})).await;
+    let pid = i32::try_from(row["live"]["agent_pid"].as_u64().unwrap()).unwrap();
+    let (_, end) = until_run_end(&mut sub, &run).await;
+    assert_eq!(end["state"], "failed");
+    assert_eq!(end["category"], "agent_failed");
+    assert!(
+        end["message"].as_str().unwrap().contains("exit status: 3"),
+        "{end}"
+    );
+    assert!(!group_alive(pid), "the child holding stdout lives on");
+    host.stop().await;
+}

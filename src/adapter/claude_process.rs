@@ -115,8 +115,17 @@ async fn run(
     let mut closing: Option<(Duration, oneshot::Sender<()>)> = None;
     // The session stopped taking events (it is closing us, or it is gone).
     let mut session_gone = false;
+    // A dead CLI whose stdout a child of it still holds never sends EOF: its exit is watched
+    // too.
+    let leader = child.leader_exit();
+    tokio::pin!(leader);
+    let mut leader_gone = false;
     'process: loop {
         tokio::select! {
+            () = &mut leader, if !leader_gone => {
+                leader_gone = true;
+                break;
+            }
             input = inputs.recv() => match input {
                 Some(AgentInput::Close { grace, done }) => {
                     closing = Some((grace, done));
@@ -186,7 +195,33 @@ async fn run(
             let _caller_gone = done.send(());
             status
         }
-        None => child.wait().await,
+        None => {
+            let status = child.wait().await;
+            if leader_gone {
+                // The group is gone now and the pipe closed: what the CLI wrote before it
+                // died still counts.
+                let tail = tokio::time::timeout(Duration::from_secs(1), async {
+                    let mut tail = Vec::new();
+                    while let Ok(Some(line)) = lines.next_line().await {
+                        if let Line::Text(line) = line {
+                            tail.extend(translator.on_stdout_line(&line));
+                        }
+                    }
+                    tail
+                })
+                .await
+                .unwrap_or_default();
+                for event in tail {
+                    if matches!(event, EventBody::RunEnd(_)) {
+                        in_turn = false;
+                    }
+                    if events.send(AgentOutput::Event(event)).await.is_err() {
+                        return;
+                    }
+                }
+            }
+            status
+        }
     };
     let status = match status {
         Ok(status) => status,
