@@ -97,3 +97,21 @@ fn agent_list_says_binary_unavailable_with_the_path_tried() {
         assert!(a["reason"].as_str().unwrap().contains(&path), "{a}");
     }
 }
+
+#[test]
+fn agent_list_reports_the_installed_codex_and_that_it_runs_turns() {
+    let codex = common::agents::ensure_codex();
+    let agents = agent_list(&[("AGENT_HOST_CODEX_BIN", codex.to_str().unwrap())]);
+    let c = family(&agents, "codex");
+    assert_eq!(c["usable"], true, "{c}");
+    let pinned: Value = serde_json::from_str(
+        &std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("agents/package.json"))
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(c["version"], pinned["dependencies"]["@openai/codex"]);
+    assert_eq!(c["turns"], true);
+    assert_eq!(c["capabilities"]["resume"], "native_id");
+    // ACP agents cannot run turns in this build yet, and say so.
+    assert_eq!(family(&agents, "acp")["turns"], false);
+}
