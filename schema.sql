@@ -1,4 +1,4 @@
--- agent-host store schema, version 2.
+-- agent-host store schema, version 3.
 -- Applied by src/store/schema.rs when PRAGMA user_version is below 1. Later versions append
 -- migrations there; this file is always the full current schema for a fresh database.
 
@@ -56,10 +56,13 @@ CREATE TABLE IF NOT EXISTS subscribers (
     updated_at              INTEGER NOT NULL
 );
 
--- What a session's native file looked like at our last clean turn end (design §8).
+-- What a session's native file looked like at our last clean turn end (design §8). Version 3
+-- added dev and inode (a replaced file is a changed file).
 CREATE TABLE IF NOT EXISTS session_baselines (
     session_id    TEXT PRIMARY KEY,
     file_path     TEXT NOT NULL,
+    dev           INTEGER NOT NULL,
+    inode         INTEGER NOT NULL,
     size          INTEGER NOT NULL,
     line_count    INTEGER NOT NULL,
     last_entry_id TEXT,

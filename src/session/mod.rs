@@ -8,6 +8,7 @@
 
 pub mod actor;
 pub mod agent;
+pub mod ownership;
 
 use std::collections::HashMap;
 use std::path::Path;

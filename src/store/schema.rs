@@ -7,10 +7,27 @@ use rusqlite::Connection;
 use super::{StoreError, StoreResult};
 
 /// The schema version this build writes.
-pub const SCHEMA_VERSION: i64 = 2;
+pub const SCHEMA_VERSION: i64 = 3;
 
 /// Migration `i` takes a database from version `i` to `i + 1`.
-const MIGRATIONS: &[&str] = &[include_str!("../../schema.sql"), MIGRATION_2];
+const MIGRATIONS: &[&str] = &[include_str!("../../schema.sql"), MIGRATION_2, MIGRATION_3];
+
+/// Version 3: baselines with the file's device and inode. No earlier version wrote a baseline,
+/// so the table is rebuilt, not altered.
+const MIGRATION_3: &str = "
+DROP TABLE IF EXISTS session_baselines;
+CREATE TABLE session_baselines (
+    session_id    TEXT PRIMARY KEY,
+    file_path     TEXT NOT NULL,
+    dev           INTEGER NOT NULL,
+    inode         INTEGER NOT NULL,
+    size          INTEGER NOT NULL,
+    line_count    INTEGER NOT NULL,
+    last_entry_id TEXT,
+    mtime_ns      INTEGER NOT NULL,
+    recorded_at   INTEGER NOT NULL
+);
+";
 
 /// Version 2: durable permission requests. `schema.sql` holds the same table, so on a fresh
 /// database this step finds it there.
