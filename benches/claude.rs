@@ -84,7 +84,7 @@ impl Direct {
     fn start(bin: &Path, env: &[(String, String)], cwd: &Path) -> anyhow::Result<Direct> {
         let id = uuid::Uuid::new_v4().to_string();
         let mut child = tokio::process::Command::new(bin)
-            .args(claude::launch_args(Some(&id), None))
+            .args(claude::launch_args(Some(&id), None, false))
             .env_clear()
             .envs(env.iter().cloned())
             .current_dir(cwd)

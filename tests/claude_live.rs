@@ -57,7 +57,7 @@ fn real_claude_turns_translate_into_canonical_events() {
         env.push(("CLAUDECODE".to_owned(), "1".to_owned()));
         let mut child = spawn(&SpawnSpec {
             program: bin,
-            args: claude::launch_args(Some(SESSION), None),
+            args: claude::launch_args(Some(SESSION), None, false),
             cwd: work.clone(),
             base_env: filter_env(env),
             extra_env: Vec::new(),

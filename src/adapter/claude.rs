@@ -41,7 +41,7 @@ use crate::protocol::events::{
 
 /// The arguments of a long-lived stream-json process; `resume` for a known native session,
 /// otherwise `session_id` fixes the id of a new one (so it is known before the first turn).
-pub fn launch_args(new_session_id: Option<&str>, resume: Option<&str>) -> Vec<String> {
+pub fn launch_args(new_session_id: Option<&str>, resume: Option<&str>, fork: bool) -> Vec<String> {
     let mut args: Vec<String> = [
         "-p",
         "--input-format",
@@ -57,10 +57,44 @@ pub fn launch_args(new_session_id: Option<&str>, resume: Option<&str>) -> Vec<St
     .to_vec();
     if let Some(id) = resume {
         args.push(format!("--resume={id}"));
+        if fork {
+            args.push("--fork-session".to_owned());
+        }
     } else if let Some(id) = new_session_id {
         args.push(format!("--session-id={id}"));
     }
     args
+}
+
+/// The project folder name Claude uses for a cwd: every character that is not an ASCII letter
+/// or digit becomes `-`; a name over 200 characters is cut to 200 plus a hash (which only the
+/// CLI computes, so a long one is found by its 200-character prefix).
+pub fn project_dir_name(cwd: &str) -> String {
+    cwd.chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
+        .collect()
+}
+
+/// The session file of `native_id` for `cwd` under Claude's config dir, if it exists.
+pub fn session_file(
+    config_dir: &std::path::Path,
+    cwd: &str,
+    native_id: &str,
+) -> Option<std::path::PathBuf> {
+    let projects = config_dir.join("projects");
+    let name = project_dir_name(cwd);
+    let file = format!("{native_id}.jsonl");
+    if name.chars().count() <= 200 {
+        let path = projects.join(&name).join(&file);
+        return path.is_file().then_some(path);
+    }
+    let prefix: String = name.chars().take(200).collect();
+    std::fs::read_dir(&projects)
+        .ok()?
+        .flatten()
+        .filter(|d| d.file_name().to_string_lossy().starts_with(&prefix))
+        .map(|d| d.path().join(&file))
+        .find(|p| p.is_file())
 }
 
 /// The stdin line for a user prompt.
@@ -811,12 +845,32 @@ mod tests {
             serde_json::from_str(&permission_frame("p", false, &Value::Null, Some("no"))).unwrap();
         assert_eq!(deny["response"]["response"]["message"], "no");
         assert_eq!(
-            launch_args(Some("u"), None).last().unwrap(),
+            launch_args(Some("u"), None, false).last().unwrap(),
             "--session-id=u"
         );
         assert_eq!(
-            launch_args(Some("u"), Some("n")).last().unwrap(),
+            launch_args(Some("u"), Some("n"), false).last().unwrap(),
             "--resume=n"
         );
+        let fork = launch_args(None, Some("n"), true);
+        assert_eq!(fork[fork.len() - 2..], ["--resume=n", "--fork-session"]);
+    }
+
+    #[test]
+    fn project_folders_follow_the_cli_rule() {
+        assert_eq!(project_dir_name("/home/u/my proj.v2"), "-home-u-my-proj-v2");
+        assert_eq!(project_dir_name("/tmp/é"), "-tmp--");
+        let dir = tempfile::tempdir().unwrap();
+        let long = format!("/{}", "a".repeat(250));
+        let name: String = project_dir_name(&long).chars().take(200).collect();
+        let folder = dir.path().join("projects").join(format!("{name}-1x2y3z"));
+        std::fs::create_dir_all(&folder).unwrap();
+        std::fs::write(folder.join("s1.jsonl"), "{}\n").unwrap();
+        assert_eq!(
+            session_file(dir.path(), &long, "s1"),
+            Some(folder.join("s1.jsonl"))
+        );
+        assert_eq!(session_file(dir.path(), &long, "s2"), None);
+        assert_eq!(session_file(dir.path(), "/short", "s1"), None);
     }
 }

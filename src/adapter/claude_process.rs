@@ -28,13 +28,14 @@ const EVENT_QUEUE: usize = 256;
 /// after it). Must run on a runtime worker thread: the parent-death signal is tied to the
 /// thread that spawns.
 pub fn open(spec: OpenSpec) -> Result<AgentSession, AdapterError> {
-    let (new_id, resume) = match &spec.native {
-        Native::New(id) => (Some(id.as_str()), None),
-        Native::Resume(id) => (None, Some(id.as_str())),
+    let (new_id, resume, fork) = match &spec.native {
+        Native::New(id) => (Some(id.as_str()), None, false),
+        Native::Resume(id) => (None, Some(id.as_str()), false),
+        Native::Fork(id) => (None, Some(id.as_str()), true),
     };
     let mut child = spawn(&SpawnSpec {
         program: spec.program,
-        args: claude::launch_args(new_id, resume),
+        args: claude::launch_args(new_id, resume, fork),
         cwd: spec.cwd,
         base_env: spec.base_env,
         extra_env: spec.extra_env,

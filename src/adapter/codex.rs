@@ -94,6 +94,38 @@ pub fn is_foreign_writer(message: &str) -> bool {
     message.contains("active writer")
 }
 
+/// The rollout file of `thread_id` under `codex_home`: `sessions/**/rollout-*-<id>.jsonl`,
+/// confirmed by its first `session_meta` line naming the thread.
+pub fn rollout_file(codex_home: &std::path::Path, thread_id: &str) -> Option<std::path::PathBuf> {
+    use std::io::BufRead;
+    let suffix = format!("-{thread_id}.jsonl");
+    let mut stack = vec![codex_home.join("sessions")];
+    while let Some(dir) = stack.pop() {
+        for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                stack.push(path);
+                continue;
+            }
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if !(name.starts_with("rollout-") && name.ends_with(&suffix)) {
+                continue;
+            }
+            let first = std::fs::File::open(&path)
+                .ok()
+                .and_then(|f| std::io::BufReader::new(f).lines().next())
+                .and_then(Result::ok)
+                .and_then(|l| serde_json::from_str::<Value>(&l).ok());
+            if first.is_some_and(|v| {
+                v["type"] == "session_meta" && v.pointer("/payload/id") == Some(&json!(thread_id))
+            }) {
+                return Some(path);
+            }
+        }
+    }
+    None
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kind {
     Text,
@@ -717,6 +749,28 @@ mod tests {
         }
         assert!(!t.in_turn());
         assert_eq!(t.skipped(), 1);
+    }
+
+    #[test]
+    fn rollouts_are_found_by_suffix_and_confirmed_by_their_first_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let day = dir.path().join("sessions/2026/11/30");
+        std::fs::create_dir_all(&day).unwrap();
+        let real = day.join("rollout-2026-11-30T07-00-00-th1.jsonl");
+        std::fs::write(
+            &real,
+            "{\"type\":\"session_meta\",\"payload\":{\"id\":\"th1\"}}\n",
+        )
+        .unwrap();
+        let liar = day.join("rollout-2026-11-30T07-00-01-th2.jsonl");
+        std::fs::write(
+            &liar,
+            "{\"type\":\"session_meta\",\"payload\":{\"id\":\"other\"}}\n",
+        )
+        .unwrap();
+        assert_eq!(rollout_file(dir.path(), "th1"), Some(real));
+        assert_eq!(rollout_file(dir.path(), "th2"), None);
+        assert_eq!(rollout_file(dir.path(), "th3"), None);
     }
 
     #[test]

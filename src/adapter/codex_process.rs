@@ -286,11 +286,17 @@ impl Driver {
                     .await;
                 match resumed {
                     Err(e) if e.remote_message().is_some_and(codex::is_foreign_writer) => {
-                        self.fork(id, &e).await
+                        let why = format!(
+                            "thread {id} is being written by another process ({})",
+                            e.remote_message().unwrap_or_default()
+                        );
+                        self.fork(id, Some(why)).await
                     }
                     other => other,
                 }
             }
+            // The session decided to fork (and says why itself).
+            Native::Fork(id) => self.fork(id, None).await,
         };
         match opened {
             Ok(result) => {
@@ -315,8 +321,8 @@ impl Driver {
         }
     }
 
-    /// Another process writes the thread: continue in a fork of it.
-    async fn fork(&mut self, id: &str, why: &RpcError) -> Result<Value, RpcError> {
+    /// Continue in a fork of the thread; `why`, when the driver decided it, is published.
+    async fn fork(&mut self, id: &str, why: Option<String>) -> Result<Value, RpcError> {
         let forked = self
             .call("thread/fork", json!({"threadId": id}), OPEN_TIMEOUT)
             .await?;
@@ -324,21 +330,15 @@ impl Driver {
             .pointer("/thread/id")
             .and_then(Value::as_str)
             .unwrap_or_default();
-        tracing::warn!(
-            thread = id,
-            fork = new_id,
-            "thread has another writer; forked"
-        );
-        let notice = EventBody::Warning(Notice {
-            code: "forked".to_owned(),
-            message: format!(
-                "thread {id} is being written by another process ({}); this session continues \
-                 in a fork of it, {new_id}",
-                why.remote_message().unwrap_or_default()
-            ),
-        });
-        // The session learns the new id from `session.bound` right after.
-        let _gone = self.emit(vec![notice]).await;
+        tracing::info!(thread = id, fork = new_id, "forked the thread");
+        if let Some(why) = why {
+            let notice = EventBody::Warning(Notice {
+                code: "forked".to_owned(),
+                message: format!("{why}; this session continues in a fork of it, {new_id}"),
+            });
+            // The session learns the new id from `session.bound` right after.
+            let _gone = self.emit(vec![notice]).await;
+        }
         Ok(forked)
     }
 

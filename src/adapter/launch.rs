@@ -16,7 +16,7 @@ use super::spawn::filter_env;
 use super::{AdapterError, AgentSession, Native, OpenSpec};
 use crate::adapter;
 use crate::config::Config;
-use crate::session::agent::Launcher;
+use crate::session::agent::{Launcher, NativeFile};
 
 /// Variables (by prefix, or exactly) a family's agents do not get from the host environment:
 /// another vendor's credentials and settings.
@@ -137,6 +137,42 @@ impl Launcher for AgentSettings {
 
     fn idle_timeout(&self) -> Option<Duration> {
         self.idle_timeout
+    }
+
+    fn native_file(&self, agent_type: &str, cwd: &Path, native_id: &str) -> NativeFile {
+        let var = |name: &str| -> Option<String> {
+            let family = self.families.get(agent_type);
+            family
+                .and_then(|f| f.env.iter().rev().find(|(k, _)| k == name))
+                .or_else(|| self.base_env.iter().find(|(k, _)| k == name))
+                .map(|(_, v)| v.clone())
+                .filter(|v| !v.is_empty())
+        };
+        let home = var("HOME").map(std::path::PathBuf::from);
+        match agent_type {
+            "claude" => {
+                let config = var("CLAUDE_CONFIG_DIR")
+                    .map(std::path::PathBuf::from)
+                    .or_else(|| home.map(|h| h.join(".claude")));
+                let path = config.as_ref().and_then(|c| {
+                    super::claude::session_file(c, &cwd.to_string_lossy(), native_id)
+                });
+                NativeFile {
+                    path,
+                    claude_config: config,
+                }
+            }
+            "codex" => {
+                let codex_home = var("CODEX_HOME")
+                    .map(std::path::PathBuf::from)
+                    .or_else(|| home.map(|h| h.join(".codex")));
+                NativeFile {
+                    path: codex_home.and_then(|c| super::codex::rollout_file(&c, native_id)),
+                    claude_config: None,
+                }
+            }
+            _ => NativeFile::default(),
+        }
     }
 }
 

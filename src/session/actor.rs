@@ -30,6 +30,7 @@ use tokio::time::Instant;
 
 use super::SessionError;
 use super::agent::{AdapterError, AgentOutput, AgentSession, Launcher, Native};
+use super::ownership::{self, Baseline, OwnedPid, Verdict};
 use crate::bus::{Bus, BusError, Receipt};
 pub use crate::protocol::envelope::PermissionDecision as Decision;
 use crate::protocol::events::{
@@ -145,6 +146,10 @@ pub(super) struct Actor {
     queue: VecDeque<Queued>,
     /// When an idle agent process is closed.
     idle_deadline: Option<Instant>,
+    /// The child the host runs for this session, by pid and start time.
+    owned: Option<OwnedPid>,
+    /// Why the next open must fork (decided while a child was still running).
+    fork_reason: Option<String>,
 }
 
 async fn next_output(agent: &mut Option<AgentSession>) -> AgentOutput {
@@ -200,6 +205,8 @@ impl Actor {
             current: None,
             queue: VecDeque::new(),
             idle_deadline: None,
+            owned: None,
+            fork_reason: None,
         }
     }
 
@@ -459,9 +466,22 @@ impl Actor {
         let Some(text) = self.current.as_ref().map(|c| c.text.clone()) else {
             return;
         };
+        // A live child is not continued if another process has its session open now: it is
+        // closed, and the prompt goes on in a fork.
+        if self.agent.is_some()
+            && let Some(id) = self.native.clone()
+            && let Verdict::Fork(why) = self.verdict(&id, true).await
+        {
+            if let Some(agent) = self.agent.take() {
+                agent.close(STOP_GRACE).await;
+            }
+            self.agent = None;
+            self.resuming = false;
+            self.fork_reason = Some(why);
+        }
         for attempt in 0..2 {
             if self.agent.is_none()
-                && let Err(e) = self.open_agent()
+                && let Err(e) = self.open_agent().await
             {
                 self.fail_run(e).await;
                 return;
@@ -484,25 +504,125 @@ impl Actor {
         }
     }
 
-    fn open_agent(&mut self) -> Result<(), AdapterError> {
-        let native = match &self.native {
-            Some(id) => Native::Resume(id.clone()),
+    async fn open_agent(&mut self) -> Result<(), AdapterError> {
+        let native = match self.native.clone() {
+            Some(id) => {
+                let verdict = match self.fork_reason.take() {
+                    Some(why) => Verdict::Fork(why),
+                    None => self.verdict(&id, false).await,
+                };
+                match verdict {
+                    Verdict::ResumeInPlace => Native::Resume(id),
+                    Verdict::Fork(why) => {
+                        tracing::warn!(native = %id, %why, "forking the session");
+                        let run_id = self.current.as_ref().map(|c| c.run_id.clone());
+                        self.warn(
+                            run_id.as_deref(),
+                            "forked",
+                            format!(
+                                "{why}; this session continues in a fork of {id}, whose file the \
+                                 host no longer writes"
+                            ),
+                        )
+                        .await;
+                        Native::Fork(id)
+                    }
+                }
+            }
             None => Native::New(uuid::Uuid::new_v4().to_string()),
         };
-        self.resuming = matches!(native, Native::Resume(_));
+        self.resuming = !matches!(native, Native::New(_));
         let agent = self
             .launcher
             .open(&self.agent_type, &self.cwd, &self.session_id, native)?;
         tracing::info!(pid = ?agent.pid(), resuming = self.resuming, "agent started");
+        self.owned = agent.pid().and_then(OwnedPid::of);
         self.agent = Some(agent);
         Ok(())
     }
 
+    /// Whether the native session may be continued in place. `live`: our child for it runs
+    /// (only another holder counts then); otherwise the file is also compared with the
+    /// baseline the host recorded when its last child for it ended.
+    async fn verdict(&self, native_id: &str, live: bool) -> Verdict {
+        let file = self
+            .launcher
+            .native_file(&self.agent_type, &self.cwd, native_id);
+        let stored = match self.store.get_baseline(self.session_id.clone()).await {
+            Ok(stored) => stored.map(|s| Baseline::from_stored(&s)),
+            Err(e) => {
+                tracing::error!(error = %e, "reading the baseline failed; forking to be safe");
+                return Verdict::Fork("the host could not read its record of the file".to_owned());
+            }
+        };
+        let ours: Vec<OwnedPid> = self.owned.into_iter().collect();
+        let native_id = native_id.to_owned();
+        let checked = tokio::task::spawn_blocking(move || {
+            let mut foreign = Vec::new();
+            let now = file.path.as_deref().and_then(|p| Baseline::read(p).ok());
+            if let Some(path) = &file.path {
+                foreign.extend(ownership::holders(path, &ours));
+            }
+            if let Some(config) = &file.claude_config {
+                foreign.extend(ownership::claude_registry_holders(
+                    config, &native_id, &ours,
+                ));
+            }
+            if live {
+                return ownership::decide(now.as_ref(), now.as_ref(), &foreign);
+            }
+            // A baseline of another file (an earlier native session) says nothing here.
+            let base = stored.filter(|b| now.as_ref().is_some_and(|n| n.path == b.path));
+            ownership::decide(base.as_ref(), now.as_ref(), &foreign)
+        })
+        .await;
+        checked.unwrap_or_else(|e| Verdict::Fork(format!("the ownership check failed: {e}")))
+    }
+
+    /// Our child for the session has ended: the file as it left it is the baseline (unless
+    /// someone else has it open right now).
+    async fn record_baseline(&mut self) {
+        let Some(native_id) = self.native.clone() else {
+            return;
+        };
+        let file = self
+            .launcher
+            .native_file(&self.agent_type, &self.cwd, &native_id);
+        let Some(path) = file.path else {
+            return;
+        };
+        let read = tokio::task::spawn_blocking(move || {
+            let foreign = ownership::holders(&path, &[]);
+            let registry = file
+                .claude_config
+                .map(|c| ownership::claude_registry_holders(&c, &native_id, &[]))
+                .unwrap_or_default();
+            if foreign.is_empty() && registry.is_empty() {
+                Baseline::read(&path).ok()
+            } else {
+                None
+            }
+        })
+        .await;
+        if let Ok(Some(baseline)) = read
+            && let Err(e) = self
+                .store
+                .save_baseline(self.session_id.clone(), baseline.to_stored())
+                .await
+        {
+            tracing::error!(error = %e, "saving the baseline failed");
+        }
+        self.owned = None;
+    }
+
     /// Forget the agent process (its driver stops the group) and expire what it left pending.
     async fn drop_agent(&mut self) {
-        self.agent = None;
+        let had_agent = self.agent.take().is_some() || self.owned.is_some();
         self.resuming = false;
         self.expire_permissions("the agent process ended").await;
+        if had_agent {
+            self.record_baseline().await;
+        }
     }
 
     /// End the current run as failed with `e`'s category.
@@ -842,6 +962,9 @@ impl Actor {
         }
         if let Some(agent) = self.agent.take() {
             agent.close(STOP_GRACE).await;
+            if !quiet {
+                self.record_baseline().await;
+            }
         }
         if quiet {
             return;

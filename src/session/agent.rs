@@ -41,12 +41,15 @@ pub enum Native {
     New(String),
     /// Resume an existing session by its id.
     Resume(String),
+    /// Continue an existing session in a fork of it (a new native id; the original is never
+    /// written again).
+    Fork(String),
 }
 
 impl Native {
     pub fn id(&self) -> &str {
         match self {
-            Native::New(id) | Native::Resume(id) => id,
+            Native::New(id) | Native::Resume(id) | Native::Fork(id) => id,
         }
     }
 }
@@ -180,6 +183,20 @@ pub trait Launcher: Send + Sync {
 
     /// How long an idle agent process is kept (`None`: for ever).
     fn idle_timeout(&self) -> Option<Duration>;
+
+    /// Where an agent of this type keeps the native session `native_id` of `cwd`.
+    fn native_file(&self, _agent_type: &str, _cwd: &Path, _native_id: &str) -> NativeFile {
+        NativeFile::default()
+    }
+}
+
+/// Where a native session lives on disk, as far as the family says.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NativeFile {
+    /// The session file, if it exists.
+    pub path: Option<std::path::PathBuf>,
+    /// Claude's config dir, whose `sessions/` registry names live CLIs.
+    pub claude_config: Option<std::path::PathBuf>,
 }
 
 /// A launcher for a host that runs no agents (tests, tools that only read history).

@@ -23,7 +23,7 @@ pub use actor::{
     CancelReceipt, Decision, LiveStatus, MAX_PROMPT_BYTES, MAX_QUEUE, PermissionReceipt,
     SendReceipt,
 };
-pub use agent::{Launcher, NoAgents};
+pub use agent::{Launcher, NativeFile, NoAgents};
 
 use crate::bus::Bus;
 use crate::protocol::events::{Event, EventBody, Notice, RunEnd, RunState};

@@ -84,6 +84,35 @@ impl Baseline {
     }
 }
 
+impl Baseline {
+    /// As the store keeps it.
+    pub fn to_stored(&self) -> crate::store::StoredBaseline {
+        let int = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+        crate::store::StoredBaseline {
+            file_path: self.path.to_string_lossy().into_owned(),
+            dev: int(self.dev),
+            inode: int(self.inode),
+            size: int(self.size),
+            line_count: int(self.line_count),
+            last_entry_id: self.last_entry_id.clone(),
+            mtime_ns: self.mtime_ns,
+        }
+    }
+
+    pub fn from_stored(s: &crate::store::StoredBaseline) -> Baseline {
+        let uint = |v: i64| u64::try_from(v).unwrap_or(0);
+        Baseline {
+            path: PathBuf::from(&s.file_path),
+            dev: uint(s.dev),
+            inode: uint(s.inode),
+            size: uint(s.size),
+            line_count: uint(s.line_count),
+            last_entry_id: s.last_entry_id.clone(),
+            mtime_ns: s.mtime_ns,
+        }
+    }
+}
+
 /// A line's entry id: its `uuid`, else a hash of the line.
 fn entry_id(line: &[u8]) -> String {
     serde_json::from_slice::<Value>(line)
@@ -118,12 +147,27 @@ impl OwnedPid {
     }
 }
 
-/// Field 22 of `/proc/<pid>/stat`: when the process started.
-fn start_time(pid: u32) -> Option<u64> {
+/// Fields of `/proc/<pid>/stat` after the command name (which may hold spaces and
+/// parentheses): `n` = 0 is the state, 2 the process group, 19 the start time.
+fn stat_field(pid: u32, n: usize) -> Option<u64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // The command name may hold spaces and parentheses: fields follow the last ')'.
     let (_, rest) = stat.rsplit_once(')')?;
-    rest.split_whitespace().nth(19)?.parse().ok()
+    rest.split_whitespace().nth(n)?.parse().ok()
+}
+
+/// When the process started (clock ticks since boot).
+fn start_time(pid: u32) -> Option<u64> {
+    stat_field(pid, 19)
+}
+
+/// Whether `pid` is one of ours: an owned process, or in an owned process's group (agents
+/// are group leaders; a CLI's launcher runs the real binary as its child).
+fn is_ours(pid: u32, ours: &[OwnedPid]) -> bool {
+    let live: Vec<&OwnedPid> = ours.iter().filter(|o| o.is_alive()).collect();
+    if live.iter().any(|o| o.pid == pid) {
+        return true;
+    }
+    stat_field(pid, 2).is_some_and(|pgid| live.iter().any(|o| u64::from(o.pid) == pgid))
 }
 
 /// Processes that have `path` open, other than `ours` (and the host itself).
@@ -140,7 +184,7 @@ pub fn holders(path: &Path, ours: &[OwnedPid]) -> Vec<u32> {
         let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
             continue;
         };
-        if pid == me || ours.iter().any(|o| o.pid == pid && o.is_alive()) {
+        if pid == me || is_ours(pid, ours) {
             continue;
         }
         let Ok(fds) = std::fs::read_dir(entry.path().join("fd")) else {
@@ -171,7 +215,7 @@ pub fn claude_registry_holders(config_dir: &Path, native_id: &str, ours: &[Owned
             (v.get("sessionId")?.as_str()? == native_id).then_some(pid)
         })
         .filter(|pid| start_time(*pid).is_some())
-        .filter(|pid| !ours.iter().any(|o| o.pid == *pid && o.is_alive()))
+        .filter(|pid| !is_ours(*pid, ours))
         .collect()
 }
 

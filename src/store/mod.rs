@@ -27,7 +27,7 @@ use rusqlite::{Connection, OptionalExtension, params};
 use serde::Serialize;
 use tokio::sync::{mpsc, oneshot};
 
-pub use runs::{PermissionRow, Resolve, RunInsert};
+pub use runs::{PermissionRow, Resolve, RunInsert, StoredBaseline};
 pub use schema::SCHEMA_VERSION;
 
 /// Store failures. Callers map these to `store_failed` at the edge.

@@ -33,6 +33,18 @@ pub struct PermissionRow {
     pub resolved_at_ms: Option<i64>,
 }
 
+/// A `session_baselines` row (integers as SQLite stores them).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredBaseline {
+    pub file_path: String,
+    pub dev: i64,
+    pub inode: i64,
+    pub size: i64,
+    pub line_count: i64,
+    pub last_entry_id: Option<String>,
+    pub mtime_ns: i64,
+}
+
 /// What an attempt to resolve a permission request found.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Resolve {
@@ -204,6 +216,57 @@ impl Store {
                 "UPDATE sessions SET state = 'idle', updated_at = ?1 WHERE state = 'running'",
                 params![now_ms()],
             )?)
+        })
+        .await
+    }
+
+    /// Record the baseline of a session's native file (replacing the previous one).
+    pub async fn save_baseline(&self, session_id: String, b: StoredBaseline) -> StoreResult<()> {
+        self.write(move |conn| {
+            conn.execute(
+                "INSERT OR REPLACE INTO session_baselines (session_id, file_path, dev, inode, size, \
+                 line_count, last_entry_id, mtime_ns, recorded_at) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+                params![
+                    session_id,
+                    b.file_path,
+                    b.dev,
+                    b.inode,
+                    b.size,
+                    b.line_count,
+                    b.last_entry_id,
+                    b.mtime_ns,
+                    now_ms()
+                ],
+            )?;
+            conn.execute(
+                "UPDATE sessions SET session_file = ?2 WHERE id = ?1",
+                params![session_id, b.file_path],
+            )?;
+            Ok(())
+        })
+        .await
+    }
+
+    pub async fn get_baseline(&self, session_id: String) -> StoreResult<Option<StoredBaseline>> {
+        self.read(move |conn| {
+            Ok(conn
+                .prepare_cached(
+                    "SELECT file_path, dev, inode, size, line_count, last_entry_id, mtime_ns \
+                     FROM session_baselines WHERE session_id = ?1",
+                )?
+                .query_row([&session_id], |r| {
+                    Ok(StoredBaseline {
+                        file_path: r.get(0)?,
+                        dev: r.get(1)?,
+                        inode: r.get(2)?,
+                        size: r.get(3)?,
+                        line_count: r.get(4)?,
+                        last_entry_id: r.get(5)?,
+                        mtime_ns: r.get(6)?,
+                    })
+                })
+                .optional()?)
         })
         .await
     }
