@@ -135,6 +135,12 @@ impl World {
             .await
     }
 
+    /// Start the host again after `host.take().stop()`.
+    pub async fn restart_from_stopped(&mut self) {
+        let host = TestHost::start_with_agents(&self.dir.path().join("host"), self.agents()).await;
+        self.host = Some(host);
+    }
+
     pub async fn send(&self, session: &str, text: &str) -> String {
         let data = self
             .host()

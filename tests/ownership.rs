@@ -1,0 +1,185 @@
+//! Never write a session file another process writes (issue 6): the real `claude` CLI through
+//! the host, with a second, external `claude` on the same session file — run to completion
+//! while the host was down, or still running when the host's prompt comes. Each test runs in
+//! its own loopback-only network namespace against the project's mock model.
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "a failing test should panic"
+)]
+
+mod common;
+
+use std::path::PathBuf;
+use std::process::Stdio;
+
+use agent_host::adapter::claude;
+use common::world::{Family, TURN, World, in_netns, run_end, run_end_of, text_of_run};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+
+/// The session file of `native` under the agents' HOME.
+fn session_file(world: &World, native: &str) -> PathBuf {
+    let projects = world.dir.path().join("agent-home/.claude/projects");
+    let name = claude::project_dir_name(&world.work.canonicalize().unwrap().to_string_lossy());
+    projects.join(name).join(format!("{native}.jsonl"))
+}
+
+/// An external `claude` on the session, as a user in a terminal would run it: the same HOME,
+/// resuming the same id in the same directory.
+fn external_claude(world: &World, native: &str) -> tokio::process::Child {
+    let agents = world.agents();
+    tokio::process::Command::new(agents.claude.unwrap())
+        .args(claude::launch_args(None, Some(native), false))
+        .env_clear()
+        .envs(
+            agents
+                .env
+                .iter()
+                .filter(|(k, _)| k != "CLAUDECODE")
+                .cloned(),
+        )
+        .current_dir(&world.work)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap()
+}
+
+/// Acceptance 1 (the host stopped in between): an external `claude --resume` adds a turn to the
+/// file; the host's next prompt runs in a fork (new native id, a `forked` warning), remembers
+/// the conversation, and leaves the original file exactly as the external run left it.
+#[test]
+fn an_external_resume_makes_the_next_prompt_fork() {
+    let Some(rt) = in_netns(
+        Family::Claude,
+        "an_external_resume_makes_the_next_prompt_fork",
+    ) else {
+        return;
+    };
+    rt.block_on(async {
+        let mut world = World::start(Family::Claude).await;
+        let session = world.session().await;
+        let mut ws = world.follower(&session, false).await;
+        world.turn(&mut ws, &session, "hello from the host").await;
+        let native = world.native_id(&session).await;
+        drop(ws);
+        world.host.take().unwrap().stop().await;
+
+        // Outside the host: one more turn on the same session, run to completion.
+        let mut external = external_claude(&world, &native);
+        let mut stdin = external.stdin.take().unwrap();
+        stdin
+            .write_all((claude::user_frame("hello from the terminal") + "\n").as_bytes())
+            .await
+            .unwrap();
+        drop(stdin);
+        let mut lines = BufReader::new(external.stdout.take().unwrap()).lines();
+        while tokio::time::timeout(TURN, lines.next_line())
+            .await
+            .unwrap()
+            .unwrap()
+            .is_some()
+        {}
+        assert!(external.wait().await.unwrap().success());
+        let left = std::fs::read(session_file(&world, &native)).unwrap();
+
+        world.restart_from_stopped().await;
+        let mut ws = world.follower(&session, false).await;
+        let run = world.send(&session, "back in the host").await;
+        run_end(&mut ws, &run, TURN).await;
+        assert_eq!(run_end_of(&ws, &run)["state"], "completed");
+        let forked = ws
+            .of_run(&run)
+            .into_iter()
+            .find(|s| s.kind() == "warning" && s.event["code"] == "forked")
+            .unwrap_or_else(|| panic!("no fork: {:?}", ws.kinds()))
+            .clone();
+        assert!(forked.event["message"].as_str().unwrap().contains(&native));
+        let fork = world.native_id(&session).await;
+        assert_ne!(fork, native);
+        let text = text_of_run(&ws, &run);
+        assert!(
+            text.contains("first: hello from the host"),
+            "history lost: {text}"
+        );
+        assert_eq!(
+            std::fs::read(session_file(&world, &native)).unwrap(),
+            left,
+            "the original file was written after the fork decision"
+        );
+        world.host.unwrap().stop().await;
+    });
+}
+
+/// Acceptance 2: an external `claude` still running on the session (holding it) when the
+/// host's prompt comes: the host's own live child is closed and the prompt runs in a fork.
+#[test]
+fn a_running_external_claude_makes_the_next_prompt_fork() {
+    let Some(rt) = in_netns(
+        Family::Claude,
+        "a_running_external_claude_makes_the_next_prompt_fork",
+    ) else {
+        return;
+    };
+    rt.block_on(async {
+        let world = World::start(Family::Claude).await;
+        let session = world.session().await;
+        let mut ws = world.follower(&session, false).await;
+        world.turn(&mut ws, &session, "hello from the host").await;
+        let native = world.native_id(&session).await;
+        let host_child = world.agent_pid(&session).await;
+
+        // A terminal user resumes the same session and leaves it open mid-conversation.
+        let mut external = external_claude(&world, &native);
+        let mut stdin = external.stdin.take().unwrap();
+        stdin
+            .write_all((claude::user_frame("terminal turn") + "\n").as_bytes())
+            .await
+            .unwrap();
+        let mut lines = BufReader::new(external.stdout.take().unwrap()).lines();
+        loop {
+            let line = tokio::time::timeout(TURN, lines.next_line())
+                .await
+                .unwrap()
+                .unwrap()
+                .unwrap();
+            if line.contains("\"type\":\"result\"") {
+                break;
+            }
+        }
+        let registry = world.dir.path().join(format!(
+            "agent-home/.claude/sessions/{}.json",
+            external.id().unwrap()
+        ));
+        assert!(registry.exists(), "the CLI registers itself while it runs");
+
+        let run = world.send(&session, "back in the host").await;
+        run_end(&mut ws, &run, TURN).await;
+        assert_eq!(run_end_of(&ws, &run)["state"], "completed");
+        let forked = ws
+            .of_run(&run)
+            .into_iter()
+            .find(|s| s.kind() == "warning" && s.event["code"] == "forked")
+            .unwrap_or_else(|| panic!("no fork: {:?}", ws.kinds()))
+            .clone();
+        assert!(
+            forked.event["message"]
+                .as_str()
+                .unwrap()
+                .contains("another process")
+        );
+        assert_ne!(world.native_id(&session).await, native);
+        assert_ne!(
+            world.agent_pid(&session).await,
+            host_child,
+            "the old child was closed"
+        );
+        assert!(!common::agents::group_alive(host_child));
+        drop(stdin);
+        let _ = external.wait().await;
+        world.host.unwrap().stop().await;
+    });
+}
