@@ -10,6 +10,7 @@
 //! - [`adapter`] — the agent contract, the one spawn policy, binary probing.
 //! - [`dispatch`] — typed command → reply inside the host; module errors → wire codes.
 //! - [`ipc`] — the Unix-socket transport; [`ws`] — the loopback WebSocket transport.
+//! - [`watch`] — file watching (`notify`), handed to the session layer through its `Launcher`.
 //! - [`instance`], [`config`] — the lock file and where things live.
 //! - [`daemon`] — wiring and ordered shutdown; [`run`] is its entry point.
 //! - [`client`] — the CLI's routing: local, IPC or hybrid; [`follow`] — the terminal follower.
@@ -30,6 +31,7 @@ pub mod logging;
 pub mod protocol;
 pub mod session;
 pub mod store;
+pub mod watch;
 pub mod ws;
 
 pub use daemon::{Ready, run};

@@ -16,7 +16,7 @@ use super::spawn::filter_env;
 use super::{AdapterError, AgentSession, Native, OpenSpec};
 use crate::adapter;
 use crate::config::Config;
-use crate::session::agent::{Launcher, NativeFile};
+use crate::session::agent::{FileChanges, Launcher, NativeFile};
 
 /// Variables (by prefix, or exactly) a family's agents do not get from the host environment:
 /// another vendor's credentials and settings.
@@ -137,6 +137,19 @@ impl Launcher for AgentSettings {
 
     fn idle_timeout(&self) -> Option<Duration> {
         self.idle_timeout
+    }
+
+    fn watch(&self, path: &Path) -> Option<FileChanges> {
+        match crate::watch::FileWatch::start(path) {
+            Ok(watch) => {
+                let (guard, changes) = watch.into_parts();
+                Some(FileChanges { guard, changes })
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, path = %path.display(), "cannot watch the session file");
+                None
+            }
+        }
     }
 
     fn native_file(&self, agent_type: &str, cwd: &Path, native_id: &str) -> NativeFile {

@@ -29,7 +29,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
 use super::SessionError;
-use super::agent::{AdapterError, AgentOutput, AgentSession, Launcher, Native};
+use super::agent::{AdapterError, AgentOutput, AgentSession, FileChanges, Launcher, Native};
 use super::ownership::{self, Baseline, OwnedPid, Verdict};
 use crate::bus::{Bus, BusError, Receipt};
 pub use crate::protocol::envelope::PermissionDecision as Decision;
@@ -47,6 +47,10 @@ pub const MAX_QUEUE: usize = 3;
 pub const CANCEL_GRACE: Duration = Duration::from_secs(3);
 /// How long a turn may take to wind down when the host stops.
 const STOP_GRACE: Duration = Duration::from_secs(2);
+/// How long after a turn ends the agent's own writes to its session file may still come (Claude
+/// writes its transcript lazily, within about 1.5 s of the turn's end, and once more at exit);
+/// only after it does the host watch the file for other writers.
+pub const SETTLE: Duration = Duration::from_secs(3);
 /// The longest prompt accepted.
 pub const MAX_PROMPT_BYTES: usize = 256 * 1024;
 
@@ -150,6 +154,12 @@ pub(super) struct Actor {
     owned: Option<OwnedPid>,
     /// Why the next open must fork (decided while a child was still running).
     fork_reason: Option<String>,
+    /// When to start watching the session file (our child's own late writes are over).
+    watch_at: Option<Instant>,
+    /// The watch on the session file while our child is idle.
+    watch: Option<FileChanges>,
+    /// Someone else wrote the file while the host's child was idle.
+    drifted: Option<String>,
 }
 
 async fn next_output(agent: &mut Option<AgentSession>) -> AgentOutput {
@@ -157,6 +167,17 @@ async fn next_output(agent: &mut Option<AgentSession>) -> AgentOutput {
         Some(agent) => agent.events.recv().await.unwrap_or(AgentOutput::Exited {
             status: "unknown (the driver ended)".to_owned(),
         }),
+        None => std::future::pending().await,
+    }
+}
+
+async fn next_change(watch: &mut Option<FileChanges>) {
+    match watch {
+        Some(watch) => {
+            if watch.changes.recv().await.is_none() {
+                std::future::pending::<()>().await;
+            }
+        }
         None => std::future::pending().await,
     }
 }
@@ -207,6 +228,9 @@ impl Actor {
             idle_deadline: None,
             owned: None,
             fork_reason: None,
+            watch_at: None,
+            watch: None,
+            drifted: None,
         }
     }
 
@@ -224,6 +248,8 @@ impl Actor {
                 },
                 () = until(deadline) => self.on_cancel_timeout().await,
                 () = until(idle) => self.on_idle().await,
+                () = until(self.watch_at) => self.start_watch(),
+                () = next_change(&mut self.watch) => self.on_foreign_change().await,
             }
         };
         let quiet = stop.as_ref().is_some_and(|(quiet, _)| *quiet);
@@ -422,6 +448,9 @@ impl Actor {
     async fn dispatch(&mut self, item: Queued) {
         tracing::info!(run_id = %item.run_id, "run dispatched");
         self.idle_deadline = None;
+        // Our child writes the file from now on.
+        self.watch_at = None;
+        self.watch = None;
         // Queued now, committed while the prompt goes out: in the writer's order before
         // anything this run saves later.
         let saved = self
@@ -466,6 +495,14 @@ impl Actor {
         let Some(text) = self.current.as_ref().map(|c| c.text.clone()) else {
             return;
         };
+        // A child whose file someone else wrote is not continued: closed, and a fork.
+        if let Some(why) = self.drifted.take() {
+            if let Some(agent) = self.agent.take() {
+                agent.close(STOP_GRACE).await;
+            }
+            self.resuming = false;
+            self.fork_reason = Some(why);
+        }
         // A live child is not continued if another process has its session open now: it is
         // closed, and the prompt goes on in a fork.
         if self.agent.is_some()
@@ -541,6 +578,39 @@ impl Actor {
         Ok(())
     }
 
+    /// Our idle child's late writes are over: watch its session file for anyone else's.
+    fn start_watch(&mut self) {
+        self.watch_at = None;
+        if self.current.is_some() || self.agent.is_none() {
+            return;
+        }
+        let Some(native_id) = self.native.clone() else {
+            return;
+        };
+        let file = self
+            .launcher
+            .native_file(&self.agent_type, &self.cwd, &native_id);
+        self.watch = file.path.and_then(|path| self.launcher.watch(&path));
+    }
+
+    /// The file changed while our child was idle: someone else wrote it.
+    async fn on_foreign_change(&mut self) {
+        self.watch = None;
+        if self.current.is_some() {
+            return;
+        }
+        let id = self.native.clone().unwrap_or_default();
+        let why = format!("the session file of {id} was written outside the host");
+        tracing::warn!(native = %id, "session drifted");
+        self.warn(
+            None,
+            "session_drifted",
+            format!("{why}; the next prompt continues in a fork"),
+        )
+        .await;
+        self.drifted = Some(why);
+    }
+
     /// Whether the native session may be continued in place. `live`: our child for it runs
     /// (only another holder counts then); otherwise the file is also compared with the
     /// baseline the host recorded when its last child for it ended.
@@ -582,6 +652,13 @@ impl Actor {
     /// Our child for the session has ended: the file as it left it is the baseline (unless
     /// someone else has it open right now).
     async fn record_baseline(&mut self) {
+        self.watch_at = None;
+        self.watch = None;
+        if self.drifted.is_some() || self.fork_reason.is_some() {
+            // The file is not as our child left it.
+            self.owned = None;
+            return;
+        }
         let Some(native_id) = self.native.clone() else {
             return;
         };
@@ -665,6 +742,9 @@ impl Actor {
             // after leaves it `running`; recovery resets that.)
             self.set_session_state("idle").await;
             self.idle_deadline = self.launcher.idle_timeout().map(|t| Instant::now() + t);
+            if self.agent.is_some() {
+                self.watch_at = Some(Instant::now() + SETTLE);
+            }
         }
         // The event is committed before the run's row says it ended.
         self.publish_committed(Some(&current.run_id), EventBody::RunEnd(end))

@@ -188,6 +188,23 @@ pub trait Launcher: Send + Sync {
     fn native_file(&self, _agent_type: &str, _cwd: &Path, _native_id: &str) -> NativeFile {
         NativeFile::default()
     }
+
+    /// Watch a session file for changes; `None` if it cannot be watched.
+    fn watch(&self, _path: &Path) -> Option<FileChanges> {
+        None
+    }
+}
+
+/// Changes of a watched file: a token per change (coalesced) for as long as this lives.
+pub struct FileChanges {
+    pub guard: Box<dyn std::any::Any + Send + Sync>,
+    pub changes: mpsc::Receiver<()>,
+}
+
+impl std::fmt::Debug for FileChanges {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("FileChanges")
+    }
 }
 
 /// Where a native session lives on disk, as far as the family says.
