@@ -105,10 +105,12 @@ fn an_external_resume_makes_the_next_prompt_fork() {
             text.contains("first: hello from the host"),
             "history lost: {text}"
         );
-        assert_eq!(
-            std::fs::read(session_file(&world, &native)).unwrap(),
-            left,
-            "the original file was written after the fork decision"
+        let now = std::fs::read(session_file(&world, &native)).unwrap();
+        assert!(
+            now == left,
+            "the original file was written after the fork decision ({} → {} bytes)",
+            left.len(),
+            now.len()
         );
         world.host.unwrap().stop().await;
     });
@@ -180,6 +182,89 @@ fn a_running_external_claude_makes_the_next_prompt_fork() {
         assert!(!common::agents::group_alive(host_child));
         drop(stdin);
         let _ = external.wait().await;
+        world.host.unwrap().stop().await;
+    });
+}
+
+/// Acceptance 1 and 5 with the host's child still alive: once the child's own late writes are
+/// over (the settle time after a turn, a rule of time by design), the file is watched; an
+/// external `claude --resume` run to completion marks the session drifted at once, and the
+/// next prompt closes the child and runs in a fork. The turn's own writes never count as drift.
+#[test]
+fn an_external_turn_while_the_host_is_idle_is_seen_and_forked_from() {
+    let Some(rt) = in_netns(
+        Family::Claude,
+        "an_external_turn_while_the_host_is_idle_is_seen_and_forked_from",
+    ) else {
+        return;
+    };
+    rt.block_on(async {
+        let world = World::start(Family::Claude).await;
+        let session = world.session().await;
+        let mut ws = world.follower(&session, false).await;
+        world.turn(&mut ws, &session, "hello from the host").await;
+        let native = world.native_id(&session).await;
+        let host_child = world.agent_pid(&session).await;
+        // The settle time is the rule under test: writes within it are the host child's own.
+        tokio::time::sleep(
+            agent_host::session::actor::SETTLE + std::time::Duration::from_millis(500),
+        )
+        .await;
+        let live = world
+            .host()
+            .ok("session.get", serde_json::json!({"session_id": session}))
+            .await;
+        assert_eq!(live["live"]["watching"], true, "{live}");
+        assert!(
+            ws.seen.iter().all(|s| s.kind() != "warning"),
+            "the host's own writes were taken for drift: {:?}",
+            ws.kinds()
+        );
+
+        let mut external = external_claude(&world, &native);
+        let mut stdin = external.stdin.take().unwrap();
+        stdin
+            .write_all((claude::user_frame("hello from the terminal") + "\n").as_bytes())
+            .await
+            .unwrap();
+        drop(stdin);
+        let drift = ws
+            .until("session_drifted", TURN, |s| {
+                s.kind() == "warning" && s.event["code"] == "session_drifted"
+            })
+            .await;
+        assert!(drift.event["message"].as_str().unwrap().contains(&native));
+        let mut lines = BufReader::new(external.stdout.take().unwrap()).lines();
+        while tokio::time::timeout(TURN, lines.next_line())
+            .await
+            .unwrap()
+            .unwrap()
+            .is_some()
+        {}
+        assert!(external.wait().await.unwrap().success());
+        let left = std::fs::read(session_file(&world, &native)).unwrap();
+
+        let run = world.send(&session, "back in the host").await;
+        run_end(&mut ws, &run, TURN).await;
+        assert_eq!(run_end_of(&ws, &run)["state"], "completed");
+        assert_ne!(world.native_id(&session).await, native);
+        assert_ne!(world.agent_pid(&session).await, host_child);
+        assert!(
+            !common::agents::group_alive(host_child),
+            "the drifted child lives on"
+        );
+        let text = text_of_run(&ws, &run);
+        assert!(
+            text.contains("first: hello from the host"),
+            "history lost: {text}"
+        );
+        let now = std::fs::read(session_file(&world, &native)).unwrap();
+        assert!(
+            now == left,
+            "the original file was written after the drift ({} → {} bytes)",
+            left.len(),
+            now.len()
+        );
         world.host.unwrap().stop().await;
     });
 }

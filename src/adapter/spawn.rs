@@ -171,8 +171,13 @@ impl Spawned {
     }
 
     /// Stop the whole group: close stdin (a well-behaved agent finishes and exits), wait half
-    /// the grace period, SIGTERM the group, wait the other half, SIGKILL the group; reap.
+    /// the grace period, SIGTERM the group, wait the other half, SIGKILL the group; reap. A
+    /// zero grace kills the group first.
     pub async fn stop(&mut self, grace: Duration) -> std::io::Result<ExitStatus> {
+        if grace.is_zero() {
+            // No grace: killed before it can see its stdin close (and write anything more).
+            self.kill_group();
+        }
         drop(self.stdin.take());
         let half = grace / 2;
         if tokio::time::timeout(half, self.exited()).await.is_err() {

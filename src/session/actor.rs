@@ -87,6 +87,10 @@ pub struct LiveStatus {
     pub agent_pid: Option<u32>,
     pub run_id: Option<String>,
     pub queued: Vec<String>,
+    /// The session file is watched for other writers (the host's child is idle).
+    pub watching: bool,
+    /// Someone else wrote the session file: the next prompt forks.
+    pub drifted: bool,
 }
 
 pub(super) type Reply<T> = oneshot::Sender<Result<T, SessionError>>;
@@ -285,6 +289,8 @@ impl Actor {
                     agent_pid: self.agent.as_ref().and_then(AgentSession::pid),
                     run_id: self.current.as_ref().map(|c| c.run_id.clone()),
                     queued: self.queue.iter().map(|q| q.run_id.clone()).collect(),
+                    watching: self.watch.is_some(),
+                    drifted: self.drifted.is_some(),
                 });
             }
             Msg::Stop { .. } => {}
@@ -497,8 +503,9 @@ impl Actor {
         };
         // A child whose file someone else wrote is not continued: closed, and a fork.
         if let Some(why) = self.drifted.take() {
+            // Killed, not closed: a CLI closing cleanly writes its session file once more.
             if let Some(agent) = self.agent.take() {
-                agent.close(STOP_GRACE).await;
+                agent.close(Duration::ZERO).await;
             }
             self.resuming = false;
             self.fork_reason = Some(why);
@@ -510,7 +517,7 @@ impl Actor {
             && let Verdict::Fork(why) = self.verdict(&id, true).await
         {
             if let Some(agent) = self.agent.take() {
-                agent.close(STOP_GRACE).await;
+                agent.close(Duration::ZERO).await;
             }
             self.agent = None;
             self.resuming = false;
