@@ -98,6 +98,22 @@ impl Dispatcher {
                 }
                 Err(e) => session_error(e),
             },
+            Command::SessionFork(p) => match self.sessions.fork(&p.session_id, p.title).await {
+                Ok(row) => Reply::ok(json!({
+                    "session_id": row.session_id,
+                    "parent_session_id": row.parent_session_id,
+                    "session": row,
+                })),
+                Err(e) => session_error(e),
+            },
+            Command::SessionImport(p) => match self
+                .sessions
+                .import(p.agent_type, p.native_session_id, p.cwd, p.title)
+                .await
+            {
+                Ok(row) => Reply::ok(json!({"session_id": row.session_id, "session": row})),
+                Err(e) => session_error(e),
+            },
             Command::SessionSend(p) => match self
                 .sessions
                 .send(&p.session_id, p.text, p.client_msg_id)

@@ -268,3 +268,135 @@ fn an_external_turn_while_the_host_is_idle_is_seen_and_forked_from() {
         world.host.unwrap().stop().await;
     });
 }
+
+/// Acceptance 6: a session started by a plain `claude -p` in the terminal, imported: the
+/// host's first prompt continues that conversation (the model sees it) in a fork, and the
+/// terminal's file is left as it was.
+#[test]
+fn an_imported_terminal_session_continues_in_a_fork() {
+    let Some(rt) = in_netns(
+        Family::Claude,
+        "an_imported_terminal_session_continues_in_a_fork",
+    ) else {
+        return;
+    };
+    rt.block_on(async {
+        let world = World::start(Family::Claude).await;
+        let terminal_id = "5eed5eed-1111-4222-8333-444455556666";
+        let agents = world.agents();
+        let mut external = tokio::process::Command::new(agents.claude.unwrap())
+            .args(claude::launch_args(Some(terminal_id), None, false))
+            .env_clear()
+            .envs(
+                agents
+                    .env
+                    .iter()
+                    .filter(|(k, _)| k != "CLAUDECODE")
+                    .cloned(),
+            )
+            .current_dir(&world.work)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let mut stdin = external.stdin.take().unwrap();
+        stdin
+            .write_all((claude::user_frame("hello from the terminal") + "\n").as_bytes())
+            .await
+            .unwrap();
+        drop(stdin);
+        let mut lines = BufReader::new(external.stdout.take().unwrap()).lines();
+        while tokio::time::timeout(TURN, lines.next_line())
+            .await
+            .unwrap()
+            .unwrap()
+            .is_some()
+        {}
+        assert!(external.wait().await.unwrap().success());
+        let left = std::fs::read(session_file(&world, terminal_id)).unwrap();
+
+        let imported = world
+            .host()
+            .ok(
+                "session.import",
+                serde_json::json!({"agent_type": "claude", "native_session_id": terminal_id,
+                                   "cwd": world.work.display().to_string()}),
+            )
+            .await;
+        let session = imported["session_id"].as_str().unwrap().to_owned();
+        assert_eq!(imported["session"]["fork_of"], terminal_id);
+        let mut ws = world.follower(&session, false).await;
+        let run = world.send(&session, "now in the host").await;
+        run_end(&mut ws, &run, TURN).await;
+        assert_eq!(run_end_of(&ws, &run)["state"], "completed");
+        let text = text_of_run(&ws, &run);
+        assert!(
+            text.contains("first: hello from the terminal"),
+            "history lost: {text}"
+        );
+        let native = world.native_id(&session).await;
+        assert_ne!(native, terminal_id, "continued in a fork");
+        let now = std::fs::read(session_file(&world, terminal_id)).unwrap();
+        assert!(now == left, "the terminal's file was written");
+        // A bad id is refused before anything runs.
+        let bad = world
+            .host()
+            .ipc(
+                "session.import",
+                serde_json::json!({"agent_type": "claude", "native_session_id": "--evil",
+                                   "cwd": world.work.display().to_string()}),
+            )
+            .await;
+        assert_eq!(bad.data["error"], "invalid_params");
+        world.host.unwrap().stop().await;
+    });
+}
+
+/// `session.fork`: a new session with `parent_session_id`, `session.forked` on both, the
+/// conversation continued in the child while the parent goes on on its own.
+#[test]
+fn a_session_forks_on_request_and_both_go_on() {
+    let Some(rt) = in_netns(Family::Claude, "a_session_forks_on_request_and_both_go_on") else {
+        return;
+    };
+    rt.block_on(async {
+        let world = World::start(Family::Claude).await;
+        let parent = world.session().await;
+        let mut pws = world.follower(&parent, false).await;
+        world.turn(&mut pws, &parent, "hello parent").await;
+        let parent_native = world.native_id(&parent).await;
+
+        let forked = world
+            .host()
+            .ok("session.fork", serde_json::json!({"session_id": parent}))
+            .await;
+        let child = forked["session_id"].as_str().unwrap().to_owned();
+        assert_eq!(forked["parent_session_id"], parent.as_str());
+        let told = pws.until_kind("session.forked", TURN).await;
+        assert_eq!(told.event["childSessionId"], child.as_str());
+
+        let mut cws = world.follower(&child, false).await;
+        let run = world.send(&child, "hello child").await;
+        run_end(&mut cws, &run, TURN).await;
+        assert!(cws.seen.iter().any(|s| s.kind() == "session.forked"));
+        let text = text_of_run(&cws, &run);
+        assert!(
+            text.contains("user turns seen: 2; first: hello parent"),
+            "{text}"
+        );
+        let child_native = world.native_id(&child).await;
+        assert_ne!(child_native, parent_native);
+
+        let again = world.send(&parent, "parent again").await;
+        run_end(&mut pws, &again, TURN).await;
+        let text = text_of_run(&pws, &again);
+        assert!(
+            text.contains("user turns seen: 2; first: hello parent"),
+            "{text}"
+        );
+        assert_eq!(world.native_id(&parent).await, parent_native);
+        world.host.unwrap().stop().await;
+    });
+}

@@ -370,6 +370,18 @@ pub const COMMANDS: &[CommandSpec] = &[
         summary: "delete a session and its stored events",
     },
     CommandSpec {
+        name: "session.fork",
+        route: Route::Ipc,
+        params: "{session_id: string, title?: string}",
+        summary: "a new session continuing this one's conversation in a fork of its agent session: {session_id, parent_session_id}",
+    },
+    CommandSpec {
+        name: "session.import",
+        route: Route::Ipc,
+        params: "{agent_type: string, native_session_id: string, cwd: string, title?: string}",
+        summary: "bring a session started outside the host under it; its first prompt continues it in a fork",
+    },
+    CommandSpec {
         name: "session.send",
         route: Route::Ipc,
         params: "{session_id: string, text: string, client_msg_id?: string}",
@@ -453,6 +465,24 @@ pub struct SessionHistoryParams {
     pub after_seq: Option<i64>,
     #[serde(default)]
     pub limit: Option<u32>,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SessionForkParams {
+    pub session_id: String,
+    #[serde(default)]
+    pub title: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SessionImportParams {
+    pub agent_type: String,
+    pub native_session_id: String,
+    pub cwd: String,
+    #[serde(default)]
+    pub title: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -577,6 +607,8 @@ pub enum Command {
     SessionGet(SessionIdParams),
     SessionDelete(SessionIdParams),
     SessionHistory(SessionHistoryParams),
+    SessionFork(SessionForkParams),
+    SessionImport(SessionImportParams),
     SessionSend(SessionSendParams),
     SessionCancel(SessionCancelParams),
     PermissionRespond(PermissionRespondParams),
@@ -677,6 +709,8 @@ impl Command {
             "session.get" => Command::SessionGet(typed(name, params)?),
             "session.delete" => Command::SessionDelete(typed(name, params)?),
             "session.history" => Command::SessionHistory(typed(name, params)?),
+            "session.fork" => Command::SessionFork(typed(name, params)?),
+            "session.import" => Command::SessionImport(typed(name, params)?),
             "session.send" => Command::SessionSend(typed(name, params)?),
             "session.cancel" => Command::SessionCancel(typed(name, params)?),
             "permission.respond" => Command::PermissionRespond(typed(name, params)?),
@@ -709,6 +743,8 @@ impl Command {
             Command::SessionGet(_) => "session.get",
             Command::SessionDelete(_) => "session.delete",
             Command::SessionHistory(_) => "session.history",
+            Command::SessionFork(_) => "session.fork",
+            Command::SessionImport(_) => "session.import",
             Command::SessionSend(_) => "session.send",
             Command::SessionCancel(_) => "session.cancel",
             Command::PermissionRespond(_) => "permission.respond",
@@ -772,6 +808,10 @@ mod tests {
                     json!({"session_id": "x"})
                 }
                 "session.send" => json!({"session_id": "x", "text": "hi"}),
+                "session.fork" => json!({"session_id": "x"}),
+                "session.import" => {
+                    json!({"agent_type": "claude", "native_session_id": "n", "cwd": "/"})
+                }
                 "permission.respond" => {
                     json!({"session_id": "x", "request_id": "r", "decision": "deny"})
                 }

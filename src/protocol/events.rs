@@ -373,6 +373,9 @@ pub struct SessionBound {
 #[serde(rename_all = "camelCase")]
 pub struct SessionForked {
     pub parent_session_id: String,
+    /// The session the conversation continues in (published on both).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub child_session_id: Option<String>,
     /// Why the host forked instead of resuming (foreign writer, changed file, never owned).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,

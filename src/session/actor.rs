@@ -158,6 +158,8 @@ pub(super) struct Actor {
     owned: Option<OwnedPid>,
     /// Why the next open must fork (decided while a child was still running).
     fork_reason: Option<String>,
+    /// The native session this one starts as a fork of (explicit fork, import).
+    fork_of: Option<String>,
     /// When to start watching the session file (our child's own late writes are over).
     watch_at: Option<Instant>,
     /// The watch on the session file while our child is idle.
@@ -232,6 +234,7 @@ impl Actor {
             idle_deadline: None,
             owned: None,
             fork_reason: None,
+            fork_of: row.fork_of.clone(),
             watch_at: None,
             watch: None,
             drifted: None,
@@ -573,7 +576,11 @@ impl Actor {
                     }
                 }
             }
-            None => Native::New(uuid::Uuid::new_v4().to_string()),
+            // A forked or imported session: its first agent forks the source.
+            None => match self.fork_of.clone() {
+                Some(source) => Native::Fork(source),
+                None => Native::New(uuid::Uuid::new_v4().to_string()),
+            },
         };
         self.resuming = !matches!(native, Native::New(_));
         let agent = self
@@ -858,7 +865,12 @@ impl Actor {
 
     /// The agent rejected the resume: say so, and run the prompt in a fresh native session.
     async fn continue_fresh(&mut self) {
-        let rejected = self.native.take().unwrap_or_default();
+        let rejected = self
+            .native
+            .take()
+            .or_else(|| self.fork_of.take())
+            .unwrap_or_default();
+        self.fork_of = None;
         let run_id = self.current.as_ref().map(|c| c.run_id.clone());
         if let Some(current) = self.current.as_mut() {
             current.retried_fresh = true;

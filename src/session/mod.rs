@@ -26,7 +26,7 @@ pub use actor::{
 pub use agent::{Launcher, NativeFile, NoAgents};
 
 use crate::bus::Bus;
-use crate::protocol::events::{Event, EventBody, Notice, RunEnd, RunState};
+use crate::protocol::events::{Event, EventBody, Notice, RunEnd, RunState, SessionForked};
 use crate::store::{SessionRow, Store, StoreError, StoredEvent, now_ms};
 
 /// The adapter families this build knows the names of (design §9). A session of any of these
@@ -95,6 +95,9 @@ pub struct NewSession {
     pub cwd: String,
     pub title: Option<String>,
 }
+
+/// Agent families whose native sessions can be forked (and so imported).
+const FORKABLE: &[&str] = &["claude", "codex"];
 
 /// Commands waiting for one session actor.
 const INBOX: usize = 64;
@@ -427,9 +430,89 @@ impl SessionManager {
             state: "idle".to_owned(),
             created_at_ms: now,
             updated_at_ms: now,
+            fork_of: None,
         };
         self.store.insert_session(row.clone()).await?;
         tracing::info!(session_id = %row.session_id, agent_type = %row.agent_type, "session created");
+        Ok(row)
+    }
+
+    /// A new session continuing `session_id`'s conversation in a fork of its native session
+    /// (the original is never written by the fork). `session.forked` is published on both.
+    pub async fn fork(
+        &self,
+        session_id: &str,
+        title: Option<String>,
+    ) -> Result<SessionRow, SessionError> {
+        let parent = self.get(session_id).await?;
+        let Some(native) = parent.native_session_id.clone().or(parent.fork_of.clone()) else {
+            return Err(SessionError::InvalidParams(
+                "this session has no agent conversation to fork yet".to_owned(),
+            ));
+        };
+        if !FORKABLE.contains(&parent.agent_type.as_str()) {
+            return Err(SessionError::NoAgent(format!(
+                "{:?} sessions cannot be forked in this build",
+                parent.agent_type
+            )));
+        }
+        let mut child = self
+            .create(NewSession {
+                agent_type: parent.agent_type.clone(),
+                cwd: parent.cwd.clone(),
+                title: title.or(parent.title.clone()),
+            })
+            .await?;
+        child.parent_session_id = Some(parent.session_id.clone());
+        child.fork_of = Some(native);
+        self.store.replace_session_lineage(child.clone()).await?;
+        let body = EventBody::SessionForked(SessionForked {
+            parent_session_id: parent.session_id.clone(),
+            child_session_id: Some(child.session_id.clone()),
+            reason: Some("forked on request".to_owned()),
+        });
+        for on in [&parent.session_id, &child.session_id] {
+            let event = Event::new(on.as_str(), None, body.clone());
+            if let Err(e) = self.bus.publish(&event).await {
+                tracing::error!(error = %e, "publishing session.forked failed");
+            }
+        }
+        tracing::info!(parent = %parent.session_id, child = %child.session_id, "session forked");
+        Ok(child)
+    }
+
+    /// Bring a session started outside the host (in a terminal) under it: a new session whose
+    /// first prompt continues that conversation in a fork — the host never owned the original.
+    pub async fn import(
+        &self,
+        agent_type: String,
+        native_session_id: String,
+        cwd: String,
+        title: Option<String>,
+    ) -> Result<SessionRow, SessionError> {
+        if !FORKABLE.contains(&agent_type.as_str()) {
+            return Err(SessionError::NoAgent(format!(
+                "{agent_type:?} sessions cannot be imported in this build"
+            )));
+        }
+        if native_session_id.is_empty()
+            || native_session_id.len() > 256
+            || native_session_id.starts_with('-')
+        {
+            return Err(SessionError::InvalidParams(
+                "native_session_id must be 1 to 256 bytes and not start with '-'".to_owned(),
+            ));
+        }
+        let mut row = self
+            .create(NewSession {
+                agent_type,
+                cwd,
+                title,
+            })
+            .await?;
+        row.fork_of = Some(native_session_id);
+        self.store.replace_session_lineage(row.clone()).await?;
+        tracing::info!(session_id = %row.session_id, "session imported");
         Ok(row)
     }
 

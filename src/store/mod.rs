@@ -100,6 +100,10 @@ pub struct SessionRow {
     pub state: String,
     pub created_at_ms: i64,
     pub updated_at_ms: i64,
+    /// A native session this one starts as a fork of (an explicit fork, or an imported
+    /// session), until its own native id is known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fork_of: Option<String>,
 }
 
 /// Which sessions a subscriber follows.
@@ -355,7 +359,8 @@ impl Store {
         self.write(move |conn| {
             conn.execute(
                 "INSERT INTO sessions (id, agent_type, native_session_id, cwd, parent_session_id, \
-                 title, state, created_at, updated_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+                 title, state, created_at, updated_at, config) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
                 params![
                     row.session_id,
                     row.agent_type,
@@ -365,7 +370,10 @@ impl Store {
                     row.title,
                     row.state,
                     row.created_at_ms,
-                    row.updated_at_ms
+                    row.updated_at_ms,
+                    row.fork_of
+                        .as_ref()
+                        .map(|f| serde_json::json!({"fork_of": f}).to_string())
                 ],
             )?;
             Ok(())
@@ -643,7 +651,7 @@ pub struct CursorUpdate {
 }
 
 const SESSION_SELECT: &str = "SELECT id, agent_type, native_session_id, cwd, parent_session_id, \
-     title, state, created_at, updated_at FROM sessions";
+     title, state, created_at, updated_at, config FROM sessions";
 
 fn session_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<SessionRow> {
     Ok(SessionRow {
@@ -656,6 +664,10 @@ fn session_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<SessionRow> {
         state: r.get(6)?,
         created_at_ms: r.get(7)?,
         updated_at_ms: r.get(8)?,
+        fork_of: r
+            .get::<_, Option<String>>(9)?
+            .and_then(|c| serde_json::from_str::<serde_json::Value>(&c).ok())
+            .and_then(|c| c.get("fork_of").and_then(|f| f.as_str()).map(str::to_owned)),
     })
 }
 

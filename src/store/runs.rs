@@ -271,6 +271,24 @@ impl Store {
         .await
     }
 
+    /// Set a session's parent and the native session it starts as a fork of.
+    pub async fn replace_session_lineage(&self, row: super::SessionRow) -> StoreResult<()> {
+        self.write(move |conn| {
+            conn.execute(
+                "UPDATE sessions SET parent_session_id = ?2, config = ?3 WHERE id = ?1",
+                params![
+                    row.session_id,
+                    row.parent_session_id,
+                    row.fork_of
+                        .as_ref()
+                        .map(|f| serde_json::json!({"fork_of": f}).to_string())
+                ],
+            )?;
+            Ok(())
+        })
+        .await
+    }
+
     /// Record the agent's native session id (and that the session was touched).
     pub async fn set_native_session_id(
         &self,
@@ -413,6 +431,7 @@ mod tests {
                 state: "idle".into(),
                 created_at_ms: 1,
                 updated_at_ms: 1,
+                fork_of: None,
             })
             .await
             .unwrap();
