@@ -400,3 +400,79 @@ fn a_session_forks_on_request_and_both_go_on() {
         world.host.unwrap().stop().await;
     });
 }
+
+/// Acceptance 4: while the host's own app-server holds the thread, `codex exec resume` from a
+/// terminal is refused by Codex itself (the host never touches the writer lock); once the host
+/// has let go (a restart), the same outside resume goes through, and the host's next prompt
+/// runs in a `thread/fork`.
+#[test]
+fn an_outside_codex_resume_is_refused_while_held_and_forked_from_after() {
+    let Some(rt) = in_netns(
+        Family::Codex,
+        "an_outside_codex_resume_is_refused_while_held_and_forked_from_after",
+    ) else {
+        return;
+    };
+    rt.block_on(async {
+        let mut world = World::start(Family::Codex).await;
+        let session = world.session().await;
+        let mut ws = world.follower(&session, false).await;
+        world.turn(&mut ws, &session, "hello codex").await;
+        let thread = world.native_id(&session).await;
+
+        let exec = |world: &World| {
+            let agents = world.agents();
+            let mut cmd = tokio::process::Command::new(agents.codex.unwrap());
+            cmd.args(["exec", "--json", "--skip-git-repo-check", "resume", &thread])
+                .arg("hello from exec")
+                .env_clear()
+                .envs(agents.env.iter().cloned())
+                .envs(agents.family_env.iter().cloned())
+                .current_dir(&world.work)
+                .stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .kill_on_drop(true);
+            cmd
+        };
+        // The host's app-server holds the thread: Codex refuses the second writer.
+        let held = tokio::time::timeout(TURN, exec(&world).output())
+            .await
+            .unwrap()
+            .unwrap();
+        let said = String::from_utf8_lossy(&held.stdout).to_string()
+            + &String::from_utf8_lossy(&held.stderr);
+        assert!(!held.status.success(), "a second writer was let in: {said}");
+        assert!(said.contains("active writer"), "{said}");
+        // The host goes on in place.
+        let run = world.send(&session, "still mine").await;
+        run_end(&mut ws, &run, TURN).await;
+        assert_eq!(world.native_id(&session).await, thread);
+        drop(ws);
+
+        // The host lets go; the terminal resumes the thread and adds a turn.
+        world.restart().await;
+        let outside = tokio::time::timeout(TURN, exec(&world).output())
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(
+            outside.status.success(),
+            "{}",
+            String::from_utf8_lossy(&outside.stderr)
+        );
+        let mut ws = world.follower(&session, false).await;
+        let run = world.send(&session, "back in the host").await;
+        run_end(&mut ws, &run, TURN).await;
+        assert_eq!(run_end_of(&ws, &run)["state"], "completed");
+        let forked = ws
+            .of_run(&run)
+            .into_iter()
+            .any(|s| s.kind() == "warning" && s.event["code"] == "forked");
+        assert!(forked, "{:?}", ws.kinds());
+        assert_ne!(world.native_id(&session).await, thread);
+        let text = text_of_run(&ws, &run);
+        assert!(text.contains("first: hello codex"), "history lost: {text}");
+        world.host.unwrap().stop().await;
+    });
+}
