@@ -98,6 +98,14 @@ fn an_external_resume_makes_the_next_prompt_fork() {
             .unwrap_or_else(|| panic!("no fork: {:?}", ws.kinds()))
             .clone();
         assert!(forked.event["message"].as_str().unwrap().contains(&native));
+        let lineage = ws
+            .of_run(&run)
+            .into_iter()
+            .find(|s| s.kind() == "session.forked")
+            .unwrap_or_else(|| panic!("no session.forked: {:?}", ws.kinds()))
+            .clone();
+        assert_eq!(lineage.event["fromNativeSessionId"], native.as_str());
+        assert_eq!(lineage.event["parentSessionId"], session.as_str());
         let fork = world.native_id(&session).await;
         assert_ne!(fork, native);
         let text = text_of_run(&ws, &run);
@@ -473,6 +481,64 @@ fn an_outside_codex_resume_is_refused_while_held_and_forked_from_after() {
         assert_ne!(world.native_id(&session).await, thread);
         let text = text_of_run(&ws, &run);
         assert!(text.contains("first: hello codex"), "history lost: {text}");
+        world.host.unwrap().stop().await;
+    });
+}
+
+/// Acceptance 5: a foreign append to an idle owned session's file is marked within 1 s (after
+/// the settle time, a rule of time by design), and a turn's own writes never are.
+#[test]
+fn a_foreign_append_while_idle_is_marked_within_a_second() {
+    let Some(rt) = in_netns(
+        Family::Claude,
+        "a_foreign_append_while_idle_is_marked_within_a_second",
+    ) else {
+        return;
+    };
+    rt.block_on(async {
+        let world = World::start(Family::Claude).await;
+        let session = world.session().await;
+        let mut ws = world.follower(&session, false).await;
+        world.turn(&mut ws, &session, "one").await;
+        world.turn(&mut ws, &session, "two").await;
+        let native = world.native_id(&session).await;
+        tokio::time::sleep(
+            agent_host::session::actor::SETTLE + std::time::Duration::from_millis(500),
+        )
+        .await;
+        let live = world
+            .host()
+            .ok("session.get", serde_json::json!({"session_id": session}))
+            .await;
+        assert_eq!(live["live"]["watching"], true, "{live}");
+        assert_eq!(
+            live["live"]["drifted"], false,
+            "our own turns were taken for drift"
+        );
+        assert!(
+            ws.seen.iter().all(|s| s.kind() != "warning"),
+            "{:?}",
+            ws.kinds()
+        );
+
+        let appended = std::time::Instant::now();
+        let mut file = std::fs::OpenOptions::new()
+            .append(true)
+            .open(session_file(&world, &native))
+            .unwrap();
+        std::io::Write::write_all(&mut file, b"{\"type\":\"user\",\"uuid\":\"foreign\"}\n")
+            .unwrap();
+        drop(file);
+        ws.until("session_drifted", std::time::Duration::from_secs(1), |s| {
+            s.kind() == "warning" && s.event["code"] == "session_drifted"
+        })
+        .await;
+        eprintln!("marked {:?} after the append", appended.elapsed());
+        let live = world
+            .host()
+            .ok("session.get", serde_json::json!({"session_id": session}))
+            .await;
+        assert_eq!(live["live"]["drifted"], true);
         world.host.unwrap().stop().await;
     });
 }

@@ -376,6 +376,10 @@ pub struct SessionForked {
     /// The session the conversation continues in (published on both).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub child_session_id: Option<String>,
+    /// The agent's session that was forked (an automatic fork keeps the host session and
+    /// moves it to a fork of this native session).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from_native_session_id: Option<String>,
     /// Why the host forked instead of resuming (foreign writer, changed file, never owned).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,

@@ -35,7 +35,7 @@ use crate::bus::{Bus, BusError, Receipt};
 pub use crate::protocol::envelope::PermissionDecision as Decision;
 use crate::protocol::events::{
     ErrorCategory, ErrorNotice, Event, EventBody, Notice, PermissionResolved, RunEnd, RunStart,
-    RunState, UserText,
+    RunState, SessionForked, UserText,
 };
 use crate::store::{
     PermissionRow, Resolve, RunInsert, RunRow, SessionRow, Store, StoreError, now_ms,
@@ -570,6 +570,16 @@ impl Actor {
                                 "{why}; this session continues in a fork of {id}, whose file the \
                                  host no longer writes"
                             ),
+                        )
+                        .await;
+                        self.publish(
+                            run_id.as_deref(),
+                            EventBody::SessionForked(SessionForked {
+                                parent_session_id: self.session_id.clone(),
+                                child_session_id: Some(self.session_id.clone()),
+                                from_native_session_id: Some(id.clone()),
+                                reason: Some(why.clone()),
+                            }),
                         )
                         .await;
                         Native::Fork(id)

@@ -469,6 +469,7 @@ impl SessionManager {
         let body = EventBody::SessionForked(SessionForked {
             parent_session_id: parent.session_id.clone(),
             child_session_id: Some(child.session_id.clone()),
+            from_native_session_id: child.fork_of.clone(),
             reason: Some("forked on request".to_owned()),
         });
         for on in [&parent.session_id, &child.session_id] {
