@@ -48,6 +48,44 @@ fn external_claude(world: &World, native: &str) -> tokio::process::Child {
         .unwrap()
 }
 
+/// Start an external `claude` on the session and give it one prompt; the caller closes its
+/// stdin (a finished terminal run) or keeps it (a terminal left mid-conversation).
+async fn external_turn(
+    world: &World,
+    native: &str,
+    text: &str,
+) -> (tokio::process::Child, tokio::process::ChildStdin) {
+    let mut external = external_claude(world, native);
+    let mut stdin = external.stdin.take().unwrap();
+    stdin
+        .write_all((claude::user_frame(text) + "\n").as_bytes())
+        .await
+        .unwrap();
+    (external, stdin)
+}
+
+/// Read the external CLI's stdout to its end and check it exited cleanly.
+async fn finish(mut external: tokio::process::Child) {
+    let mut lines = BufReader::new(external.stdout.take().unwrap()).lines();
+    while tokio::time::timeout(TURN, lines.next_line())
+        .await
+        .unwrap()
+        .unwrap()
+        .is_some()
+    {}
+    assert!(external.wait().await.unwrap().success());
+}
+
+/// The `forked` warning of a run (which must exist).
+fn fork_warning(ws: &common::world::Follower, run: &str) -> serde_json::Value {
+    ws.of_run(run)
+        .into_iter()
+        .find(|s| s.kind() == "warning" && s.event["code"] == "forked")
+        .unwrap_or_else(|| panic!("no fork: {:?}", ws.kinds()))
+        .event
+        .clone()
+}
+
 /// Acceptance 1 (the host stopped in between): an external `claude --resume` adds a turn to the
 /// file; the host's next prompt runs in a fork (new native id, a `forked` warning), remembers
 /// the conversation, and leaves the original file exactly as the external run left it.
@@ -69,21 +107,9 @@ fn an_external_resume_makes_the_next_prompt_fork() {
         world.host.take().unwrap().stop().await;
 
         // Outside the host: one more turn on the same session, run to completion.
-        let mut external = external_claude(&world, &native);
-        let mut stdin = external.stdin.take().unwrap();
-        stdin
-            .write_all((claude::user_frame("hello from the terminal") + "\n").as_bytes())
-            .await
-            .unwrap();
+        let (external, stdin) = external_turn(&world, &native, "hello from the terminal").await;
         drop(stdin);
-        let mut lines = BufReader::new(external.stdout.take().unwrap()).lines();
-        while tokio::time::timeout(TURN, lines.next_line())
-            .await
-            .unwrap()
-            .unwrap()
-            .is_some()
-        {}
-        assert!(external.wait().await.unwrap().success());
+        finish(external).await;
         let left = std::fs::read(session_file(&world, &native)).unwrap();
 
         world.restart_from_stopped().await;
@@ -91,13 +117,8 @@ fn an_external_resume_makes_the_next_prompt_fork() {
         let run = world.send(&session, "back in the host").await;
         run_end(&mut ws, &run, TURN).await;
         assert_eq!(run_end_of(&ws, &run)["state"], "completed");
-        let forked = ws
-            .of_run(&run)
-            .into_iter()
-            .find(|s| s.kind() == "warning" && s.event["code"] == "forked")
-            .unwrap_or_else(|| panic!("no fork: {:?}", ws.kinds()))
-            .clone();
-        assert!(forked.event["message"].as_str().unwrap().contains(&native));
+        let forked = fork_warning(&ws, &run);
+        assert!(forked["message"].as_str().unwrap().contains(&native));
         let lineage = ws
             .of_run(&run)
             .into_iter()
@@ -143,12 +164,7 @@ fn a_running_external_claude_makes_the_next_prompt_fork() {
         let host_child = world.agent_pid(&session).await;
 
         // A terminal user resumes the same session and leaves it open mid-conversation.
-        let mut external = external_claude(&world, &native);
-        let mut stdin = external.stdin.take().unwrap();
-        stdin
-            .write_all((claude::user_frame("terminal turn") + "\n").as_bytes())
-            .await
-            .unwrap();
+        let (mut external, stdin) = external_turn(&world, &native, "terminal turn").await;
         let mut lines = BufReader::new(external.stdout.take().unwrap()).lines();
         loop {
             let line = tokio::time::timeout(TURN, lines.next_line())
@@ -169,14 +185,9 @@ fn a_running_external_claude_makes_the_next_prompt_fork() {
         let run = world.send(&session, "back in the host").await;
         run_end(&mut ws, &run, TURN).await;
         assert_eq!(run_end_of(&ws, &run)["state"], "completed");
-        let forked = ws
-            .of_run(&run)
-            .into_iter()
-            .find(|s| s.kind() == "warning" && s.event["code"] == "forked")
-            .unwrap_or_else(|| panic!("no fork: {:?}", ws.kinds()))
-            .clone();
+        let forked = fork_warning(&ws, &run);
         assert!(
-            forked.event["message"]
+            forked["message"]
                 .as_str()
                 .unwrap()
                 .contains("another process")
@@ -229,12 +240,7 @@ fn an_external_turn_while_the_host_is_idle_is_seen_and_forked_from() {
             ws.kinds()
         );
 
-        let mut external = external_claude(&world, &native);
-        let mut stdin = external.stdin.take().unwrap();
-        stdin
-            .write_all((claude::user_frame("hello from the terminal") + "\n").as_bytes())
-            .await
-            .unwrap();
+        let (external, stdin) = external_turn(&world, &native, "hello from the terminal").await;
         drop(stdin);
         let drift = ws
             .until("session_drifted", TURN, |s| {
@@ -242,14 +248,7 @@ fn an_external_turn_while_the_host_is_idle_is_seen_and_forked_from() {
             })
             .await;
         assert!(drift.event["message"].as_str().unwrap().contains(&native));
-        let mut lines = BufReader::new(external.stdout.take().unwrap()).lines();
-        while tokio::time::timeout(TURN, lines.next_line())
-            .await
-            .unwrap()
-            .unwrap()
-            .is_some()
-        {}
-        assert!(external.wait().await.unwrap().success());
+        finish(external).await;
         let left = std::fs::read(session_file(&world, &native)).unwrap();
 
         let run = world.send(&session, "back in the host").await;
@@ -473,11 +472,7 @@ fn an_outside_codex_resume_is_refused_while_held_and_forked_from_after() {
         let run = world.send(&session, "back in the host").await;
         run_end(&mut ws, &run, TURN).await;
         assert_eq!(run_end_of(&ws, &run)["state"], "completed");
-        let forked = ws
-            .of_run(&run)
-            .into_iter()
-            .any(|s| s.kind() == "warning" && s.event["code"] == "forked");
-        assert!(forked, "{:?}", ws.kinds());
+        fork_warning(&ws, &run);
         assert_ne!(world.native_id(&session).await, thread);
         let text = text_of_run(&ws, &run);
         assert!(text.contains("first: hello codex"), "history lost: {text}");
