@@ -453,3 +453,76 @@ async fn an_agent_that_dies_while_a_child_holds_its_stdout_still_ends_the_run() 
     assert!(!group_alive(pid), "the child holding stdout lives on");
     host.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fork_that_dies_before_it_has_an_id_is_tried_again_never_resumed_in_place() {
+    let dir = tempfile::tempdir().unwrap();
+    let home = dir.path().join("agent-home");
+    std::fs::create_dir_all(&home).unwrap();
+    let d = dir.path().display();
+    // Answers in a new session; refuses to fork (dies at once); records how it was started.
+    let claude = script(
+        dir.path(),
+        "unforkable-claude",
+        &format!(
+            r#"echo "$*" >> {d}/starts
+case "$*" in *--fork-session*) exit 1;; esac
+id=$(echo "$*" | sed -n 's/.*--session-id=\([^ ]*\).*/\1/p')
+while read line; do
+  echo '{{"type":"system","subtype":"init","session_id":"'$id'"}}'
+  echo '{{"type":"result","subtype":"success","is_error":false,"result":"ok","session_id":"'$id'","usage":{{"input_tokens":1,"output_tokens":1}}}}'
+done"#
+        ),
+    );
+    let agents = Agents {
+        env: vec![
+            ("PATH".to_owned(), "/usr/bin:/bin".to_owned()),
+            ("HOME".to_owned(), home.display().to_string()),
+        ],
+        family_env: Vec::new(),
+        claude: Some(claude),
+        codex: None,
+    };
+    let host = TestHost::start_with_agents(&dir.path().join("host"), agents.clone()).await;
+    let work = dir.path().join("work");
+    std::fs::create_dir_all(&work).unwrap();
+    let session = host.session(&work).await;
+    let mut sub = subscribe(&host, &session).await;
+    let first = send(&host, &session, "one").await;
+    assert_eq!(
+        until_run_end(&mut sub, &first).await.1["state"],
+        "completed"
+    );
+    let native = host.ok("session.get", json!({"session_id": session})).await["native_session_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    host.stop().await;
+    // Someone else writes a transcript for that session while the host is down.
+    let cwd = work.canonicalize().unwrap().display().to_string();
+    let project = home
+        .join(".claude/projects")
+        .join(agent_host::adapter::claude::project_dir_name(&cwd));
+    std::fs::create_dir_all(&project).unwrap();
+    std::fs::write(
+        project.join(format!("{native}.jsonl")),
+        "{\"uuid\":\"foreign\"}\n",
+    )
+    .unwrap();
+
+    let host = TestHost::start_with_agents(&dir.path().join("host"), agents).await;
+    let mut sub = subscribe(&host, &session).await;
+    for text in ["two", "three"] {
+        let run = send(&host, &session, text).await;
+        let (_, end) = until_run_end(&mut sub, &run).await;
+        assert_eq!(end["state"], "failed", "the fork cannot start here");
+    }
+    let starts = std::fs::read_to_string(dir.path().join("starts")).unwrap();
+    let after_restart: Vec<&str> = starts.lines().skip(1).collect();
+    assert_eq!(after_restart.len(), 2, "{starts}");
+    assert!(
+        after_restart.iter().all(|l| l.contains("--fork-session")),
+        "a prompt resumed the foreign-written session in place: {starts}"
+    );
+    host.stop().await;
+}

@@ -189,6 +189,10 @@ async fn run(
     if closing.is_none() && session_gone {
         closing = Some((ORPHAN_GRACE, oneshot::channel().0));
     }
+    if closing.as_ref().is_some_and(|(grace, _)| grace.is_zero()) {
+        // No grace: killed before it sees its stdin close (and writes anything more).
+        child.kill_now();
+    }
     drop(stdin.take());
     let status = match closing {
         Some((grace, done)) => {

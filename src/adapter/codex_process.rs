@@ -172,6 +172,10 @@ impl Driver {
             mut translator,
             ..
         } = self;
+        if closing.as_ref().is_some_and(|(grace, _)| grace.is_zero()) {
+            // No grace: killed before it sees its stdin close (and writes anything more).
+            child.kill_now();
+        }
         drop(rpc);
         let status = match closing {
             Some((grace, done)) => {
@@ -304,7 +308,7 @@ impl Driver {
                 self.emit(events).await
             }
             Err(e) => {
-                let rejected = matches!(native, Native::Resume(_))
+                let rejected = matches!(native, Native::Resume(_) | Native::Fork(_))
                     && e.remote_message().is_some_and(codex::is_missing_thread);
                 self.open_error = Some(OpenError {
                     category: if rejected {

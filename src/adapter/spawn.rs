@@ -193,6 +193,11 @@ impl Spawned {
         self.reap().await
     }
 
+    /// Kill the whole group now (before it is reaped).
+    pub fn kill_now(&self) {
+        self.kill_group();
+    }
+
     /// A future that resolves once the leader has exited (not reaped), owning what it needs —
     /// for a driver to notice a dead agent whose stdout is still held open by a child.
     pub fn leader_exit(&self) -> impl std::future::Future<Output = ()> + Send + 'static {

@@ -166,6 +166,9 @@ pub(super) struct Actor {
     watch: Option<FileChanges>,
     /// Someone else wrote the file while the host's child was idle.
     drifted: Option<String>,
+    /// A fork under way: the source native id and why, until the fork's own id is bound. Its
+    /// source is never baselined as ours, and a fork that dies early is tried again.
+    forking_from: Option<(String, String)>,
 }
 
 async fn next_output(agent: &mut Option<AgentSession>) -> AgentOutput {
@@ -238,6 +241,7 @@ impl Actor {
             watch_at: None,
             watch: None,
             drifted: None,
+            forking_from: None,
         }
     }
 
@@ -457,9 +461,9 @@ impl Actor {
     async fn dispatch(&mut self, item: Queued) {
         tracing::info!(run_id = %item.run_id, "run dispatched");
         self.idle_deadline = None;
-        // Our child writes the file from now on.
+        // Our child writes the file from now on; a change already waiting is someone else's.
         self.watch_at = None;
-        self.watch = None;
+        self.stop_watch().await;
         // Queued now, committed while the prompt goes out: in the writer's order before
         // anything this run saves later.
         let saved = self
@@ -582,13 +586,18 @@ impl Actor {
                             }),
                         )
                         .await;
+                        self.forking_from = Some((id.clone(), why));
                         Native::Fork(id)
                     }
                 }
             }
             // A forked or imported session: its first agent forks the source.
             None => match self.fork_of.clone() {
-                Some(source) => Native::Fork(source),
+                Some(source) => {
+                    self.forking_from =
+                        Some((source.clone(), "a forked or imported session".to_owned()));
+                    Native::Fork(source)
+                }
                 None => Native::New(uuid::Uuid::new_v4().to_string()),
             },
         };
@@ -617,10 +626,39 @@ impl Actor {
         self.watch = file.path.and_then(|path| self.launcher.watch(&path));
     }
 
+    /// How long a closing child may take: none once someone else wrote its file (a CLI
+    /// closing cleanly writes its session file once more).
+    fn close_grace(&self) -> Duration {
+        if self.drifted.is_some() || self.fork_reason.is_some() {
+            Duration::ZERO
+        } else {
+            STOP_GRACE
+        }
+    }
+
+    /// Stop watching; a change token still waiting counts as someone else's write.
+    async fn stop_watch(&mut self) {
+        let pending = self
+            .watch
+            .as_mut()
+            .is_some_and(|w| w.changes.try_recv().is_ok());
+        self.watch = None;
+        if pending {
+            self.mark_drifted().await;
+        }
+    }
+
     /// The file changed while our child was idle: someone else wrote it.
     async fn on_foreign_change(&mut self) {
         self.watch = None;
         if self.current.is_some() {
+            return;
+        }
+        self.mark_drifted().await;
+    }
+
+    async fn mark_drifted(&mut self) {
+        if self.drifted.is_some() {
             return;
         }
         let id = self.native.clone().unwrap_or_default();
@@ -653,7 +691,14 @@ impl Actor {
         let native_id = native_id.to_owned();
         let checked = tokio::task::spawn_blocking(move || {
             let mut foreign = Vec::new();
-            let now = file.path.as_deref().and_then(|p| Baseline::read(p).ok());
+            let now = match file.path.as_deref().map(Baseline::read) {
+                None => None,
+                Some(Ok(now)) => Some(now),
+                Some(Err(e)) if e.kind() == std::io::ErrorKind::NotFound => None,
+                Some(Err(e)) => {
+                    return Verdict::Fork(format!("the session file cannot be checked: {e}"));
+                }
+            };
             if let Some(path) = &file.path {
                 foreign.extend(ownership::holders(path, &ours));
             }
@@ -677,7 +722,14 @@ impl Actor {
     /// someone else has it open right now).
     async fn record_baseline(&mut self) {
         self.watch_at = None;
-        self.watch = None;
+        self.stop_watch().await;
+        if let Some((_, why)) = self.forking_from.take() {
+            // The fork ended before it had an id of its own: the file is still the source,
+            // which is not ours; the next open forks again.
+            self.fork_reason.get_or_insert(why);
+            self.owned = None;
+            return;
+        }
         if self.drifted.is_some() || self.fork_reason.is_some() {
             // The file is not as our child left it.
             self.owned = None;
@@ -813,6 +865,21 @@ impl Actor {
             }
             EventBody::SessionBound(bound) => {
                 self.resuming = false;
+                if self
+                    .forking_from
+                    .as_ref()
+                    .is_some_and(|(source, _)| *source != bound.native_session_id)
+                {
+                    self.forking_from = None;
+                }
+                if self.fork_of.take().is_some()
+                    && let Ok(Some(mut row)) = self.store.get_session(self.session_id.clone()).await
+                {
+                    row.fork_of = None;
+                    if let Err(e) = self.store.replace_session_lineage(row).await {
+                        tracing::error!(error = %e, "clearing the fork source failed");
+                    }
+                }
                 if self.native.as_deref() != Some(bound.native_session_id.as_str()) {
                     if let Err(e) = self
                         .store
@@ -951,9 +1018,10 @@ impl Actor {
         if self.current.is_some() || !self.queue.is_empty() {
             return;
         }
+        self.stop_watch().await;
         if let Some(agent) = self.agent.take() {
             tracing::info!(pid = ?agent.pid(), "closing an idle agent");
-            agent.close(STOP_GRACE).await;
+            agent.close(self.close_grace()).await;
         }
         self.drop_agent().await;
     }
@@ -1069,8 +1137,9 @@ impl Actor {
         if self.current.is_some() && !quiet {
             self.wind_down_turn().await;
         }
+        self.stop_watch().await;
         if let Some(agent) = self.agent.take() {
-            agent.close(STOP_GRACE).await;
+            agent.close(self.close_grace()).await;
             if !quiet {
                 self.record_baseline().await;
             }

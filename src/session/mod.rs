@@ -496,12 +496,19 @@ impl SessionManager {
                 "{agent_type:?} sessions cannot be imported in this build"
             )));
         }
+        // It becomes an argument and part of a file name: letters, digits, `-` and `_` only.
+        let plain = native_session_id
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
         if native_session_id.is_empty()
             || native_session_id.len() > 256
             || native_session_id.starts_with('-')
+            || !plain
         {
             return Err(SessionError::InvalidParams(
-                "native_session_id must be 1 to 256 bytes and not start with '-'".to_owned(),
+                "native_session_id must be 1 to 256 letters, digits, '-' or '_', not starting \
+                 with '-'"
+                    .to_owned(),
             ));
         }
         let mut row = self
