@@ -656,35 +656,8 @@ mod tests {
     /// `AGENT_HOST_BLESS=1` rewrites the expectations for review.
     #[test]
     fn fixtures_translate_to_their_expected_events() {
-        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/codex");
-        let bless = std::env::var_os("AGENT_HOST_BLESS").is_some();
-        let mut names: Vec<_> = std::fs::read_dir(dir)
-            .map(|d| d.flatten().map(|e| e.path()).collect())
-            .unwrap_or_default();
-        names.retain(|p: &std::path::PathBuf| p.extension().is_some_and(|x| x == "jsonl"));
-        names.sort();
-        let mut checked = 0;
-        for transcript in names {
-            let mut t = Translator::new();
-            let events: Vec<Value> = std::fs::read_to_string(&transcript)
-                .unwrap()
-                .lines()
-                .flat_map(|line| t.on_line(line))
-                .map(|e| serde_json::to_value(e).unwrap())
-                .collect();
-            let expected_path = transcript.with_extension("events.json");
-            let got = serde_json::to_string_pretty(&events).unwrap() + "\n";
-            if bless {
-                std::fs::write(&expected_path, &got).unwrap();
-            }
-            let want = std::fs::read_to_string(&expected_path).unwrap_or_default();
-            assert!(
-                got == want,
-                "{} translates differently; review with AGENT_HOST_BLESS=1 and git diff",
-                transcript.display()
-            );
-            checked += 1;
-        }
+        let checked =
+            super::super::fixtures::check_all("codex", Translator::new, |t, l| t.on_line(l));
         assert!(checked >= 6, "only {checked} fixtures");
     }
 

@@ -13,6 +13,8 @@ pub mod claude;
 pub mod claude_process;
 pub mod codex;
 pub mod codex_process;
+#[cfg(test)]
+mod fixtures;
 pub mod jsonrpc;
 pub mod launch;
 pub mod lines;

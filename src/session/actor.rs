@@ -259,7 +259,7 @@ impl Actor {
                 },
                 () = until(deadline) => self.on_cancel_timeout().await,
                 () = until(idle) => self.on_idle().await,
-                () = until(self.watch_at) => self.start_watch(),
+                () = until(self.watch_at) => self.start_watch().await,
                 () = next_change(&mut self.watch) => self.on_foreign_change().await,
             }
         };
@@ -612,7 +612,7 @@ impl Actor {
     }
 
     /// Our idle child's late writes are over: watch its session file for anyone else's.
-    fn start_watch(&mut self) {
+    async fn start_watch(&mut self) {
         self.watch_at = None;
         if self.current.is_some() || self.agent.is_none() {
             return;
@@ -620,10 +620,18 @@ impl Actor {
         let Some(native_id) = self.native.clone() else {
             return;
         };
-        let file = self
-            .launcher
-            .native_file(&self.agent_type, &self.cwd, &native_id);
-        self.watch = file.path.and_then(|path| self.launcher.watch(&path));
+        let (launcher, agent_type, cwd) = (
+            self.launcher.clone(),
+            self.agent_type.clone(),
+            self.cwd.clone(),
+        );
+        let path = tokio::task::spawn_blocking(move || {
+            launcher.native_file(&agent_type, &cwd, &native_id).path
+        })
+        .await
+        .ok()
+        .flatten();
+        self.watch = path.and_then(|path| self.launcher.watch(&path));
     }
 
     /// How long a closing child may take: none once someone else wrote its file (a CLI
@@ -677,20 +685,45 @@ impl Actor {
     /// (only another holder counts then); otherwise the file is also compared with the
     /// baseline the host recorded when its last child for it ended.
     async fn verdict(&self, native_id: &str, live: bool) -> Verdict {
-        let file = self
-            .launcher
-            .native_file(&self.agent_type, &self.cwd, native_id);
-        let stored = match self.store.get_baseline(self.session_id.clone()).await {
-            Ok(stored) => stored.map(|s| Baseline::from_stored(&s)),
-            Err(e) => {
-                tracing::error!(error = %e, "reading the baseline failed; forking to be safe");
-                return Verdict::Fork("the host could not read its record of the file".to_owned());
+        let stored = if live {
+            None
+        } else {
+            match self.store.get_baseline(self.session_id.clone()).await {
+                Ok(stored) => stored.map(|s| Baseline::from_stored(&s)),
+                Err(e) => {
+                    tracing::error!(error = %e, "reading the baseline failed; forking to be safe");
+                    return Verdict::Fork(
+                        "the host could not read its record of the file".to_owned(),
+                    );
+                }
             }
         };
         let ours: Vec<OwnedPid> = self.owned.into_iter().collect();
+        let (launcher, agent_type, cwd) = (
+            self.launcher.clone(),
+            self.agent_type.clone(),
+            self.cwd.clone(),
+        );
         let native_id = native_id.to_owned();
+        // Finding the file, reading it and scanning /proc all block: off the runtime.
         let checked = tokio::task::spawn_blocking(move || {
+            let file = launcher.native_file(&agent_type, &cwd, &native_id);
             let mut foreign = Vec::new();
+            if let Some(config) = &file.claude_config {
+                foreign.extend(ownership::claude_registry_holders(
+                    config, &native_id, &ours,
+                ));
+            }
+            if live {
+                // On every prompt to a live child, so only the cheap checks: another CLI that
+                // registered itself for the session (Claude), and the watch while it was idle.
+                // Codex refuses a second writer by itself. The /proc scan (milliseconds) is for
+                // cold resumes.
+                return ownership::decide(None, None, &foreign);
+            }
+            if let Some(path) = &file.path {
+                foreign.extend(ownership::holders(path, &ours));
+            }
             let now = match file.path.as_deref().map(Baseline::read) {
                 None => None,
                 Some(Ok(now)) => Some(now),
@@ -699,17 +732,6 @@ impl Actor {
                     return Verdict::Fork(format!("the session file cannot be checked: {e}"));
                 }
             };
-            if let Some(path) = &file.path {
-                foreign.extend(ownership::holders(path, &ours));
-            }
-            if let Some(config) = &file.claude_config {
-                foreign.extend(ownership::claude_registry_holders(
-                    config, &native_id, &ours,
-                ));
-            }
-            if live {
-                return ownership::decide(now.as_ref(), now.as_ref(), &foreign);
-            }
             // A baseline of another file (an earlier native session) says nothing here.
             let base = stored.filter(|b| now.as_ref().is_some_and(|n| n.path == b.path));
             ownership::decide(base.as_ref(), now.as_ref(), &foreign)
@@ -738,13 +760,14 @@ impl Actor {
         let Some(native_id) = self.native.clone() else {
             return;
         };
-        let file = self
-            .launcher
-            .native_file(&self.agent_type, &self.cwd, &native_id);
-        let Some(path) = file.path else {
-            return;
-        };
+        let (launcher, agent_type, cwd) = (
+            self.launcher.clone(),
+            self.agent_type.clone(),
+            self.cwd.clone(),
+        );
         let read = tokio::task::spawn_blocking(move || {
+            let file = launcher.native_file(&agent_type, &cwd, &native_id);
+            let path = file.path?;
             let foreign = ownership::holders(&path, &[]);
             let registry = file
                 .claude_config
