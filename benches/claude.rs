@@ -103,7 +103,7 @@ impl Direct {
     /// One turn; the time to the first text delta.
     async fn turn(&mut self, text: &str) -> anyhow::Result<Duration> {
         let started = Instant::now();
-        let line = claude::user_frame(text) + "\n";
+        let line = claude::user_frame(text, &uuid::Uuid::new_v4().to_string()) + "\n";
         self.stdin.write_all(line.as_bytes()).await?;
         let mut first = None;
         loop {

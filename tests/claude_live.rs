@@ -71,7 +71,7 @@ fn real_claude_turns_translate_into_canonical_events() {
 
         // One turn: write the prompt, translate until run.end, answer permission requests.
         let mut turn = async |prompt: &str, allow: bool| -> Vec<EventBody> {
-            let line = claude::user_frame(prompt) + "\n";
+            let line = claude::user_frame(prompt, &uuid::Uuid::now_v7().to_string()) + "\n";
             stdin.write_all(line.as_bytes()).await.unwrap();
             let mut events = Vec::new();
             loop {
@@ -226,19 +226,26 @@ fn the_claude_driver_runs_turns_cancels_and_survives_a_kill() {
         }
 
         let mut s = claude_process::open(spec(Native::New(SESSION.into()))).unwrap();
-        s.send("hello driver").await.unwrap();
+        s.send("hello driver", &uuid::Uuid::now_v7().to_string())
+            .await
+            .unwrap();
         let out = until_end(&mut s, true, wait).await;
         assert_eq!(run_end(&out).unwrap().state, RunState::Completed);
 
-        s.send("TOOLCALL `touch by-driver && echo driven`")
-            .await
-            .unwrap();
+        s.send(
+            "TOOLCALL `touch by-driver && echo driven`",
+            &uuid::Uuid::now_v7().to_string(),
+        )
+        .await
+        .unwrap();
         let out = until_end(&mut s, true, wait).await;
         assert!(work.join("by-driver").exists());
         assert_eq!(run_end(&out).unwrap().state, RunState::Completed);
 
         // Cancel a slow stream after its first delta: cancelled, well within 2 s.
-        s.send("SLOW stream").await.unwrap();
+        s.send("SLOW stream", &uuid::Uuid::now_v7().to_string())
+            .await
+            .unwrap();
         until_first_delta(&mut s).await;
         let asked = std::time::Instant::now();
         s.cancel_turn().await.unwrap();
@@ -246,12 +253,16 @@ fn the_claude_driver_runs_turns_cancels_and_survives_a_kill() {
         assert_eq!(run_end(&out).unwrap().state, RunState::Cancelled);
         eprintln!("cancel took {:?}", asked.elapsed());
         // The same process takes the next prompt.
-        s.send("after cancel").await.unwrap();
+        s.send("after cancel", &uuid::Uuid::now_v7().to_string())
+            .await
+            .unwrap();
         let out = until_end(&mut s, true, wait).await;
         assert_eq!(run_end(&out).unwrap().state, RunState::Completed);
 
         // SIGKILL mid-turn: a failed run, then the end of the stream; no process left.
-        s.send("SLOW again").await.unwrap();
+        s.send("SLOW again", &uuid::Uuid::now_v7().to_string())
+            .await
+            .unwrap();
         until_first_delta(&mut s).await;
         let pid = s.pid().unwrap() as i32;
         nix::sys::signal::kill(
@@ -277,7 +288,9 @@ fn the_claude_driver_runs_turns_cancels_and_survives_a_kill() {
 
         // Resume the same native session in a new process: the history is there.
         let mut s = claude_process::open(spec(Native::Resume(SESSION.into()))).unwrap();
-        s.send("after the kill").await.unwrap();
+        s.send("after the kill", &uuid::Uuid::now_v7().to_string())
+            .await
+            .unwrap();
         let out = until_end(&mut s, true, wait).await;
         let text = out.iter().find_map(|o| match o {
             AgentOutput::Event(EventBody::TextEnd(t)) => Some(t.text.clone()),

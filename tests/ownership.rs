@@ -58,7 +58,7 @@ async fn external_turn(
     let mut external = external_claude(world, native);
     let mut stdin = external.stdin.take().unwrap();
     stdin
-        .write_all((claude::user_frame(text) + "\n").as_bytes())
+        .write_all((claude::user_frame(text, &uuid::Uuid::new_v4().to_string()) + "\n").as_bytes())
         .await
         .unwrap();
     (external, stdin)
@@ -205,10 +205,10 @@ fn a_running_external_claude_makes_the_next_prompt_fork() {
     });
 }
 
-/// Acceptance 1 and 5 with the host's child still alive: once the child's own late writes are
-/// over (the settle time after a turn, a rule of time by design), the file is watched; an
-/// external `claude --resume` run to completion marks the session drifted at once, and the
-/// next prompt closes the child and runs in a fork. The turn's own writes never count as drift.
+/// Acceptance 1 and 5 with the host's child still alive: right after the host's turn (no settle
+/// time: the host's own prompts carry its run ids, so its child's late writes are told from
+/// anyone else's), an external `claude --resume` run to completion marks the session drifted at
+/// once, and the next prompt closes the child and runs in a fork.
 #[test]
 fn an_external_turn_while_the_host_is_idle_is_seen_and_forked_from() {
     let Some(rt) = in_netns(
@@ -224,16 +224,6 @@ fn an_external_turn_while_the_host_is_idle_is_seen_and_forked_from() {
         world.turn(&mut ws, &session, "hello from the host").await;
         let native = world.native_id(&session).await;
         let host_child = world.agent_pid(&session).await;
-        // The settle time is the rule under test: writes within it are the host child's own.
-        tokio::time::sleep(
-            agent_host::session::actor::SETTLE + std::time::Duration::from_millis(500),
-        )
-        .await;
-        let live = world
-            .host()
-            .ok("session.get", serde_json::json!({"session_id": session}))
-            .await;
-        assert_eq!(live["live"]["watching"], true, "{live}");
         assert!(
             ws.seen.iter().all(|s| s.kind() != "warning"),
             "the host's own writes were taken for drift: {:?}",
@@ -247,7 +237,8 @@ fn an_external_turn_while_the_host_is_idle_is_seen_and_forked_from() {
                 s.kind() == "warning" && s.event["code"] == "session_drifted"
             })
             .await;
-        assert!(drift.event["message"].as_str().unwrap().contains(&native));
+        let why = drift.event["message"].as_str().unwrap();
+        assert!(why.contains(&native), "{why}");
         finish(external).await;
         let left = std::fs::read(session_file(&world, &native)).unwrap();
 
@@ -310,7 +301,11 @@ fn an_imported_terminal_session_continues_in_a_fork() {
             .unwrap();
         let mut stdin = external.stdin.take().unwrap();
         stdin
-            .write_all((claude::user_frame("hello from the terminal") + "\n").as_bytes())
+            .write_all(
+                (claude::user_frame("hello from the terminal", &uuid::Uuid::new_v4().to_string())
+                    + "\n")
+                    .as_bytes(),
+            )
             .await
             .unwrap();
         drop(stdin);
@@ -535,5 +530,82 @@ fn a_foreign_append_while_idle_is_marked_within_a_second() {
             .await;
         assert_eq!(live["live"]["drifted"], true);
         world.host.unwrap().stop().await;
+    });
+}
+
+/// Acceptance 5, during a turn: while the host's child streams a turn, an external `claude
+/// --resume` runs a turn of its own on the same file. The host's child writes the file all along,
+/// yet only the other prompt counts: the session is marked drifted during the host's turn (the
+/// warning carries the host's run id), the host's turn ends as it would have, and the next
+/// prompt runs in a fork that remembers the conversation. The original file is not written
+/// after the fork decision.
+#[test]
+fn an_external_prompt_during_a_host_turn_is_seen_during_it() {
+    let Some(rt) = in_netns(
+        Family::Claude,
+        "an_external_prompt_during_a_host_turn_is_seen_during_it",
+    ) else {
+        return;
+    };
+    rt.block_on(async {
+        let world = World::start(Family::Claude).await;
+        let session = world.session().await;
+        let mut ws = world.follower(&session, true).await;
+        world.turn(&mut ws, &session, "hello from the host").await;
+        let native = world.native_id(&session).await;
+        let slow = world.streaming(&mut ws, &session, "long answer").await;
+
+        let (external, stdin) =
+            external_turn(&world, &native, "typed during the host's turn").await;
+        drop(stdin);
+        let drift = ws
+            .until("session_drifted", TURN, |s| {
+                s.kind() == "warning" && s.event["code"] == "session_drifted"
+            })
+            .await;
+        assert_eq!(
+            drift.run_id, slow,
+            "the warning names the running turn: {:?}",
+            drift.event
+        );
+        let why = drift.event["message"].as_str().unwrap();
+        assert!(
+            why.contains("did not send") && why.contains(&native),
+            "{why}"
+        );
+        assert!(
+            ws.of_run(&slow).iter().all(|s| s.kind() != "run.end"),
+            "seen only after the turn: {:?}",
+            ws.kinds()
+        );
+        finish(external).await;
+
+        // The host's turn is not cut short: it is cancelled here only to save time.
+        world
+            .host()
+            .ok("session.cancel", serde_json::json!({"session_id": session}))
+            .await;
+        run_end(&mut ws, &slow, TURN).await;
+        assert_eq!(run_end_of(&ws, &slow)["state"], "cancelled");
+
+        let next = world.send(&session, "after the drift").await;
+        run_end(&mut ws, &next, TURN).await;
+        assert_eq!(run_end_of(&ws, &next)["state"], "completed");
+        assert_ne!(world.native_id(&session).await, native);
+        let text = text_of_run(&ws, &next);
+        assert!(
+            text.contains("first: hello from the host"),
+            "history lost: {text}"
+        );
+        let file = session_file(&world, &native);
+        let left = std::fs::read(&file).unwrap();
+        world.host.unwrap().stop().await;
+        let now = std::fs::read(&file).unwrap();
+        assert!(
+            now == left,
+            "the original file was written after the fork ({} → {} bytes)",
+            left.len(),
+            now.len()
+        );
     });
 }

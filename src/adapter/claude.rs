@@ -97,15 +97,63 @@ pub fn session_file(
         .find(|p| p.is_file())
 }
 
-/// The stdin line for a user prompt.
-pub fn user_frame(text: &str) -> String {
+/// The stdin line for a user prompt. `uuid` (the host's run id) becomes the prompt entry's
+/// `uuid` in the session file, which is how the host tells its own prompts from anyone else's.
+pub fn user_frame(text: &str, uuid: &str) -> String {
     json!({
         "type": "user",
+        "uuid": uuid,
         "message": {"role": "user", "content": text},
         "parent_tool_use_id": null,
         "session_id": "",
     })
     .to_string()
+}
+
+/// What one line of a session file is, for telling who wrote it (design §8): a prompt (a `user`
+/// entry with text — not a tool result, not a meta or compaction entry) by its `uuid` and its
+/// `promptId`;
+/// anything else the CLI writes on its own; or a line that is not a JSON object with a `type`
+/// (torn, or not the CLI's).
+pub fn file_entry(line: &[u8]) -> crate::session::agent::FileEntry {
+    use crate::session::agent::FileEntry;
+    let Ok(Value::Object(entry)) = serde_json::from_slice::<Value>(line) else {
+        return FileEntry::Unreadable;
+    };
+    let flag = |name: &str| entry.get(name).and_then(Value::as_bool) == Some(true);
+    let Some(kind) = entry.get("type").and_then(Value::as_str) else {
+        // Every line the CLI writes says what it is.
+        return FileEntry::Unreadable;
+    };
+    if kind != "user"
+        || flag("isMeta")
+        || flag("isCompactSummary")
+        || flag("isSidechain")
+        || entry.contains_key("toolUseResult")
+    {
+        return FileEntry::Other;
+    }
+    let content = entry.get("message").and_then(|m| m.get("content"));
+    let tool_result = content.and_then(Value::as_array).is_some_and(|blocks| {
+        blocks
+            .iter()
+            .any(|b| b.get("type").and_then(Value::as_str) == Some("tool_result"))
+    });
+    if tool_result {
+        return FileEntry::Other;
+    }
+    match entry.get("uuid").and_then(Value::as_str) {
+        Some(uuid) => FileEntry::Prompt {
+            id: uuid.to_owned(),
+            // Entries written for a prompt (the interrupt marker `[Request interrupted by
+            // user]`, tool results) share its `promptId`.
+            turn: entry
+                .get("promptId")
+                .and_then(Value::as_str)
+                .map(str::to_owned),
+        },
+        None => FileEntry::Unreadable,
+    }
 }
 
 /// The stdin line that interrupts the current turn (enveloped; a bare one is ignored).
@@ -798,8 +846,9 @@ mod tests {
 
     #[test]
     fn input_frames_have_the_shapes_the_cli_reads() {
-        let user: Value = serde_json::from_str(&user_frame("hi")).unwrap();
+        let user: Value = serde_json::from_str(&user_frame("hi", "run-1")).unwrap();
         assert_eq!(user["message"]["content"], "hi");
+        assert_eq!(user["uuid"], "run-1");
         let int: Value = serde_json::from_str(&interrupt_frame("i1")).unwrap();
         assert_eq!(int["request"]["subtype"], "interrupt");
         let allow: Value = serde_json::from_str(&permission_frame(
@@ -844,5 +893,43 @@ mod tests {
         );
         assert_eq!(session_file(dir.path(), &long, "s2"), None);
         assert_eq!(session_file(dir.path(), "/short", "s1"), None);
+    }
+
+    /// A session file the real CLI wrote (2.1.197): two prompts sent with the host's ids (a
+    /// thinking turn, a tool turn), then one typed in a terminal (`claude -p --resume`).
+    #[test]
+    fn session_file_prompts_are_told_from_everything_else() {
+        use crate::session::agent::FileEntry;
+        let text = std::fs::read_to_string(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("fixtures/claude/session-files/tool-and-terminal.jsonl"),
+        )
+        .unwrap();
+        let entries: Vec<FileEntry> = text.lines().map(|l| file_entry(l.as_bytes())).collect();
+        let prompts: Vec<&str> = entries
+            .iter()
+            .filter_map(|e| match e {
+                FileEntry::Prompt { id, .. } => Some(id.as_str()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(
+            prompts,
+            [
+                "019ad2a0-0000-7000-8000-0000000000a1",
+                "019ad2a0-0000-7000-8000-0000000000a2",
+                "b499e0ca-af00-49b3-897c-e64d0af6c9be"
+            ]
+        );
+        assert!(!entries.contains(&FileEntry::Unreadable));
+        // The tool result is a `user` entry too, but not a prompt.
+        assert!(text.contains("tool_result"));
+        assert_eq!(file_entry(b"{\"type\":\"assis"), FileEntry::Unreadable);
+        assert_eq!(file_entry(b"[1]"), FileEntry::Unreadable);
+        assert_eq!(file_entry(br#"{"uuid":"x"}"#), FileEntry::Unreadable);
+        assert_eq!(
+            file_entry(br#"{"type":"user","message":{"content":"no id"}}"#),
+            FileEntry::Unreadable
+        );
     }
 }

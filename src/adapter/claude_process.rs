@@ -59,7 +59,7 @@ pub fn open(spec: OpenSpec) -> Result<AgentSession, AdapterError> {
 /// The stdin line for an input, and whether it starts a turn.
 fn frame_of(input: AgentInput, interrupts: &mut u64) -> Option<(String, bool)> {
     match input {
-        AgentInput::Prompt(text) => Some((claude::user_frame(&text), true)),
+        AgentInput::Prompt { text, id } => Some((claude::user_frame(&text, &id), true)),
         AgentInput::Permission {
             request_id,
             allow,

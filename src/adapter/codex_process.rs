@@ -348,7 +348,7 @@ impl Driver {
 
     async fn on_input(&mut self, input: AgentInput) -> Result<(), Gone> {
         match input {
-            AgentInput::Prompt(text) => self.start_turn(&text).await,
+            AgentInput::Prompt { text, .. } => self.start_turn(&text).await,
             AgentInput::Permission {
                 request_id, allow, ..
             } => {

@@ -173,6 +173,7 @@ impl Launcher for AgentSettings {
                 NativeFile {
                     path,
                     claude_config: config,
+                    entries: Some(super::claude::file_entry),
                 }
             }
             "codex" => {
@@ -182,6 +183,7 @@ impl Launcher for AgentSettings {
                 NativeFile {
                     path: codex_home.and_then(|c| super::codex::rollout_file(&c, native_id)),
                     claude_config: None,
+                    entries: None,
                 }
             }
             _ => NativeFile::default(),

@@ -18,7 +18,9 @@
 //!   agent and published as `permission.resolved` with who answered.
 //! - when the agent process goes, its pending permission requests are expired.
 
-use std::collections::VecDeque;
+mod files;
+
+use std::collections::{HashSet, VecDeque};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -29,13 +31,15 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
 use super::SessionError;
-use super::agent::{AdapterError, AgentOutput, AgentSession, FileChanges, Launcher, Native};
-use super::ownership::{self, Baseline, OwnedPid, Verdict};
+use super::agent::{
+    AdapterError, AgentOutput, AgentSession, FileChanges, Launcher, Native, NativeFile,
+};
+use super::ownership::{OwnedPid, Tail, Verdict};
 use crate::bus::{Bus, BusError, Receipt};
 pub use crate::protocol::envelope::PermissionDecision as Decision;
 use crate::protocol::events::{
     ErrorCategory, ErrorNotice, Event, EventBody, Notice, PermissionResolved, RunEnd, RunStart,
-    RunState, SessionForked, UserText,
+    RunState, UserText,
 };
 use crate::store::{
     PermissionRow, Resolve, RunInsert, RunRow, SessionRow, Store, StoreError, now_ms,
@@ -169,6 +173,15 @@ pub(super) struct Actor {
     /// A fork under way: the source native id and why, until the fork's own id is bound. Its
     /// source is never baselined as ours, and a fork that dies early is tried again.
     forking_from: Option<(String, String)>,
+    /// The native session file, once found, for the native id it belongs to.
+    file: Option<(String, NativeFile)>,
+    /// What the host has read of its file while its child runs (attributed families).
+    tail: Option<Tail>,
+    /// The host's prompt ids in this session (its run ids), once loaded.
+    ours: Option<HashSet<String>>,
+    /// The running child was opened as a fork: its file starts with a copy of its source's
+    /// history, prompts by whoever wrote them.
+    born_fork: bool,
 }
 
 async fn next_output(agent: &mut Option<AgentSession>) -> AgentOutput {
@@ -242,6 +255,10 @@ impl Actor {
             watch: None,
             drifted: None,
             forking_from: None,
+            file: None,
+            tail: None,
+            ours: None,
+            born_fork: false,
         }
     }
 
@@ -260,7 +277,7 @@ impl Actor {
                 () = until(deadline) => self.on_cancel_timeout().await,
                 () = until(idle) => self.on_idle().await,
                 () = until(self.watch_at) => self.start_watch().await,
-                () = next_change(&mut self.watch) => self.on_foreign_change().await,
+                () = next_change(&mut self.watch) => self.on_file_change().await,
             }
         };
         let quiet = stop.as_ref().is_some_and(|(quiet, _)| *quiet);
@@ -461,9 +478,13 @@ impl Actor {
     async fn dispatch(&mut self, item: Queued) {
         tracing::info!(run_id = %item.run_id, "run dispatched");
         self.idle_deadline = None;
-        // Our child writes the file from now on; a change already waiting is someone else's.
-        self.watch_at = None;
+        // Our child writes the file from now on; a change already waiting is someone else's
+        // (unattributed families: their watch is for idle times only).
+        if !self.attributed() {
+            self.watch_at = None;
+        }
         self.stop_watch().await;
+        self.own_prompt(&item.run_id);
         // Queued now, committed while the prompt goes out: in the writer's order before
         // anything this run saves later.
         let saved = self
@@ -505,7 +526,11 @@ impl Actor {
     /// Hand the current run's prompt to the agent, opening it first if needed. A failure ends
     /// the run.
     async fn start_turn(&mut self) {
-        let Some(text) = self.current.as_ref().map(|c| c.text.clone()) else {
+        let Some((text, run_id)) = self
+            .current
+            .as_ref()
+            .map(|c| (c.text.clone(), c.run_id.clone()))
+        else {
             return;
         };
         // A child whose file someone else wrote is not continued: closed, and a fork.
@@ -540,7 +565,7 @@ impl Actor {
             let Some(agent) = self.agent.as_ref() else {
                 return;
             };
-            match agent.send(&text).await {
+            match agent.send(&text, &run_id).await {
                 Ok(()) => return,
                 Err(e) if attempt == 0 => {
                     // The process went away while idle and its exit is not seen yet: a new one.
@@ -565,27 +590,8 @@ impl Actor {
                 match verdict {
                     Verdict::ResumeInPlace => Native::Resume(id),
                     Verdict::Fork(why) => {
-                        tracing::warn!(native = %id, %why, "forking the session");
-                        let run_id = self.current.as_ref().map(|c| c.run_id.clone());
-                        self.warn(
-                            run_id.as_deref(),
-                            "forked",
-                            format!(
-                                "{why}; this session continues in a fork of {id}, whose file the \
-                                 host no longer writes"
-                            ),
-                        )
-                        .await;
-                        self.publish(
-                            run_id.as_deref(),
-                            EventBody::SessionForked(SessionForked {
-                                parent_session_id: self.session_id.clone(),
-                                child_session_id: Some(self.session_id.clone()),
-                                from_native_session_id: Some(id.clone()),
-                                reason: Some(why.clone()),
-                            }),
-                        )
-                        .await;
+                        self.tail = None;
+                        self.announce_fork(&id, &why).await;
                         self.forking_from = Some((id.clone(), why));
                         Native::Fork(id)
                     }
@@ -602,193 +608,22 @@ impl Actor {
             },
         };
         self.resuming = !matches!(native, Native::New(_));
-        let agent = self
+        self.born_fork = matches!(native, Native::Fork(_));
+        let agent = match self
             .launcher
-            .open(&self.agent_type, &self.cwd, &self.session_id, native)?;
+            .open(&self.agent_type, &self.cwd, &self.session_id, native)
+        {
+            Ok(agent) => agent,
+            Err(e) => {
+                self.tail = None;
+                return Err(e);
+            }
+        };
         tracing::info!(pid = ?agent.pid(), resuming = self.resuming, "agent started");
         self.owned = agent.pid().and_then(OwnedPid::of);
         self.agent = Some(agent);
+        self.watch_opened();
         Ok(())
-    }
-
-    /// Our idle child's late writes are over: watch its session file for anyone else's.
-    async fn start_watch(&mut self) {
-        self.watch_at = None;
-        if self.current.is_some() || self.agent.is_none() {
-            return;
-        }
-        let Some(native_id) = self.native.clone() else {
-            return;
-        };
-        let (launcher, agent_type, cwd) = (
-            self.launcher.clone(),
-            self.agent_type.clone(),
-            self.cwd.clone(),
-        );
-        let path = tokio::task::spawn_blocking(move || {
-            launcher.native_file(&agent_type, &cwd, &native_id).path
-        })
-        .await
-        .ok()
-        .flatten();
-        self.watch = path.and_then(|path| self.launcher.watch(&path));
-    }
-
-    /// How long a closing child may take: none once someone else wrote its file (a CLI
-    /// closing cleanly writes its session file once more).
-    fn close_grace(&self) -> Duration {
-        if self.drifted.is_some() || self.fork_reason.is_some() {
-            Duration::ZERO
-        } else {
-            STOP_GRACE
-        }
-    }
-
-    /// Stop watching; a change token still waiting counts as someone else's write.
-    async fn stop_watch(&mut self) {
-        let pending = self
-            .watch
-            .as_mut()
-            .is_some_and(|w| w.changes.try_recv().is_ok());
-        self.watch = None;
-        if pending {
-            self.mark_drifted().await;
-        }
-    }
-
-    /// The file changed while our child was idle: someone else wrote it.
-    async fn on_foreign_change(&mut self) {
-        self.watch = None;
-        if self.current.is_some() {
-            return;
-        }
-        self.mark_drifted().await;
-    }
-
-    async fn mark_drifted(&mut self) {
-        if self.drifted.is_some() {
-            return;
-        }
-        let id = self.native.clone().unwrap_or_default();
-        let why = format!("the session file of {id} was written outside the host");
-        tracing::warn!(native = %id, "session drifted");
-        self.warn(
-            None,
-            "session_drifted",
-            format!("{why}; the next prompt continues in a fork"),
-        )
-        .await;
-        self.drifted = Some(why);
-    }
-
-    /// Whether the native session may be continued in place. `live`: our child for it runs
-    /// (only another holder counts then); otherwise the file is also compared with the
-    /// baseline the host recorded when its last child for it ended.
-    async fn verdict(&self, native_id: &str, live: bool) -> Verdict {
-        let stored = if live {
-            None
-        } else {
-            match self.store.get_baseline(self.session_id.clone()).await {
-                Ok(stored) => stored.map(|s| Baseline::from_stored(&s)),
-                Err(e) => {
-                    tracing::error!(error = %e, "reading the baseline failed; forking to be safe");
-                    return Verdict::Fork(
-                        "the host could not read its record of the file".to_owned(),
-                    );
-                }
-            }
-        };
-        let ours: Vec<OwnedPid> = self.owned.into_iter().collect();
-        let (launcher, agent_type, cwd) = (
-            self.launcher.clone(),
-            self.agent_type.clone(),
-            self.cwd.clone(),
-        );
-        let native_id = native_id.to_owned();
-        // Finding the file, reading it and scanning /proc all block: off the runtime.
-        let checked = tokio::task::spawn_blocking(move || {
-            let file = launcher.native_file(&agent_type, &cwd, &native_id);
-            let mut foreign = Vec::new();
-            if let Some(config) = &file.claude_config {
-                foreign.extend(ownership::claude_registry_holders(
-                    config, &native_id, &ours,
-                ));
-            }
-            if live {
-                // On every prompt to a live child, so only the cheap checks: another CLI that
-                // registered itself for the session (Claude), and the watch while it was idle.
-                // Codex refuses a second writer by itself. The /proc scan (milliseconds) is for
-                // cold resumes.
-                return ownership::decide(None, None, &foreign);
-            }
-            if let Some(path) = &file.path {
-                foreign.extend(ownership::holders(path, &ours));
-            }
-            let now = match file.path.as_deref().map(Baseline::read) {
-                None => None,
-                Some(Ok(now)) => Some(now),
-                Some(Err(e)) if e.kind() == std::io::ErrorKind::NotFound => None,
-                Some(Err(e)) => {
-                    return Verdict::Fork(format!("the session file cannot be checked: {e}"));
-                }
-            };
-            // A baseline of another file (an earlier native session) says nothing here.
-            let base = stored.filter(|b| now.as_ref().is_some_and(|n| n.path == b.path));
-            ownership::decide(base.as_ref(), now.as_ref(), &foreign)
-        })
-        .await;
-        checked.unwrap_or_else(|e| Verdict::Fork(format!("the ownership check failed: {e}")))
-    }
-
-    /// Our child for the session has ended: the file as it left it is the baseline (unless
-    /// someone else has it open right now).
-    async fn record_baseline(&mut self) {
-        self.watch_at = None;
-        self.stop_watch().await;
-        if let Some((_, why)) = self.forking_from.take() {
-            // The fork ended before it had an id of its own: the file is still the source,
-            // which is not ours; the next open forks again.
-            self.fork_reason.get_or_insert(why);
-            self.owned = None;
-            return;
-        }
-        if self.drifted.is_some() || self.fork_reason.is_some() {
-            // The file is not as our child left it.
-            self.owned = None;
-            return;
-        }
-        let Some(native_id) = self.native.clone() else {
-            return;
-        };
-        let (launcher, agent_type, cwd) = (
-            self.launcher.clone(),
-            self.agent_type.clone(),
-            self.cwd.clone(),
-        );
-        let read = tokio::task::spawn_blocking(move || {
-            let file = launcher.native_file(&agent_type, &cwd, &native_id);
-            let path = file.path?;
-            let foreign = ownership::holders(&path, &[]);
-            let registry = file
-                .claude_config
-                .map(|c| ownership::claude_registry_holders(&c, &native_id, &[]))
-                .unwrap_or_default();
-            if foreign.is_empty() && registry.is_empty() {
-                Baseline::read(&path).ok()
-            } else {
-                None
-            }
-        })
-        .await;
-        if let Ok(Some(baseline)) = read
-            && let Err(e) = self
-                .store
-                .save_baseline(self.session_id.clone(), baseline.to_stored())
-                .await
-        {
-            tracing::error!(error = %e, "saving the baseline failed");
-        }
-        self.owned = None;
     }
 
     /// Forget the agent process (its driver stops the group) and expire what it left pending.
@@ -841,14 +676,13 @@ impl Actor {
             // after leaves it `running`; recovery resets that.)
             self.set_session_state("idle").await;
             self.idle_deadline = self.launcher.idle_timeout().map(|t| Instant::now() + t);
-            if self.agent.is_some() {
-                self.watch_at = Some(Instant::now() + SETTLE);
-            }
         }
+        let ended = end.state;
         // The event is committed before the run's row says it ended.
         self.publish_committed(Some(&current.run_id), EventBody::RunEnd(end))
             .await;
         self.set_run_state(&current.run_id, state, category).await;
+        self.turn_ended(ended).await;
         if let Some(next) = next {
             Box::pin(self.dispatch(next)).await;
         }
@@ -915,6 +749,7 @@ impl Actor {
                         tracing::error!(error = %e, "saving the native session id failed");
                     }
                     self.native = Some(bound.native_session_id.clone());
+                    self.native_changed();
                 }
                 self.publish(run_id.as_deref(), EventBody::SessionBound(bound))
                     .await;

@@ -67,8 +67,9 @@ pub enum AgentOutput {
 /// What the session layer asks of a driver.
 #[derive(Debug)]
 pub enum AgentInput {
-    /// Start a turn with this prompt.
-    Prompt(String),
+    /// Start a turn with this prompt; `id` (the host's run id) names the prompt where the
+    /// family can carry it into its session file.
+    Prompt { text: String, id: String },
     /// Answer a `permission.request`.
     Permission {
         request_id: String,
@@ -115,9 +116,13 @@ impl AgentSession {
         })
     }
 
-    /// Start a turn with a prompt.
-    pub async fn send(&self, text: &str) -> Result<(), AdapterError> {
-        self.request(AgentInput::Prompt(text.to_owned())).await
+    /// Start a turn with a prompt, named by the host's run id.
+    pub async fn send(&self, text: &str, id: &str) -> Result<(), AdapterError> {
+        self.request(AgentInput::Prompt {
+            text: text.to_owned(),
+            id: id.to_owned(),
+        })
+        .await
     }
 
     /// Answer a `permission.request`.
@@ -208,12 +213,32 @@ impl std::fmt::Debug for FileChanges {
 }
 
 /// Where a native session lives on disk, as far as the family says.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default)]
 pub struct NativeFile {
     /// The session file, if it exists.
     pub path: Option<std::path::PathBuf>,
     /// Claude's config dir, whose `sessions/` registry names live CLIs.
     pub claude_config: Option<std::path::PathBuf>,
+    /// How to read who wrote a line of the file, for a family whose file names the host's
+    /// prompts (Claude). Without it, any line the host's child did not write while the host
+    /// watched is someone else's.
+    pub entries: Option<EntryReader>,
+}
+
+/// Reads one complete line of a session file.
+pub type EntryReader = fn(&[u8]) -> FileEntry;
+
+/// Who wrote a session-file line, as far as the line says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FileEntry {
+    /// A prompt by its entry id (the host's when the id is one of its run ids), or a message
+    /// the CLI wrote in a prompt's name (an interrupt marker). `turn`: the CLI's id for the
+    /// prompt the entry belongs to, which such messages share with their prompt.
+    Prompt { id: String, turn: Option<String> },
+    /// Whatever the CLI writes on its own in a turn (replies, tool results, metadata).
+    Other,
+    /// Not an entry (torn or garbage): nobody's to vouch for.
+    Unreadable,
 }
 
 /// A launcher for a host that runs no agents (tests, tools that only read history).
