@@ -178,7 +178,7 @@ pub(super) struct Actor {
     /// What the host has read of its file while its child runs (attributed families).
     tail: Option<Tail>,
     /// The host's prompt ids in this session (its run ids), once loaded.
-    ours: Option<HashSet<String>>,
+    ours: Option<Arc<HashSet<String>>>,
     /// The running child was opened as a fork: its file starts with a copy of its source's
     /// history, prompts by whoever wrote them.
     born_fork: bool,

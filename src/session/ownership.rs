@@ -395,7 +395,8 @@ pub fn holders(path: &Path, ours: &[OwnedPid]) -> Vec<u32> {
 }
 
 /// Live CLIs that Claude's own registry (`<config>/sessions/<pid>.json`, written by each
-/// running CLI) names for this session, other than `ours`.
+/// running CLI) names for this session, other than `ours`. An entry whose recorded process
+/// start time (`procStart`) is not the pid's now is stale.
 pub fn claude_registry_holders(config_dir: &Path, native_id: &str, ours: &[OwnedPid]) -> Vec<u32> {
     let Ok(entries) = std::fs::read_dir(config_dir.join("sessions")) else {
         return Vec::new();
@@ -406,9 +407,18 @@ pub fn claude_registry_holders(config_dir: &Path, native_id: &str, ours: &[Owned
             let text = std::fs::read_to_string(e.path()).ok()?;
             let v: Value = serde_json::from_str(&text).ok()?;
             let pid = u32::try_from(v.get("pid")?.as_u64()?).ok()?;
-            (v.get("sessionId")?.as_str()? == native_id).then_some(pid)
+            if v.get("sessionId")?.as_str()? != native_id {
+                return None;
+            }
+            let started = start_time(pid)?;
+            // The CLI records its own start time (as `/proc/<pid>/stat` has it): a file left by
+            // a CLI that died, whose pid now names another process, does not count.
+            let recorded = v.get("procStart").and_then(|s| match s {
+                Value::String(s) => s.parse::<u64>().ok(),
+                other => other.as_u64(),
+            });
+            recorded.is_none_or(|r| r == started).then_some(pid)
         })
-        .filter(|pid| start_time(*pid).is_some())
         .filter(|pid| !is_ours(*pid, ours))
         .collect()
 }
@@ -760,6 +770,20 @@ mod tests {
         std::fs::write(
             dir.path().join("sessions/999999999.json"),
             r#"{"pid":999999999,"sessionId":"s1"}"#,
+        )
+        .unwrap();
+        assert_eq!(claude_registry_holders(dir.path(), "s1", &[]), [me]);
+        // Left by a CLI that died, its pid now someone else's (ours here): stale.
+        std::fs::write(
+            dir.path().join(format!("sessions/{me}.json")),
+            format!(r#"{{"pid":{me},"sessionId":"s1","procStart":"1"}}"#),
+        )
+        .unwrap();
+        assert!(claude_registry_holders(dir.path(), "s1", &[]).is_empty());
+        let started = start_time(me).unwrap();
+        std::fs::write(
+            dir.path().join(format!("sessions/{me}.json")),
+            format!(r#"{{"pid":{me},"sessionId":"s1","procStart":"{started}"}}"#),
         )
         .unwrap();
         assert_eq!(claude_registry_holders(dir.path(), "s1", &[]), [me]);

@@ -233,9 +233,15 @@ impl Store {
         .await
     }
 
-    /// Record the baseline of a session's native file (replacing the previous one).
-    pub async fn save_baseline(&self, session_id: String, b: StoredBaseline) -> StoreResult<()> {
-        self.write(move |conn| {
+    /// Record the baseline of a session's native file (replacing the previous one), and its
+    /// path in the session row. Queued only: the receiver resolves once committed (the
+    /// writer's order keeps a later baseline after an earlier one).
+    pub async fn save_baseline(
+        &self,
+        session_id: String,
+        b: StoredBaseline,
+    ) -> StoreResult<tokio::sync::oneshot::Receiver<StoreResult<()>>> {
+        self.write_start(move |conn| {
             conn.execute(
                 "INSERT OR REPLACE INTO session_baselines (session_id, file_path, dev, inode, size, \
                  line_count, last_entry_id, mtime_ns, recorded_at) \

@@ -15,6 +15,7 @@
 //!   someone else's; the baseline is the file as the host's child left it at exit.
 
 use std::collections::HashSet;
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -54,20 +55,20 @@ impl Actor {
     }
 
     /// The prompt ids the host sent in this session (its run ids), loaded once.
-    async fn our_prompts(&mut self) -> HashSet<String> {
+    async fn our_prompts(&mut self) -> Arc<HashSet<String>> {
         if let Some(ours) = &self.ours {
             return ours.clone();
         }
         match self.store.run_ids(self.session_id.clone()).await {
             Ok(ids) => {
-                let ours: HashSet<String> = ids.into_iter().collect();
+                let ours = Arc::new(ids.into_iter().collect::<HashSet<String>>());
                 self.ours = Some(ours.clone());
                 ours
             }
             Err(e) => {
                 // Not cached: the next check asks again. Meanwhile prompts count as foreign.
                 tracing::error!(error = %e, "reading the session's run ids failed");
-                HashSet::new()
+                Arc::default()
             }
         }
     }
@@ -75,7 +76,7 @@ impl Actor {
     /// A prompt the host is about to send: its id is the host's from now on.
     pub(super) fn own_prompt(&mut self, run_id: &str) {
         if let Some(ours) = self.ours.as_mut() {
-            ours.insert(run_id.to_owned());
+            Arc::make_mut(ours).insert(run_id.to_owned());
         }
     }
 
@@ -91,18 +92,6 @@ impl Actor {
             // registered itself for the session (Claude) and the appends since the last read.
             // Codex refuses a second writer by itself. The /proc scan (milliseconds) is for
             // cold opens.
-            let config = file.claude_config.clone();
-            let id = native_id.to_owned();
-            let registered = tokio::task::spawn_blocking(move || {
-                config
-                    .map(|c| ownership::claude_registry_holders(&c, &id, &ours_pids))
-                    .unwrap_or_default()
-            })
-            .await
-            .unwrap_or_default();
-            if let Some(pid) = registered.first() {
-                return Verdict::Fork(format!("another process (pid {pid}) has the session open"));
-            }
             if self.tail.is_none() && !self.born_fork {
                 // Not read yet (the file came after the last turn ended): from its start.
                 self.arm_tail(&file).await;
@@ -110,9 +99,34 @@ impl Actor {
                     return Verdict::Fork(why);
                 }
             }
-            return match self.scan_tail(false).await {
-                Some(why) => Verdict::Fork(why),
-                None => Verdict::ResumeInPlace,
+            let config = file.claude_config.clone();
+            let id = native_id.to_owned();
+            let mut tail = self.tail.take();
+            let checked = tokio::task::spawn_blocking(move || {
+                let registered = config
+                    .map(|c| ownership::claude_registry_holders(&c, &id, &ours_pids))
+                    .unwrap_or_default();
+                if let Some(pid) = registered.first() {
+                    return (
+                        tail,
+                        Some(format!("another process (pid {pid}) has the session open")),
+                    );
+                }
+                let found = match tail.as_mut().map(|t| t.scan(&prompts, false)) {
+                    None | Some(Ok(None)) => None,
+                    Some(Ok(Some(why))) => Some(why),
+                    Some(Err(e)) => Some(format!("the session file cannot be read: {e}")),
+                };
+                (tail, found)
+            })
+            .await;
+            return match checked {
+                Ok((tail, None)) => {
+                    self.tail = tail;
+                    Verdict::ResumeInPlace
+                }
+                Ok((_, Some(why))) => Verdict::Fork(why),
+                Err(e) => Verdict::Fork(format!("the ownership check failed: {e}")),
             };
         }
         let stored = match self.store.get_baseline(self.session_id.clone()).await {
@@ -215,7 +229,7 @@ impl Actor {
         if state == RunState::Completed
             && let Some(tail) = &self.tail
         {
-            self.save_baseline(tail.seen().clone()).await;
+            self.save_baseline(tail.seen().clone(), false).await;
         }
     }
 
@@ -228,7 +242,7 @@ impl Actor {
         };
         let ours = (!self.born_fork).then_some(self.our_prompts().await);
         let armed =
-            tokio::task::spawn_blocking(move || Tail::arm(&path, Some(entries), ours.as_ref()))
+            tokio::task::spawn_blocking(move || Tail::arm(&path, Some(entries), ours.as_deref()))
                 .await;
         match armed {
             Ok(Ok(Ok(tail))) => {
@@ -242,13 +256,29 @@ impl Actor {
         true
     }
 
-    async fn save_baseline(&self, baseline: Baseline) {
-        if let Err(e) = self
+    /// Save a baseline. `wait`: until it is committed (a cold open may read it next); else it
+    /// is only queued, so a next prompt does not wait on an fsync after each turn.
+    async fn save_baseline(&self, baseline: Baseline, wait: bool) {
+        let committed = match self
             .store
             .save_baseline(self.session_id.clone(), baseline.to_stored())
             .await
         {
-            tracing::error!(error = %e, "saving the baseline failed");
+            Ok(committed) => committed,
+            Err(e) => {
+                tracing::error!(error = %e, "saving the baseline failed");
+                return;
+            }
+        };
+        let report = async move {
+            if let Ok(Err(e)) = committed.await {
+                tracing::error!(error = %e, "saving the baseline failed");
+            }
+        };
+        if wait {
+            report.await;
+        } else {
+            tokio::spawn(report);
         }
     }
 
@@ -435,7 +465,7 @@ impl Actor {
         })
         .await;
         if let Ok(Some(baseline)) = read {
-            self.save_baseline(baseline).await;
+            self.save_baseline(baseline, true).await;
         }
     }
 }
