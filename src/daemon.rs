@@ -24,6 +24,7 @@ use crate::instance::{InstanceError, InstanceLock, LockInfo};
 use crate::ipc::{self, IpcError};
 use crate::session::SessionManager;
 use crate::store::{Store, StoreError};
+use crate::ws::link::Link;
 use crate::ws::server::WsContext;
 use crate::ws::{self, GrantStore, Subscribers};
 
@@ -118,13 +119,17 @@ async fn serve(
     lock.update(info).map_err(DaemonError::Lock)?;
     let grants = Arc::new(GrantStore::new(config.clock.clone()));
     let subscribers = Subscribers::new(store.clone(), sessions.clone(), grants.clone(), ws_port);
-    let ws_ctx = Arc::new(WsContext {
+    let link = Link {
         grants,
         bus: bus.clone(),
         sessions: sessions.clone(),
         store: store.clone(),
+    };
+    let ws_ctx = Arc::new(WsContext {
+        link: link.clone(),
         port: ws_port,
         allowed_origins: config.ws_allowed_origins.clone(),
+        keepalive: ws::server::KEEPALIVE,
     });
     let ws_task = tokio::spawn(ws::server::serve(
         ws_listener,

@@ -28,6 +28,7 @@ pub enum ErrorCode {
     UnknownCmd,
     FrameTooLarge,
     HelloRequired,
+    OutOfScope,
     AlreadyRunning,
     HostNotRunning,
     HostStartFailed,
@@ -63,6 +64,7 @@ impl ErrorCode {
         ErrorCode::UnknownCmd,
         ErrorCode::FrameTooLarge,
         ErrorCode::HelloRequired,
+        ErrorCode::OutOfScope,
         ErrorCode::AlreadyRunning,
         ErrorCode::HostNotRunning,
         ErrorCode::HostStartFailed,
@@ -98,6 +100,7 @@ impl ErrorCode {
             ErrorCode::UnknownCmd => 1012,
             ErrorCode::FrameTooLarge => 1013,
             ErrorCode::HelloRequired => 1014,
+            ErrorCode::OutOfScope => 1015,
             ErrorCode::AlreadyRunning => 2001,
             ErrorCode::HostNotRunning => 2002,
             ErrorCode::HostStartFailed => 2003,
@@ -134,6 +137,7 @@ impl ErrorCode {
             ErrorCode::UnknownCmd => "unknown_cmd",
             ErrorCode::FrameTooLarge => "frame_too_large",
             ErrorCode::HelloRequired => "hello_required",
+            ErrorCode::OutOfScope => "out_of_scope",
             ErrorCode::AlreadyRunning => "already_running",
             ErrorCode::HostNotRunning => "host_not_running",
             ErrorCode::HostStartFailed => "host_start_failed",
@@ -178,6 +182,9 @@ impl ErrorCode {
             }
             ErrorCode::FrameTooLarge => "a WebSocket message over 1 MiB; the connection is closed",
             ErrorCode::HelloRequired => "the first frame of a connection must be `Hello`",
+            ErrorCode::OutOfScope => {
+                "the connection's scope (the relay token's) does not allow this request or session"
+            }
             ErrorCode::AlreadyRunning => "a host already holds the lock; `data.pid` is its pid",
             ErrorCode::HostNotRunning => "the command needs a live host and none answers",
             ErrorCode::HostStartFailed => "the host process did not come up; see `logs/`",

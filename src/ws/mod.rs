@@ -11,6 +11,7 @@
 
 pub mod client;
 pub mod grants;
+pub mod link;
 pub mod server;
 
 use std::sync::Arc;

@@ -22,39 +22,37 @@ use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures_util::{SinkExt, StreamExt};
 use tokio::net::{TcpListener, TcpStream};
+use tokio_tungstenite::tungstenite::Error as WsError;
 use tokio_tungstenite::tungstenite::handshake::server::{ErrorResponse, Request, Response};
 use tokio_tungstenite::tungstenite::http::{HeaderValue, StatusCode, header};
-use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
-use tokio_tungstenite::tungstenite::protocol::{CloseFrame, WebSocketConfig};
-use tokio_tungstenite::tungstenite::{Error as WsError, Message};
+use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use super::PATH;
 use super::grants::GrantStore;
-use super::{PATH, replay_mode_of};
-use crate::bus::{Bus, Delivery, Replay, SubscribeOptions, Subscription};
-use crate::protocol::envelope::{ErrorCode, PermissionDecision, ReplayMode};
-use crate::protocol::wire::{
-    self, CmdId, Decoded, MAX_FRAME_BYTES, SUBPROTOCOL, TOKEN_SUBPROTOCOL_PREFIX, pb,
-};
-use crate::session::{DEFAULT_HISTORY_LIMIT, SessionError, SessionManager};
-use crate::store::{SessionFilter, Store};
+use super::link::{self, Keepalive, Link, Scope};
+use crate::protocol::wire::{MAX_FRAME_BYTES, SUBPROTOCOL, TOKEN_SUBPROTOCOL_PREFIX};
 
 /// How long a client has to finish the HTTP upgrade, and then to send `Hello`.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Connections that may be in the upgrade or `Hello` at once; more wait for a slot.
 const MAX_HANDSHAKES: usize = 64;
 
+/// Loopback connections are pinged this often and dropped when silent for a minute (a
+/// desktop client that went to sleep, a half-open TCP connection).
+pub const KEEPALIVE: Keepalive = Keepalive {
+    interval: Duration::from_secs(20),
+    dead_after: Duration::from_secs(60),
+};
+
 /// What every connection task needs.
 pub struct WsContext {
-    pub grants: Arc<GrantStore>,
-    pub bus: Bus,
-    pub sessions: SessionManager,
-    pub store: Store,
+    pub link: Link,
     pub port: u16,
     pub allowed_origins: Vec<String>,
+    pub keepalive: Keepalive,
 }
 
 /// Bind the loopback listener. Port 0 picks a free port.
@@ -206,7 +204,7 @@ async fn connection(
     let mut granted: Option<String> = None;
     let callback = |req: &Request, mut response: Response| match authorize(
         req,
-        &ctx.grants,
+        &ctx.link.grants,
         ctx.port,
         &ctx.allowed_origins,
     ) {
@@ -237,500 +235,18 @@ async fn connection(
         return Ok(());
     };
     let span = tracing::info_span!("ws", subscriber_id = %subscriber_id);
-    tracing::Instrument::instrument(session(ws, ctx, subscriber_id, cancel, handshake), span).await;
+    let scope = Scope::all();
+    let serving = link::serve(
+        ws,
+        &ctx.link,
+        &subscriber_id,
+        &scope,
+        Some(ctx.keepalive),
+        cancel,
+        Some(handshake),
+    );
+    tracing::Instrument::instrument(serving, span).await;
     Ok(())
-}
-
-type Ws = tokio_tungstenite::WebSocketStream<TcpStream>;
-
-fn close(code: CloseCode, reason: &str) -> Message {
-    Message::Close(Some(CloseFrame {
-        code,
-        reason: reason.into(),
-    }))
-}
-
-/// Unregisters a connection however the session ends.
-struct Registration<'a> {
-    grants: &'a GrantStore,
-    subscriber_id: &'a str,
-    connection: u64,
-}
-
-impl Drop for Registration<'_> {
-    fn drop(&mut self) {
-        self.grants
-            .disconnected(self.subscriber_id, self.connection);
-    }
-}
-
-/// Bound on writing one batch or one reply: a client that stops reading for this long while
-/// the host has something for it is dropped (its subscriber catches up on reconnect).
-const WRITE_TIMEOUT: Duration = Duration::from_secs(60);
-/// Frames written per flush at most.
-const MAX_WRITE_BATCH: usize = 256;
-
-/// The connection's writing side: every frame goes out through here, and every write is
-/// bounded by the connection's cancellation and [`WRITE_TIMEOUT`].
-struct Writer {
-    sink: futures_util::stream::SplitSink<Ws, Message>,
-    cancel: CancellationToken,
-}
-
-impl Writer {
-    /// Write frames and flush once. `false` when the connection is finished.
-    async fn write(&mut self, frames: impl IntoIterator<Item = Message>) -> bool {
-        let sink = &mut self.sink;
-        let work = async {
-            for frame in frames {
-                sink.feed(frame).await?;
-            }
-            sink.flush().await
-        };
-        tokio::select! {
-            () = self.cancel.cancelled() => false,
-            done = tokio::time::timeout(WRITE_TIMEOUT, work) => matches!(done, Ok(Ok(()))),
-        }
-    }
-
-    /// Send a close frame (bounded) and end the connection.
-    async fn close(mut self, code: CloseCode, reason: &str) {
-        let frame = close(code, reason);
-        let _sent = tokio::time::timeout(Duration::from_secs(2), async {
-            self.sink.send(frame).await?;
-            self.sink.close().await
-        })
-        .await;
-    }
-}
-
-/// Everything after the upgrade. One task per connection does both directions: it waits for
-/// an inbound frame or the next event, and writes what it has in batches. While a write is
-/// blocked (the client does not read) nothing is taken from the subscription, which the hub
-/// then moves to catch-up: memory stays bounded.
-async fn session(
-    ws: Ws,
-    ctx: Arc<WsContext>,
-    subscriber_id: String,
-    cancel: CancellationToken,
-    handshake: tokio::sync::OwnedSemaphorePermit,
-) {
-    let (sink, mut inbound) = ws.split();
-    let mut writer = Writer {
-        sink,
-        cancel: cancel.clone(),
-    };
-    // Registered before anything is read, so a `subscriber.remove` from now on closes us.
-    let connection = ctx.grants.connected(&subscriber_id, cancel.clone());
-    let _registered = Registration {
-        grants: &ctx.grants,
-        subscriber_id: &subscriber_id,
-        connection,
-    };
-
-    // 1. Hello.
-    let hello = tokio::select! {
-        () = cancel.cancelled() => return,
-        first = tokio::time::timeout(HANDSHAKE_TIMEOUT, inbound.next()) => first,
-    };
-    let hello = match hello {
-        Ok(Some(Ok(Message::Binary(bytes)))) => wire::decode(&bytes)
-            .ok()
-            .filter(|f| f.cmd == CmdId::Hello)
-            .and_then(|f| f.body::<pb::Hello>().ok().map(|h| (f.request_id, h))),
-        _ => None,
-    };
-    let Some((hello_id, hello)) = hello else {
-        let refusal = wire::error_frame(
-            0,
-            ErrorCode::HelloRequired,
-            "the first frame must be a Hello",
-        );
-        if writer.write([Message::Binary(refusal)]).await {
-            writer.close(CloseCode::Policy, "hello_required").await;
-        }
-        return;
-    };
-
-    // 2. Subscribe per the stored row; the client's cursor wins.
-    let opened = tokio::select! {
-        () = cancel.cancelled() => return,
-        opened = open_subscription(&ctx, &subscriber_id, &hello) => opened,
-    };
-    let mut sub = match opened {
-        Ok((sub, resp)) => {
-            let frame = wire::encode(CmdId::HelloResp, hello_id, &resp);
-            if !writer.write([Message::Binary(frame)]).await {
-                return;
-            }
-            sub
-        }
-        Err((code, message)) => {
-            if writer
-                .write([Message::Binary(wire::error_frame(hello_id, code, message))])
-                .await
-            {
-                writer.close(CloseCode::Policy, code.name()).await;
-            }
-            return;
-        }
-    };
-    drop(handshake);
-    tracing::info!(client = %hello.client_name, "subscriber connected");
-
-    // 3. Events out, frames in.
-    let end: Option<(CloseCode, &str)> = loop {
-        tokio::select! {
-            biased;
-            () = cancel.cancelled() => break Some((CloseCode::Away, "host shutting down or subscriber removed")),
-            frame = inbound.next() => match frame {
-                None | Some(Ok(Message::Close(_))) => break None,
-                Some(Ok(Message::Binary(bytes))) => {
-                    let replies = handle_frame(&ctx, &sub, &subscriber_id, &bytes).await;
-                    if !replies.is_empty() && !writer.write(replies.into_iter().map(Message::Binary)).await {
-                        break None;
-                    }
-                }
-                Some(Ok(Message::Text(_))) => {
-                    let reply = wire::error_frame(
-                        0,
-                        ErrorCode::InvalidFrame,
-                        "text messages are not part of the protocol: send binary Frames",
-                    );
-                    if !writer.write([Message::Binary(reply)]).await {
-                        break None;
-                    }
-                }
-                Some(Ok(_ping_pong_or_raw)) => {}
-                Some(Err(WsError::Capacity(e))) => {
-                    tracing::info!(error = %e, "closing: message too large");
-                    break Some((CloseCode::Size, "frame_too_large: messages are limited to 1 MiB"));
-                }
-                Some(Err(WsError::Protocol(e))) => {
-                    tracing::info!(error = %e, "closing: WebSocket protocol violation");
-                    break Some((CloseCode::Protocol, "invalid_frame: WebSocket protocol violation"));
-                }
-                Some(Err(_)) => break None,
-            },
-            next = sub.recv() => match next {
-                Ok(Some(first)) => {
-                    // Write whatever else is ready with it: one flush per batch.
-                    let mut batch = vec![Message::Binary(first.push_frame())];
-                    while batch.len() < MAX_WRITE_BATCH {
-                        let Some(more) = sub.try_next() else { break };
-                        batch.push(Message::Binary(more.push_frame()));
-                    }
-                    if !writer.write(batch).await {
-                        break None;
-                    }
-                }
-                Ok(None) => break Some((CloseCode::Away, "host shutting down")),
-                Err(e) => {
-                    tracing::error!(error = %e, "subscription failed");
-                    break Some((CloseCode::Error, "internal: the subscription failed"));
-                }
-            },
-        }
-    };
-    if let Some((code, reason)) = end {
-        writer.close(code, reason).await;
-    }
-    tracing::info!("subscriber disconnected");
-}
-
-async fn open_subscription(
-    ctx: &WsContext,
-    subscriber_id: &str,
-    hello: &pb::Hello,
-) -> Result<(Subscription, pb::HelloResp), (ErrorCode, String)> {
-    let store_err = |e: crate::store::StoreError| (ErrorCode::StoreFailed, e.to_string());
-    let row = ctx
-        .store
-        .get_subscriber(subscriber_id.to_owned())
-        .await
-        .map_err(store_err)?
-        .ok_or((
-            ErrorCode::SubscriberNotFound,
-            "the subscriber was removed".to_owned(),
-        ))?;
-    let filter = match &row.session_id {
-        Some(id) => SessionFilter::One(id.as_str().into()),
-        None => SessionFilter::All,
-    };
-    let mode = replay_mode_of(&row);
-    let stored = row.most_recent_sequence_id;
-    // A client-held cursor wins. Otherwise: `none` starts at the end, `since_cursor` at the
-    // stored cursor, and `max_count` replays the newest N — or less, when the stored cursor
-    // says the subscriber already has some of them.
-    let replay = match (hello.cursor, mode) {
-        (Some(cursor), _) => Replay::SinceCursor(cursor.max(0)),
-        (None, ReplayMode::None) => Replay::None,
-        (None, ReplayMode::SinceCursor) => Replay::SinceCursor(stored),
-        (None, ReplayMode::MaxCount) => {
-            let n = u32::try_from(row.max_count).unwrap_or(crate::bus::DEFAULT_MAX_COUNT);
-            let newest = ctx
-                .store
-                .cursor_before_last(filter.clone(), n)
-                .await
-                .map_err(store_err)?;
-            Replay::SinceCursor(newest.max(stored))
-        }
-    };
-    let sub = ctx
-        .bus
-        .subscribe(SubscribeOptions {
-            filter,
-            forward_deltas: row.forward_deltas,
-            replay,
-            subscriber_id: Some(row.subscriber_id.clone()),
-        })
-        .await
-        .map_err(|e| (ErrorCode::ShuttingDown, e.to_string()))?;
-    let resp = pb::HelloResp {
-        subscriber_id: row.subscriber_id,
-        host_version: crate::VERSION.to_owned(),
-        replay_from: sub.position(),
-        replay_mode: mode.as_str().to_owned(),
-        forward_deltas: row.forward_deltas,
-        session_id: row.session_id.unwrap_or_default(),
-    };
-    Ok((sub, resp))
-}
-
-/// Answer one inbound binary frame; the replies to send, in order (none for an `Ack`).
-async fn handle_frame(
-    ctx: &WsContext,
-    sub: &Subscription,
-    subscriber_id: &str,
-    bytes: &[u8],
-) -> Vec<bytes::Bytes> {
-    let frame = match wire::decode(bytes) {
-        Ok(frame) => frame,
-        Err((request_id, e)) => {
-            return vec![wire::error_frame(request_id, e.code(), e.to_string())];
-        }
-    };
-    let id = frame.request_id;
-    match answer(ctx, sub, subscriber_id, &frame).await {
-        Ok(Some(reply)) => vec![reply],
-        Ok(None) => vec![],
-        Err((code, message)) => vec![wire::error_frame(id, code, message)],
-    }
-}
-
-type Answer = Result<Option<bytes::Bytes>, (ErrorCode, String)>;
-
-fn session_err(e: SessionError) -> (ErrorCode, String) {
-    let message = e.to_string();
-    let code = match e {
-        SessionError::NotFound(_) => ErrorCode::SessionNotFound,
-        SessionError::CwdNotFound { .. } => ErrorCode::CwdNotFound,
-        SessionError::UnknownAgentType(_) => ErrorCode::UnknownAgentType,
-        SessionError::InvalidParams(_) => ErrorCode::InvalidParams,
-        SessionError::NoAgent(_) => ErrorCode::NoAgent,
-        SessionError::RunNotFound(_) => ErrorCode::RunNotFound,
-        SessionError::PermissionNotFound(_) => ErrorCode::PermissionNotFound,
-        SessionError::AlreadyResolved { .. } => ErrorCode::AlreadyResolved,
-        SessionError::ShuttingDown => ErrorCode::ShuttingDown,
-        SessionError::Store(_) => ErrorCode::StoreFailed,
-    };
-    (code, message)
-}
-
-fn bad_body(e: wire::WireError) -> (ErrorCode, String) {
-    (e.code(), e.to_string())
-}
-
-async fn answer(
-    ctx: &WsContext,
-    sub: &Subscription,
-    subscriber_id: &str,
-    frame: &Decoded,
-) -> Answer {
-    let id = frame.request_id;
-    match frame.cmd {
-        CmdId::Ack => {
-            let ack: pb::Ack = frame.body().map_err(bad_body)?;
-            // Never past what this connection was actually given.
-            let cursor = ack.cursor.clamp(0, sub.position());
-            sub.ack(cursor)
-                .await
-                .map_err(|e| (ErrorCode::ShuttingDown, e.to_string()))?;
-            Ok(None)
-        }
-        CmdId::Ping => {
-            let ping: pb::Ping = frame.body().map_err(bad_body)?;
-            Ok(Some(wire::encode(
-                CmdId::Pong,
-                id,
-                &pb::Pong { nonce: ping.nonce },
-            )))
-        }
-        CmdId::RelayMessageReq => {
-            let req: pb::RelayMessageReq = frame.body().map_err(bad_body)?;
-            let client_msg_id = Some(req.client_msg_id).filter(|k| !k.is_empty());
-            let receipt = ctx
-                .sessions
-                .send(&req.session_id, req.text, client_msg_id)
-                .await
-                .map_err(session_err)?;
-            Ok(Some(wire::encode(
-                CmdId::NewRoundResp,
-                id,
-                &pb::NewRoundResp {
-                    run_id: receipt.run_id,
-                    queued: receipt.queued,
-                },
-            )))
-        }
-        CmdId::CancelRunReq => {
-            let req: pb::CancelRunReq = frame.body().map_err(bad_body)?;
-            let run_id = Some(req.run_id).filter(|r| !r.is_empty());
-            let receipt = ctx
-                .sessions
-                .cancel(&req.session_id, run_id)
-                .await
-                .map_err(session_err)?;
-            Ok(Some(wire::encode(
-                CmdId::CancelRunResp,
-                id,
-                &pb::CancelRunResp {
-                    run_id: receipt.run_id,
-                    state: receipt.state.to_owned(),
-                },
-            )))
-        }
-        CmdId::PermissionDecisionReq => {
-            let req: pb::PermissionDecisionReq = frame.body().map_err(bad_body)?;
-            let decision = PermissionDecision::parse(&req.decision).ok_or_else(|| {
-                (
-                    ErrorCode::InvalidParams,
-                    format!("decision {:?} is not \"allow\" or \"deny\"", req.decision),
-                )
-            })?;
-            let receipt = ctx
-                .sessions
-                .respond_permission(
-                    &req.session_id,
-                    req.request_id,
-                    decision,
-                    None,
-                    subscriber_id.to_owned(),
-                )
-                .await
-                .map_err(session_err)?;
-            Ok(Some(wire::encode(
-                CmdId::PermissionDecisionResp,
-                id,
-                &pb::PermissionDecisionResp {
-                    request_id: receipt.request_id,
-                },
-            )))
-        }
-        CmdId::ListHistorySessionsReq => {
-            let req: pb::ListHistorySessionsReq = frame.body().map_err(bad_body)?;
-            let mut rows = ctx.sessions.list().await.map_err(session_err)?;
-            if req.limit > 0 {
-                rows.truncate(req.limit as usize);
-            }
-            let sessions = rows
-                .into_iter()
-                .map(|r| pb::SessionInfo {
-                    session_id: r.session_id,
-                    agent_type: r.agent_type,
-                    cwd: r.cwd,
-                    title: r.title.unwrap_or_default(),
-                    state: r.state,
-                    parent_session_id: r.parent_session_id.unwrap_or_default(),
-                    native_session_id: r.native_session_id.unwrap_or_default(),
-                    created_at_ms: r.created_at_ms,
-                    updated_at_ms: r.updated_at_ms,
-                })
-                .collect();
-            Ok(Some(wire::encode(
-                CmdId::ListHistorySessionsResp,
-                id,
-                &pb::ListHistorySessionsResp { sessions },
-            )))
-        }
-        CmdId::ListSessionRunsReq => {
-            let req: pb::ListSessionRunsReq = frame.body().map_err(bad_body)?;
-            ctx.sessions
-                .get(&req.session_id)
-                .await
-                .map_err(session_err)?;
-            let runs = ctx
-                .store
-                .list_runs(req.session_id)
-                .await
-                .map_err(|e| (ErrorCode::StoreFailed, e.to_string()))?
-                .into_iter()
-                .map(|r| pb::RunInfo {
-                    run_id: r.run_id,
-                    state: r.state,
-                    client_msg_id: r.client_msg_id.unwrap_or_default(),
-                    error_category: r.error_category.unwrap_or_default(),
-                    created_at_ms: r.created_at_ms,
-                    ended_at_ms: r.ended_at_ms.unwrap_or_default(),
-                })
-                .collect();
-            Ok(Some(wire::encode(
-                CmdId::ListSessionRunsResp,
-                id,
-                &pb::ListSessionRunsResp { runs },
-            )))
-        }
-        CmdId::GetSessionHistoryReq => {
-            let req: pb::GetSessionHistoryReq = frame.body().map_err(bad_body)?;
-            let limit = if req.limit == 0 {
-                DEFAULT_HISTORY_LIMIT
-            } else {
-                req.limit
-            };
-            let events = ctx
-                .sessions
-                .history(&req.session_id, req.after_seq, limit)
-                .await
-                .map_err(session_err)?;
-            let next_after_seq = events.last().map_or(req.after_seq, |e| e.sequence_id);
-            // A full page (by count, or cut by size) may have more behind it; an empty next
-            // page settles it.
-            let page_bytes: usize = events.iter().map(|e| e.payload.len()).sum();
-            let has_more = events.len() >= limit.min(crate::session::MAX_HISTORY_LIMIT) as usize
-                || page_bytes + events.last().map_or(0, |e| e.payload.len())
-                    > crate::session::MAX_HISTORY_BYTES;
-            Ok(Some(wire::encode(
-                CmdId::GetSessionHistoryResp,
-                id,
-                &pb::GetSessionHistoryResp {
-                    events: events.iter().map(Delivery::stored_push).collect(),
-                    next_after_seq,
-                    has_more,
-                },
-            )))
-        }
-        CmdId::Hello => Err((
-            ErrorCode::InvalidFrame,
-            "Hello was already received on this connection".to_owned(),
-        )),
-        CmdId::CmdUnspecified
-        | CmdId::HelloResp
-        | CmdId::EventPush
-        | CmdId::NewRoundResp
-        | CmdId::CancelRunResp
-        | CmdId::PermissionDecisionResp
-        | CmdId::ListHistorySessionsResp
-        | CmdId::ListSessionRunsResp
-        | CmdId::GetSessionHistoryResp
-        | CmdId::Pong
-        | CmdId::ErrorResp => Err((
-            ErrorCode::UnknownCmd,
-            format!(
-                "{:?} is sent by the server, not a client request",
-                frame.cmd
-            ),
-        )),
-    }
 }
 
 #[cfg(test)]
