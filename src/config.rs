@@ -60,6 +60,90 @@ pub struct FileConfig {
     /// Per agent family: `[agents.claude] binary = "/path/to/claude"`, `env = { … }`.
     #[serde(default)]
     pub agents: std::collections::BTreeMap<String, AgentConfig>,
+    /// The remote relay the host dials out to (`[relay] url = "wss://…"`, `token = "…"`).
+    #[serde(default)]
+    pub relay: Option<RelayConfig>,
+}
+
+/// `[relay]`: where the host dials out to, with what token, and what that token may do.
+#[derive(Clone, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RelayConfig {
+    /// `wss://…`; `ws://` only to a loopback address (tests, a relay on this machine).
+    pub url: String,
+    /// Sent as `Authorization: Bearer …`; never logged, never shown by `host.status`.
+    #[serde(skip_serializing)]
+    pub token: String,
+    /// What requests coming through the relay may do.
+    #[serde(default)]
+    pub scope: RelayScope,
+    /// Timing, in milliseconds; the defaults suit a real network.
+    #[serde(default)]
+    pub timing: RelayTiming,
+}
+
+impl std::fmt::Debug for RelayConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RelayConfig")
+            .field("url", &self.url)
+            .field("token", &"<redacted>")
+            .field("scope", &self.scope)
+            .field("timing", &self.timing)
+            .finish()
+    }
+}
+
+/// What the relay token grants. Defaults: every session, prompts and cancels yes, permission
+/// answers and session creation no.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RelayScope {
+    /// Session ids the relay may see and drive; absent: all.
+    pub sessions: Option<Vec<String>>,
+    pub prompt: bool,
+    pub permissions: bool,
+    pub create_sessions: bool,
+}
+
+impl Default for RelayScope {
+    fn default() -> Self {
+        RelayScope {
+            sessions: None,
+            prompt: true,
+            permissions: false,
+            create_sessions: false,
+        }
+    }
+}
+
+/// Relay connection timing (milliseconds).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RelayTiming {
+    /// TCP connect, TLS and the WebSocket upgrade together.
+    pub connect_timeout_ms: u64,
+    /// A WebSocket ping this often.
+    pub ping_interval_ms: u64,
+    /// Nothing received for this long: the relay is gone, reconnect.
+    pub dead_peer_ms: u64,
+    /// Reconnect backoff: first delay, and the cap (each with jitter).
+    pub backoff_min_ms: u64,
+    pub backoff_max_ms: u64,
+    /// A connection that lasted this long resets the backoff.
+    pub stable_after_ms: u64,
+}
+
+impl Default for RelayTiming {
+    fn default() -> Self {
+        RelayTiming {
+            connect_timeout_ms: 10_000,
+            ping_interval_ms: 20_000,
+            dead_peer_ms: 60_000,
+            backoff_min_ms: 500,
+            backoff_max_ms: 60_000,
+            stable_after_ms: 30_000,
+        }
+    }
 }
 
 /// One agent family's settings in `config.toml`.
@@ -94,6 +178,8 @@ pub struct Config {
     pub agent_idle_timeout: Duration,
     /// Per-family agent settings from `config.toml`.
     pub agents: std::collections::BTreeMap<String, AgentConfig>,
+    /// The remote relay, if configured.
+    pub relay: Option<RelayConfig>,
 }
 
 impl Config {
@@ -146,6 +232,7 @@ impl Config {
                 file.agent_idle_timeout_s.unwrap_or(1800).max(1),
             ),
             agents: file.agents,
+            relay: file.relay,
         })
     }
 

@@ -22,6 +22,7 @@ use crate::config::{Config, ConfigError};
 use crate::dispatch::Dispatcher;
 use crate::instance::{InstanceError, InstanceLock, LockInfo};
 use crate::ipc::{self, IpcError};
+use crate::relay;
 use crate::session::SessionManager;
 use crate::store::{Store, StoreError};
 use crate::ws::link::Link;
@@ -35,6 +36,8 @@ pub struct Ready {
     pub ipc_path: PathBuf,
     /// The host's bus, for code embedding the host in its own process (tests, benchmarks).
     pub bus: Bus,
+    /// The relay client's handle (its status can be watched).
+    pub relay: relay::RelayHandle,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -139,12 +142,16 @@ async fn serve(
     ));
 
     let listener = ipc::bind(&ipc_path)?;
+    // The relay client dials out (if configured); its connection is a transport like the
+    // others and closes with them.
+    let relay = relay::client::spawn(link, config.relay.clone(), root.child_token(), &tracker);
     let dispatcher = Dispatcher::new(
         sessions.clone(),
         subscribers,
         lock.info().clone(),
         root.clone(),
-    );
+    )
+    .with_relay(relay.clone());
     let ipc_task = tokio::spawn(ipc::serve(
         listener,
         dispatcher,
@@ -160,6 +167,7 @@ async fn serve(
         info: lock.info().clone(),
         ipc_path: ipc_path.clone(),
         bus: bus.clone(),
+        relay,
     });
     tracing::info!(ipc = %ipc_path.display(), ws_port, "host ready");
 

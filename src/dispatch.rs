@@ -7,8 +7,12 @@
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
+use crate::config::{RelayConfig, RelayScope, RelayTiming};
 use crate::instance::LockInfo;
-use crate::protocol::envelope::{Command, ErrorCode, Reply, SessionHistoryParams};
+use crate::protocol::envelope::{
+    Command, ErrorCode, HostRelaySetParams, Reply, SessionHistoryParams,
+};
+use crate::relay::RelayHandle;
 use crate::session::{DEFAULT_HISTORY_LIMIT, NewSession, SessionError, SessionManager};
 use crate::store::StoredEvent;
 use crate::ws::{SubscriberError, Subscribers};
@@ -20,6 +24,7 @@ pub struct Dispatcher {
     subscribers: Subscribers,
     info: LockInfo,
     shutdown: CancellationToken,
+    relay: Option<RelayHandle>,
 }
 
 impl Dispatcher {
@@ -34,7 +39,50 @@ impl Dispatcher {
             subscribers,
             info,
             shutdown,
+            relay: None,
         }
+    }
+
+    /// The relay client, for `host.status` and `host.relay.set`.
+    pub fn with_relay(mut self, relay: RelayHandle) -> Self {
+        self.relay = Some(relay);
+        self
+    }
+
+    fn relay_set(&self, p: HostRelaySetParams) -> Reply {
+        let Some(relay) = &self.relay else {
+            return Reply::error(
+                ErrorCode::Internal,
+                "this host runs no relay client",
+                Value::Null,
+            );
+        };
+        let invalid =
+            |message: String| Reply::error(ErrorCode::InvalidParams, message, Value::Null);
+        let Some(url) = p.url else {
+            relay.set(None);
+            tracing::info!("relay turned off over IPC");
+            return Reply::ok(json!({"relay": relay.status()}));
+        };
+        let Some(token) = p.token.filter(|t| !t.is_empty()) else {
+            return invalid("a relay needs a token".to_owned());
+        };
+        let scope: RelayScope = match p.scope.map(serde_json::from_value).transpose() {
+            Ok(scope) => scope.unwrap_or_default(),
+            Err(e) => return invalid(format!("scope: {e}")),
+        };
+        let timing: RelayTiming = match p.timing.map(serde_json::from_value).transpose() {
+            Ok(timing) => timing.unwrap_or_default(),
+            Err(e) => return invalid(format!("timing: {e}")),
+        };
+        tracing::info!(%url, "relay set over IPC");
+        relay.set(Some(RelayConfig {
+            url,
+            token,
+            scope,
+            timing,
+        }));
+        Reply::ok(json!({"relay": relay.status()}))
     }
 
     pub async fn handle(&self, command: Command) -> Reply {
@@ -60,9 +108,16 @@ impl Dispatcher {
                 Value::Null,
             ),
             Command::HostStatus => match self.sessions.count().await {
-                Ok(sessions) => Reply::ok(status_json(&self.info, Some(sessions))),
+                Ok(sessions) => {
+                    let mut status = status_json(&self.info, Some(sessions));
+                    if let Some(relay) = &self.relay {
+                        status["relay"] = json!(relay.status());
+                    }
+                    Reply::ok(status)
+                }
                 Err(e) => session_error(e),
             },
+            Command::HostRelaySet(p) => self.relay_set(p),
             Command::HostShutdown => {
                 tracing::info!("shutdown requested over IPC");
                 self.shutdown.cancel();

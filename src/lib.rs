@@ -29,6 +29,7 @@ pub mod instance;
 pub mod ipc;
 pub mod logging;
 pub mod protocol;
+pub mod relay;
 pub mod session;
 pub mod store;
 pub mod watch;

@@ -335,6 +335,12 @@ pub const COMMANDS: &[CommandSpec] = &[
         summary: "{running, pid, version, ipc_path, ws_port, started_at, sessions}",
     },
     CommandSpec {
+        name: "host.relay.set",
+        route: Route::Ipc,
+        params: "{url?: string, token?: string, scope?: {sessions?, prompt?, permissions?, create_sessions?}, timing?: {…}}",
+        summary: "dial this relay from now on (no url: none); not saved — config.toml's [relay] is what a restart uses",
+    },
+    CommandSpec {
         name: "host.shutdown",
         route: Route::Hybrid,
         params: "{}",
@@ -595,6 +601,31 @@ pub struct SubscriberAddParams {
     pub max_count: Option<u32>,
 }
 
+/// `host.relay.set`. `scope` and `timing` are checked by the host against its config types.
+#[derive(Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HostRelaySetParams {
+    #[serde(default)]
+    pub url: Option<String>,
+    #[serde(default)]
+    pub token: Option<String>,
+    #[serde(default)]
+    pub scope: Option<Value>,
+    #[serde(default)]
+    pub timing: Option<Value>,
+}
+
+impl std::fmt::Debug for HostRelaySetParams {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HostRelaySetParams")
+            .field("url", &self.url)
+            .field("token", &self.token.as_ref().map(|_| "<redacted>"))
+            .field("scope", &self.scope)
+            .field("timing", &self.timing)
+            .finish()
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SubscriberIdParams {
@@ -606,6 +637,7 @@ pub struct SubscriberIdParams {
 pub enum Command {
     HostStart(HostStartParams),
     HostStatus,
+    HostRelaySet(HostRelaySetParams),
     HostShutdown,
     Version,
     AgentList,
@@ -709,6 +741,7 @@ impl Command {
             "host.start" => Command::HostStart(typed(name, params)?),
             "host.status" => typed::<EmptyParams>(name, params).map(|_| Command::HostStatus)?,
             "host.shutdown" => typed::<EmptyParams>(name, params).map(|_| Command::HostShutdown)?,
+            "host.relay.set" => Command::HostRelaySet(typed(name, params)?),
             "version" => typed::<EmptyParams>(name, params).map(|_| Command::Version)?,
             "agent.list" => typed::<EmptyParams>(name, params).map(|_| Command::AgentList)?,
             "session.create" => Command::SessionCreate(typed(name, params)?),
@@ -743,6 +776,7 @@ impl Command {
             Command::HostStart(_) => "host.start",
             Command::HostStatus => "host.status",
             Command::HostShutdown => "host.shutdown",
+            Command::HostRelaySet(_) => "host.relay.set",
             Command::Version => "version",
             Command::AgentList => "agent.list",
             Command::SessionCreate(_) => "session.create",

@@ -73,6 +73,16 @@ pub struct Decoded {
 }
 
 impl Decoded {
+    /// The same frame under another request id (a relay passing requests and answers on).
+    pub fn with_request_id(&self, request_id: u64) -> Bytes {
+        let frame = pb::Frame {
+            cmd: self.cmd as i32,
+            request_id,
+            body: self.body.clone(),
+        };
+        Bytes::from(frame.encode_to_vec())
+    }
+
     pub fn body<M: Message + Default>(&self) -> Result<M, WireError> {
         M::decode(self.body.as_slice()).map_err(|e| WireError::BadBody {
             cmd: self.cmd,

@@ -26,6 +26,7 @@ use futures_util::{SinkExt, StreamExt};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::time::Instant;
 use tokio_tungstenite::WebSocketStream;
+use tokio_tungstenite::tungstenite::error::ProtocolError;
 use tokio_tungstenite::tungstenite::protocol::CloseFrame;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use tokio_tungstenite::tungstenite::{Error as WsError, Message};
@@ -324,6 +325,9 @@ where
                     Some(Err(WsError::Capacity(e))) => {
                         tracing::info!(error = %e, "closing: message too large");
                         break (LinkEnd::Protocol("a message over 1 MiB".to_owned()), Some((CloseCode::Size, "frame_too_large: messages are limited to 1 MiB")));
+                    }
+                    Some(Err(WsError::Protocol(ProtocolError::ResetWithoutClosingHandshake))) => {
+                        break (LinkEnd::PeerClosed, None);
                     }
                     Some(Err(WsError::Protocol(e))) => {
                         tracing::info!(error = %e, "closing: WebSocket protocol violation");

@@ -39,6 +39,7 @@ pub struct TestHost {
     pub agents: Option<Agents>,
     pub bus: Bus,
     pub ws_port: u16,
+    pub relay: agent_host::relay::RelayHandle,
     stop: Option<oneshot::Sender<()>>,
     task: Option<JoinHandle<()>>,
 }
@@ -89,6 +90,7 @@ impl TestHost {
             agents,
             bus: ready.bus,
             ws_port: ready.info.ws_port.unwrap(),
+            relay: ready.relay,
             stop: Some(stop),
             task: Some(task),
         }

@@ -1,0 +1,92 @@
+//! The relay client (design §7): the host dials **out** to a remote relay the user runs, so a
+//! remote bot reaches the laptop through NAT and firewalls. Over that connection the host
+//! serves the same protocol as the loopback server ([`crate::ws::link`]): the relay sends
+//! `Hello` with its cursor, gets replay and live events, and sends requests — every one of
+//! them checked against the scope the relay token was granted in `config.toml`.
+//!
+//! - [`client`]: the dial loop — TLS (`ws://` only to loopback), the token, pings and a
+//!   dead-peer timeout, capped exponential backoff with jitter, and the status it reports.
+//! - [`RelayHandle`]: what the rest of the host holds: the live status (`host.status`) and the
+//!   configuration it can change (`host.relay.set`).
+//!
+//! The relay is one subscriber, [`SUBSCRIBER_ID`], a row like any other: its cursor and
+//! replay mode survive restarts, and `subscriber.list` shows it.
+
+pub mod client;
+
+use serde::Serialize;
+use tokio::sync::watch;
+
+use crate::config::RelayConfig;
+
+/// The relay's subscriber row.
+pub const SUBSCRIBER_ID: &str = "relay";
+
+/// Where the relay connection stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RelayState {
+    /// No relay configured.
+    Disabled,
+    /// Dialing (TCP, TLS, upgrade).
+    Connecting,
+    /// Connected and serving.
+    Connected,
+    /// Waiting out the backoff after a failure.
+    Waiting,
+}
+
+/// What `host.status` shows of the relay. The token never appears here.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct RelayStatus {
+    pub state: RelayState,
+    pub url: Option<String>,
+    /// When the current state began (ms since the epoch).
+    pub since_ms: i64,
+    /// Failed attempts since the last stable connection.
+    pub retries: u32,
+    /// Why the last connection failed or ended.
+    pub last_error: Option<String>,
+    /// How long the current backoff wait is.
+    pub retry_in_ms: Option<u64>,
+    pub subscriber_id: &'static str,
+}
+
+impl RelayStatus {
+    fn disabled() -> RelayStatus {
+        RelayStatus {
+            state: RelayState::Disabled,
+            url: None,
+            since_ms: crate::store::now_ms(),
+            retries: 0,
+            last_error: None,
+            retry_in_ms: None,
+            subscriber_id: SUBSCRIBER_ID,
+        }
+    }
+}
+
+/// The host's handle on its relay client.
+#[derive(Clone)]
+pub struct RelayHandle {
+    config: watch::Sender<Option<RelayConfig>>,
+    status: watch::Receiver<RelayStatus>,
+}
+
+impl RelayHandle {
+    /// The status now.
+    pub fn status(&self) -> RelayStatus {
+        self.status.borrow().clone()
+    }
+
+    /// A receiver of every status change (tests wait on it instead of polling).
+    pub fn watch_status(&self) -> watch::Receiver<RelayStatus> {
+        self.status.clone()
+    }
+
+    /// Use this relay from now on (`None`: none). The current connection, if any, is closed
+    /// and the new one dialed at once.
+    pub fn set(&self, config: Option<RelayConfig>) {
+        self.config.send_replace(config);
+    }
+}
