@@ -492,6 +492,8 @@ enum Misbehaviour {
     Garbage,
     /// Upgrades, says `Hello`, then closes after the first frame it gets.
     Hangs,
+    /// Upgrades, says `Hello`, then neither reads nor writes: pings go unanswered.
+    Mute,
 }
 
 /// A relay that misbehaves: each accepted connection is reported on the channel.
@@ -510,7 +512,7 @@ async fn bad_relay(how: Misbehaviour) -> (String, tokio::sync::mpsc::UnboundedRe
             let _ = seen.send(());
             match how {
                 Misbehaviour::Silent => held.push(stream),
-                Misbehaviour::Garbage | Misbehaviour::Hangs => {
+                Misbehaviour::Garbage | Misbehaviour::Hangs | Misbehaviour::Mute => {
                     tokio::spawn(async move {
                         let Ok(mut ws) = tokio_tungstenite::accept_async(stream).await else {
                             return;
@@ -532,6 +534,10 @@ async fn bad_relay(how: Misbehaviour) -> (String, tokio::sync::mpsc::UnboundedRe
                                 },
                             );
                             let _ = ws.send(Message::Binary(hello)).await;
+                            if matches!(how, Misbehaviour::Mute) {
+                                // Held, never read: the host's pings get no pong.
+                                std::future::pending::<()>().await;
+                            }
                             let _ = ws.next().await;
                             drop(ws);
                         }
@@ -544,7 +550,7 @@ async fn bad_relay(how: Misbehaviour) -> (String, tokio::sync::mpsc::UnboundedRe
 }
 
 /// Acceptance 5: a relay that never answers, one that sends garbage, one that closes after
-/// every frame. The host keeps retrying with growing waits, `host.status` says what is wrong,
+/// every frame, and one that goes mute after `Hello` (the dead-peer rule). The host keeps retrying with growing waits, `host.status` says what is wrong,
 /// and a local subscriber and IPC are served all the while.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn misbehaving_relays_leave_the_host_healthy_and_say_what_is_wrong() {
@@ -579,13 +585,14 @@ async fn misbehaving_relays_leave_the_host_healthy_and_say_what_is_wrong() {
 
     // What the host may say, per relay (a relay that hangs up may be caught reading or
     // writing).
-    let cases: [(Misbehaviour, &[&str]); 3] = [
+    let cases: [(Misbehaviour, &[&str]); 4] = [
         (Misbehaviour::Silent, &["no connection within"]),
         (Misbehaviour::Garbage, &["no Hello"]),
         (
             Misbehaviour::Hangs,
             &["closed", "writing to the peer failed"],
         ),
+        (Misbehaviour::Mute, &["nothing arrived from the peer"]),
     ];
     for (how, expect) in cases {
         let said = |e: &str| expect.iter().any(|x| e.contains(x));
