@@ -176,7 +176,7 @@ async fn start_host(
         "claude".to_owned(),
         AgentConfig {
             binary: Some(bin.display().to_string()),
-            env: Default::default(),
+            ..Default::default()
         },
     );
     let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();

@@ -99,13 +99,17 @@ async fn local(command: Command, config: &Config) -> Reply {
         Command::AgentList => {
             let base_env = adapter::spawn::filter_env(config.env.iter().cloned());
             // Probed at once: each may take up to its timeout.
-            let probes = adapter::FAMILIES.iter().map(|family| {
-                let configured = config.agent_binary(family.agent_type, family.binary_env);
+            let (defs, bad) = adapter::launch::agent_defs(config);
+            let probes = defs.iter().map(|(agent_type, def)| {
                 let base_env = &base_env;
-                async move { adapter::probe(family, configured.as_deref(), base_env).await }
+                async move { adapter::probe(agent_type, def, base_env).await }
             });
             let agents = futures_util::future::join_all(probes).await;
-            Reply::ok(json!({"agents": agents}))
+            let invalid: Vec<Value> = bad
+                .into_iter()
+                .map(|b| json!({"agent_type": b.agent_type, "reason": b.reason}))
+                .collect();
+            Reply::ok(json!({"agents": agents, "invalid": invalid}))
         }
         Command::HostStart(_) => start_detached(config).await,
         other => Reply::error(

@@ -146,13 +146,22 @@ impl Default for RelayTiming {
     }
 }
 
-/// One agent family's settings in `config.toml`.
+/// One agent's settings in `config.toml`: a built-in family's (`[agents.claude] binary = …`),
+/// or a user-registered agent's (`[agents.my-agent] command = ["my-agent", "--acp"]`,
+/// `protocol = "acp"`), which becomes an agent type of its own.
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct AgentConfig {
     /// A path, or a name looked up on `PATH`.
     #[serde(default)]
     pub binary: Option<String>,
+    /// A registered agent's command: the program (a path, or a name on `PATH`) and its
+    /// arguments.
+    #[serde(default)]
+    pub command: Option<Vec<String>>,
+    /// A registered agent's protocol: `acp`, `claude-stream-json` or `codex-app-server`.
+    #[serde(default)]
+    pub protocol: Option<String>,
     /// Variables set for this agent's processes (over the ones passed through).
     #[serde(default)]
     pub env: std::collections::BTreeMap<String, String>,

@@ -308,6 +308,9 @@ fn session_error(e: SessionError) -> Reply {
             Reply::error(ErrorCode::InvalidParams, message, Value::Null)
         }
         SessionError::NoAgent(_) => Reply::error(ErrorCode::NoAgent, message, Value::Null),
+        SessionError::AgentUnavailable(_) => {
+            Reply::error(ErrorCode::AgentUnavailable, message, Value::Null)
+        }
         SessionError::RunNotFound(_) => Reply::error(ErrorCode::RunNotFound, message, Value::Null),
         SessionError::PermissionNotFound(id) => Reply::error(
             ErrorCode::PermissionNotFound,

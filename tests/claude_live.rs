@@ -187,6 +187,7 @@ fn the_claude_driver_runs_turns_cancels_and_survives_a_kill() {
         std::fs::create_dir(&work).unwrap();
         let env = filter_env(agent_env(home.path(), &mock));
         let spec = |native: Native| OpenSpec {
+            args: Vec::new(),
             program: bin.clone(),
             cwd: work.clone(),
             base_env: env.clone(),

@@ -35,7 +35,7 @@ pub fn open(spec: OpenSpec) -> Result<AgentSession, AdapterError> {
     };
     let mut child = spawn(&SpawnSpec {
         program: spec.program,
-        args: claude::launch_args(new_id, resume, fork),
+        args: [spec.args.clone(), claude::launch_args(new_id, resume, fork)].concat(),
         cwd: spec.cwd,
         base_env: spec.base_env,
         extra_env: spec.extra_env,

@@ -41,7 +41,7 @@ const ORPHAN_GRACE: Duration = Duration::from_secs(2);
 pub fn open(spec: OpenSpec) -> Result<AgentSession, AdapterError> {
     let mut child = spawn(&SpawnSpec {
         program: spec.program,
-        args: vec!["app-server".to_owned()],
+        args: [spec.args.clone(), vec!["app-server".to_owned()]].concat(),
         cwd: spec.cwd.clone(),
         base_env: spec.base_env,
         extra_env: spec.extra_env,

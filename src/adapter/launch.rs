@@ -34,45 +34,125 @@ fn foreign(agent_type: &str) -> &'static [&'static str] {
     }
 }
 
-#[derive(Debug, Clone, Default)]
-struct Family {
-    binary: Option<String>,
-    env: Vec<(String, String)>,
+/// One agent type the host can run: a built-in family, or a registered agent.
+#[derive(Debug, Clone)]
+pub struct AgentDef {
+    /// The protocol family's descriptor (its driver, capabilities, defaults).
+    pub family: &'static adapter::Descriptor,
+    /// The binary configured (a path or a name on `PATH`), if any.
+    pub binary: Option<String>,
+    /// Arguments before the family's own (a registered agent's command).
+    pub args: Vec<String>,
+    pub env: Vec<(String, String)>,
+    /// Registered in `config.toml` (as opposed to a built-in family).
+    pub registered: bool,
 }
 
-/// Everything needed to start any family's agent, fixed at host start.
+/// Why a registered agent in `config.toml` cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BadAgent {
+    pub agent_type: String,
+    pub reason: String,
+}
+
+/// The family a registered agent's `protocol` names.
+pub fn family_of_protocol(protocol: &str) -> Option<&'static adapter::Descriptor> {
+    let family = match protocol {
+        "acp" => "acp",
+        "claude-stream-json" => "claude",
+        "codex-app-server" => "codex",
+        _ => return None,
+    };
+    adapter::descriptor(family)
+}
+
+/// Every agent type of a configuration: the built-in families, then the registered agents
+/// (a registered entry without a usable `command` or `protocol` is left out and reported).
+pub fn agent_defs(config: &Config) -> (BTreeMap<String, AgentDef>, Vec<BadAgent>) {
+    let env_of = |name: &str| -> Vec<(String, String)> {
+        config
+            .agents
+            .get(name)
+            .map(|a| a.env.iter().map(|(k, v)| (k.clone(), v.clone())).collect())
+            .unwrap_or_default()
+    };
+    let mut defs: BTreeMap<String, AgentDef> = adapter::FAMILIES
+        .iter()
+        .map(|d| {
+            (
+                d.agent_type.to_owned(),
+                AgentDef {
+                    family: d,
+                    binary: config.agent_binary(d.agent_type, d.binary_env),
+                    args: Vec::new(),
+                    env: env_of(d.agent_type),
+                    registered: false,
+                },
+            )
+        })
+        .collect();
+    let mut bad = Vec::new();
+    for (name, agent) in &config.agents {
+        if adapter::descriptor(name).is_some() {
+            continue;
+        }
+        let bad_agent = |reason: String| BadAgent {
+            agent_type: name.clone(),
+            reason,
+        };
+        let Some(family) = agent.protocol.as_deref().and_then(family_of_protocol) else {
+            bad.push(bad_agent(format!(
+                "protocol must be \"acp\", \"claude-stream-json\" or \"codex-app-server\", not {:?}",
+                agent.protocol
+            )));
+            continue;
+        };
+        let Some((program, args)) = agent.command.as_deref().and_then(<[String]>::split_first)
+        else {
+            bad.push(bad_agent("a registered agent needs a command".to_owned()));
+            continue;
+        };
+        defs.insert(
+            name.clone(),
+            AgentDef {
+                family,
+                binary: Some(program.clone()),
+                args: args.to_vec(),
+                env: env_of(name),
+                registered: true,
+            },
+        );
+    }
+    (defs, bad)
+}
+
+/// Everything needed to start any agent, fixed at host start.
 #[derive(Debug, Clone, Default)]
 pub struct AgentSettings {
     base_env: Vec<(String, String)>,
-    families: BTreeMap<String, Family>,
+    agents: BTreeMap<String, AgentDef>,
     /// How long an idle agent process is kept (`None`: for ever).
     pub idle_timeout: Option<Duration>,
 }
 
 impl AgentSettings {
     pub fn from_config(config: &Config) -> AgentSettings {
-        let families = adapter::FAMILIES
-            .iter()
-            .map(|d| {
-                let env = config
-                    .agents
-                    .get(d.agent_type)
-                    .map(|a| a.env.iter().map(|(k, v)| (k.clone(), v.clone())).collect())
-                    .unwrap_or_default();
-                (
-                    d.agent_type.to_owned(),
-                    Family {
-                        binary: config.agent_binary(d.agent_type, d.binary_env),
-                        env,
-                    },
-                )
-            })
-            .collect();
+        let (agents, bad) = agent_defs(config);
+        for b in bad {
+            tracing::warn!(agent_type = %b.agent_type, reason = %b.reason, "a registered agent is not usable");
+        }
         AgentSettings {
             base_env: filter_env(config.env.iter().cloned()),
-            families,
+            agents,
             idle_timeout: Some(config.agent_idle_timeout),
         }
+    }
+
+    fn search_path(&self) -> Option<&str> {
+        self.base_env
+            .iter()
+            .find(|(k, _)| k == "PATH")
+            .map(|(_, v)| v.as_str())
     }
 
     /// The spec of one agent process for a session of `agent_type` in `cwd`.
@@ -83,25 +163,19 @@ impl AgentSettings {
         host_session_id: &str,
         native: Native,
     ) -> Result<OpenSpec, AdapterError> {
-        let descriptor = adapter::descriptor(agent_type).ok_or_else(|| {
+        let def = self.agents.get(agent_type).ok_or_else(|| {
             AdapterError::new(
                 crate::protocol::events::ErrorCategory::ProtocolIncompatible,
-                format!("no adapter family {agent_type:?}"),
+                format!("no agent type {agent_type:?}"),
             )
         })?;
-        let family = self.families.get(agent_type).cloned().unwrap_or_default();
-        let search_path = self
-            .base_env
-            .iter()
-            .find(|(k, _)| k == "PATH")
-            .map(|(_, v)| v.as_str());
         let program = adapter::resolve_binary(
-            family.binary.as_deref(),
-            descriptor.default_binary,
-            search_path,
+            def.binary.as_deref(),
+            def.family.default_binary,
+            self.search_path(),
             cwd,
         )?;
-        let foreign = foreign(agent_type);
+        let foreign = foreign(def.family.agent_type);
         let base_env = self
             .base_env
             .iter()
@@ -110,9 +184,10 @@ impl AgentSettings {
             .collect();
         Ok(OpenSpec {
             program,
+            args: def.args.clone(),
             cwd: cwd.to_owned(),
             base_env,
-            extra_env: family.env,
+            extra_env: def.env.clone(),
             host_session_id: host_session_id.to_owned(),
             native,
         })
@@ -121,7 +196,25 @@ impl AgentSettings {
 
 impl Launcher for AgentSettings {
     fn runs_turns(&self, agent_type: &str) -> bool {
-        adapter::descriptor(agent_type).is_some_and(|d| d.turns)
+        self.agents.get(agent_type).is_some_and(|d| d.family.turns)
+    }
+
+    fn knows(&self, agent_type: &str) -> bool {
+        self.agents.contains_key(agent_type)
+    }
+
+    fn check(&self, agent_type: &str) -> Result<(), AdapterError> {
+        match self.agents.get(agent_type) {
+            // A registered agent is a promise the user made in config.toml: hold them to it.
+            Some(def) if def.registered => adapter::resolve_binary(
+                def.binary.as_deref(),
+                def.family.default_binary,
+                self.search_path(),
+                Path::new("/"),
+            )
+            .map(|_| ()),
+            _ => Ok(()),
+        }
     }
 
     fn open(
@@ -132,7 +225,11 @@ impl Launcher for AgentSettings {
         native: Native,
     ) -> Result<AgentSession, AdapterError> {
         let spec = self.open_spec(agent_type, cwd, host_session_id, native)?;
-        super::open::open(agent_type, spec)
+        let family = self
+            .agents
+            .get(agent_type)
+            .map_or(agent_type, |d| d.family.agent_type);
+        super::open::open(family, spec)
     }
 
     fn idle_timeout(&self) -> Option<Duration> {
@@ -153,16 +250,16 @@ impl Launcher for AgentSettings {
     }
 
     fn native_file(&self, agent_type: &str, cwd: &Path, native_id: &str) -> NativeFile {
+        let def = self.agents.get(agent_type);
         let var = |name: &str| -> Option<String> {
-            let family = self.families.get(agent_type);
-            family
-                .and_then(|f| f.env.iter().rev().find(|(k, _)| k == name))
+            def.and_then(|f| f.env.iter().rev().find(|(k, _)| k == name))
                 .or_else(|| self.base_env.iter().find(|(k, _)| k == name))
                 .map(|(_, v)| v.clone())
                 .filter(|v| !v.is_empty())
         };
         let home = var("HOME").map(std::path::PathBuf::from);
-        match agent_type {
+        // A registered agent speaking a family's own protocol keeps that family's files.
+        match def.map_or(agent_type, |d| d.family.agent_type) {
             "claude" => {
                 let config = var("CLAUDE_CONFIG_DIR")
                     .map(std::path::PathBuf::from)
@@ -243,6 +340,7 @@ mod tests {
                 crate::config::AgentConfig {
                     binary: Some(bin.display().to_string()),
                     env: Default::default(),
+                    ..Default::default()
                 },
             );
         }

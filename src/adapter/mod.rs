@@ -9,6 +9,8 @@
 //! `Launcher` and [`open`] starts a family's driver. A family without a driver yet says
 //! `turns: false`.
 
+pub mod acp;
+pub mod acp_process;
 pub mod claude;
 pub mod claude_process;
 pub mod codex;
@@ -112,17 +114,18 @@ pub const FAMILIES: &[Descriptor] = &[
         protocol: "Agent Client Protocol v1",
         default_binary: "claude-agent-acp",
         binary_env: "AGENT_HOST_ACP_BIN",
-        version_args: &["--version"],
+        version_args: &[],
         capabilities: Capabilities {
             resume: ResumeKind::NativeId,
             permissions: true,
             cancel: true,
             steer: false,
+            // Per agent (`initialize`); without it a fork is a new session with a warning.
             fork: false,
-            usage: false,
+            usage: true,
             persistent_process: true,
         },
-        turns: false,
+        turns: true,
     },
 ];
 
@@ -168,8 +171,13 @@ fn is_executable(path: &Path) -> bool {
 /// What `agent.list` reports for one family.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct ProbeReport {
-    pub agent_type: &'static str,
+    pub agent_type: String,
     pub protocol: &'static str,
+    /// Registered in `config.toml` rather than built in.
+    pub registered: bool,
+    /// What an ACP agent declared in its `initialize` answer.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub agent: Option<acp::AgentCaps>,
     pub capabilities: Capabilities,
     /// The binary found (or tried).
     pub binary: String,
@@ -185,20 +193,25 @@ pub struct ProbeReport {
 /// How long a `--version` may take.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(15);
 
-/// Find and ask the binary for its version, under the spawn policy.
+/// Find and ask the binary for its version (an ACP agent: its `initialize` answer), under the
+/// spawn policy.
 pub async fn probe(
-    family: &'static Descriptor,
-    configured: Option<&str>,
+    agent_type: &str,
+    def: &launch::AgentDef,
     base_env: &[(String, String)],
 ) -> ProbeReport {
+    let family = def.family;
+    let configured = def.binary.as_deref();
     let search_path = base_env
         .iter()
         .find(|(k, _)| k == "PATH")
         .map(|(_, v)| v.as_str());
     let cwd = std::env::temp_dir();
     let mut report = ProbeReport {
-        agent_type: family.agent_type,
+        agent_type: agent_type.to_owned(),
         protocol: family.protocol,
+        registered: def.registered,
+        agent: None,
         capabilities: family.capabilities,
         binary: configured.unwrap_or(family.default_binary).to_owned(),
         version: None,
@@ -216,9 +229,20 @@ pub async fn probe(
         }
     };
     report.binary = binary.display().to_string();
-    match version_of(&binary, family, base_env, &cwd).await {
+    let probed = if family.agent_type == "acp" {
+        acp_process::probe(&binary, &def.args, base_env, &def.env, &cwd, PROBE_TIMEOUT)
+            .await
+            .map(|caps| {
+                let version = caps.version.clone().unwrap_or_default();
+                report.agent = Some(caps);
+                version
+            })
+    } else {
+        version_of(&binary, family, base_env, &cwd).await
+    };
+    match probed {
         Ok(version) => {
-            report.version = Some(version);
+            report.version = Some(version).filter(|v| !v.is_empty());
             report.usable = true;
         }
         Err(e) => {

@@ -10,6 +10,8 @@ use crate::protocol::events::ErrorCategory;
 #[derive(Debug, Clone)]
 pub struct OpenSpec {
     pub program: PathBuf,
+    /// Arguments a registered agent's command gives (families build their own otherwise).
+    pub args: Vec<String>,
     pub cwd: PathBuf,
     pub base_env: Vec<(String, String)>,
     pub extra_env: Vec<(String, String)>,
@@ -18,15 +20,15 @@ pub struct OpenSpec {
     pub native: Native,
 }
 
-/// Start the driver of `agent_type`'s family. Only families whose descriptor says `turns`
-/// have one.
-pub fn open(agent_type: &str, spec: OpenSpec) -> Result<AgentSession, AdapterError> {
-    match agent_type {
+/// Start the driver of a protocol family (a descriptor's `agent_type`).
+pub fn open(family: &str, spec: OpenSpec) -> Result<AgentSession, AdapterError> {
+    match family {
         "claude" => super::claude_process::open(spec),
         "codex" => super::codex_process::open(spec),
+        "acp" => super::acp_process::open(spec),
         other => Err(AdapterError::new(
             ErrorCategory::ProtocolIncompatible,
-            format!("this build cannot run turns with {other:?} agents yet"),
+            format!("this build cannot run turns with {other:?} agents"),
         )),
     }
 }

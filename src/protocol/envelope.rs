@@ -44,6 +44,7 @@ pub enum ErrorCode {
     AlreadyResolved,
     UnknownAgentType,
     NoAgent,
+    AgentUnavailable,
     SubscriberNotFound,
 }
 
@@ -80,6 +81,7 @@ impl ErrorCode {
         ErrorCode::AlreadyResolved,
         ErrorCode::UnknownAgentType,
         ErrorCode::NoAgent,
+        ErrorCode::AgentUnavailable,
         ErrorCode::SubscriberNotFound,
     ];
 
@@ -116,6 +118,7 @@ impl ErrorCode {
             ErrorCode::AlreadyResolved => 3005,
             ErrorCode::UnknownAgentType => 4001,
             ErrorCode::NoAgent => 4002,
+            ErrorCode::AgentUnavailable => 4003,
             ErrorCode::SubscriberNotFound => 5001,
         }
     }
@@ -153,6 +156,7 @@ impl ErrorCode {
             ErrorCode::AlreadyResolved => "already_resolved",
             ErrorCode::UnknownAgentType => "unknown_agent_type",
             ErrorCode::NoAgent => "no_agent",
+            ErrorCode::AgentUnavailable => "agent_unavailable",
             ErrorCode::SubscriberNotFound => "subscriber_not_found",
         }
     }
@@ -202,6 +206,9 @@ impl ErrorCode {
             }
             ErrorCode::UnknownAgentType => "no adapter family or registered agent of that name",
             ErrorCode::NoAgent => "no adapter in this build can run this session's agent",
+            ErrorCode::AgentUnavailable => {
+                "a registered agent's command cannot be found or run (`agent.list` says why)"
+            }
             ErrorCode::SubscriberNotFound => "no subscriber with that id",
         }
     }

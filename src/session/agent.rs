@@ -175,6 +175,17 @@ pub trait Launcher: Send + Sync {
     /// Whether agents of this type can run turns in this build.
     fn runs_turns(&self, agent_type: &str) -> bool;
 
+    /// Whether `agent_type` names an agent this host knows (a family or a registered agent).
+    fn knows(&self, agent_type: &str) -> bool {
+        self.runs_turns(agent_type)
+    }
+
+    /// Whether a session of `agent_type` can be created now (a registered agent's binary must
+    /// be there).
+    fn check(&self, _agent_type: &str) -> Result<(), AdapterError> {
+        Ok(())
+    }
+
     /// Start an agent of `agent_type` for `host_session_id`, in `cwd`, on a new or resumed
     /// native session. Called on a runtime worker thread (a parent-death signal is tied to the
     /// thread that spawns).

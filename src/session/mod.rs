@@ -72,6 +72,8 @@ pub enum SessionError {
     InvalidParams(String),
     #[error("no agent can run this session: {0}")]
     NoAgent(String),
+    #[error("the agent cannot be started: {0}")]
+    AgentUnavailable(String),
     #[error("run not found: {0}")]
     RunNotFound(String),
     #[error("no permission request {0:?} in this session")]
@@ -399,12 +401,26 @@ impl SessionManager {
         }
     }
 
+    /// Whether sessions of this type can be forked (or imported, which forks): the families
+    /// with a native fork, and every agent the launcher runs (an ACP agent without fork
+    /// starts a new session, with a warning).
+    fn forkable(&self, agent_type: &str) -> bool {
+        FORKABLE.contains(&agent_type) || self.launcher.knows(agent_type)
+    }
+
     pub async fn create(&self, new: NewSession) -> Result<SessionRow, SessionError> {
         if !AGENT_FAMILIES
             .iter()
             .any(|f| f.agent_type == new.agent_type)
+            && !self.launcher.knows(&new.agent_type)
         {
             return Err(SessionError::UnknownAgentType(new.agent_type));
+        }
+        if let Err(e) = self.launcher.check(&new.agent_type) {
+            return Err(SessionError::AgentUnavailable(format!(
+                "{:?}: {}",
+                new.agent_type, e.message
+            )));
         }
         if new
             .title
@@ -450,7 +466,7 @@ impl SessionManager {
                 "this session has no agent conversation to fork yet".to_owned(),
             ));
         };
-        if !FORKABLE.contains(&parent.agent_type.as_str()) {
+        if !self.forkable(&parent.agent_type) {
             return Err(SessionError::NoAgent(format!(
                 "{:?} sessions cannot be forked in this build",
                 parent.agent_type
@@ -491,7 +507,7 @@ impl SessionManager {
         cwd: String,
         title: Option<String>,
     ) -> Result<SessionRow, SessionError> {
-        if !FORKABLE.contains(&agent_type.as_str()) {
+        if !self.forkable(&agent_type) {
             return Err(SessionError::NoAgent(format!(
                 "{agent_type:?} sessions cannot be imported in this build"
             )));

@@ -475,6 +475,7 @@ fn session_err(e: SessionError) -> (ErrorCode, String) {
         SessionError::UnknownAgentType(_) => ErrorCode::UnknownAgentType,
         SessionError::InvalidParams(_) => ErrorCode::InvalidParams,
         SessionError::NoAgent(_) => ErrorCode::NoAgent,
+        SessionError::AgentUnavailable(_) => ErrorCode::AgentUnavailable,
         SessionError::RunNotFound(_) => ErrorCode::RunNotFound,
         SessionError::PermissionNotFound(_) => ErrorCode::PermissionNotFound,
         SessionError::AlreadyResolved { .. } => ErrorCode::AlreadyResolved,

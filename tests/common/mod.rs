@@ -70,6 +70,7 @@ impl TestHost {
                         agent_host::config::AgentConfig {
                             binary: Some(binary.display().to_string()),
                             env: agents.family_env.iter().cloned().collect(),
+                            ..Default::default()
                         },
                     );
                 }

@@ -1,0 +1,612 @@
+//! The driver of one ACP agent process (design §9), behind the generic [`AgentSession`]
+//! handle: [`open`] starts it.
+//!
+//! One task owns the process through the [`RpcClient`] (JSON-RPC 2.0): `initialize` (no
+//! file-system or terminal capabilities: the host serves neither), then the session by what
+//! the agent declared:
+//! - new: `session/new`;
+//! - resume: `session/resume` if offered (no replay), else `session/load` (its replay is not
+//!   published: the translator takes updates only inside a turn, and the driver lets the replay
+//!   settle before the first prompt), else the run ends `resume_rejected` and the session goes
+//!   on fresh, visibly;
+//! - fork: `session/fork` if offered, else a new session with a `warning` that the earlier
+//!   turns are not in it.
+//!
+//! `session/prompt` stays open for the whole turn, so it runs as its own task and its answer
+//! comes back to this loop; everything the agent sent before the answer is handled first. A
+//! cancel is the `session/cancel` notification, and pending permission requests are answered
+//! `cancelled` as the spec requires. A permission answer picks among the options the agent
+//! offered ([`acp::permission_answer`]). Requests the host does not serve (`fs/*`,
+//! `terminal/*`, extensions) are refused with "method not found".
+
+use std::collections::{HashMap, VecDeque};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use tokio::sync::{mpsc, oneshot};
+
+use super::acp::{self, AgentCaps, Translator};
+use super::jsonrpc::{Dialect, Incoming, RpcClient, RpcError, ServerRequest};
+use super::spawn::{SpawnSpec, Spawned, describe_exit, spawn};
+use super::{AdapterError, AgentInput, AgentOutput, AgentSession, Native, OpenSpec};
+use crate::protocol::events::{ErrorCategory, ErrorNotice, EventBody, Notice, RunEnd, RunState};
+
+/// Events buffered between the process task and the session.
+const EVENT_QUEUE: usize = 256;
+/// How long the handshake and opening a session may take (some agents take seconds).
+const OPEN_TIMEOUT: Duration = Duration::from_secs(90);
+/// The longest a turn may run.
+const TURN_TIMEOUT: Duration = Duration::from_secs(6 * 3600);
+/// After `session/load`: the replay is over once nothing came for this long (bounded).
+const REPLAY_QUIET: Duration = Duration::from_millis(300);
+const REPLAY_MAX: Duration = Duration::from_secs(5);
+/// How long a driver whose session went away gives the process to finish.
+const ORPHAN_GRACE: Duration = Duration::from_secs(2);
+
+/// Start the agent. Must run on a runtime worker thread (the parent-death signal is tied to
+/// the thread that spawns).
+pub fn open(spec: OpenSpec) -> Result<AgentSession, AdapterError> {
+    let mut child = spawn(&SpawnSpec {
+        program: spec.program,
+        args: spec.args,
+        cwd: spec.cwd.clone(),
+        base_env: spec.base_env,
+        extra_env: spec.extra_env,
+        session_id: Some(spec.host_session_id.clone()),
+        label: format!("acp[{}]", spec.host_session_id),
+    })?;
+    let pid = child.pid();
+    let (Some(stdout), Some(stdin)) = (child.stdout.take(), child.stdin.take()) else {
+        return Err(AdapterError::new(
+            ErrorCategory::TransportLost,
+            "the agent has no stdio",
+        ));
+    };
+    let (rpc, incoming, _skipped) = RpcClient::start(stdout, stdin, Dialect::JsonRpc2);
+    let (input, inputs) = mpsc::channel(64);
+    let (events_tx, events) = mpsc::channel(EVENT_QUEUE);
+    let driver = Driver {
+        rpc,
+        incoming,
+        backlog: VecDeque::new(),
+        events: events_tx,
+        translator: Translator::new(),
+        caps: AgentCaps::default(),
+        permissions: HashMap::new(),
+        prompt: None,
+        open_error: None,
+    };
+    let cwd = spec.cwd.display().to_string();
+    let span = tracing::info_span!("agent", session_id = %spec.host_session_id, pid);
+    tokio::spawn(tracing::Instrument::instrument(
+        driver.run(child, inputs, spec.native, cwd),
+        span,
+    ));
+    Ok(AgentSession::new(input, events, pid))
+}
+
+/// Why the session could not be opened; reported on the next prompt.
+struct OpenError {
+    category: ErrorCategory,
+    message: String,
+}
+
+/// A permission request waiting for the session's answer.
+struct Pending {
+    request: ServerRequest,
+    options: Value,
+}
+
+struct Driver {
+    rpc: RpcClient,
+    incoming: mpsc::Receiver<Incoming>,
+    /// What arrived while a call was waiting for its answer, in order.
+    backlog: VecDeque<Incoming>,
+    events: mpsc::Sender<AgentOutput>,
+    translator: Translator,
+    caps: AgentCaps,
+    permissions: HashMap<String, Pending>,
+    /// The answer of the running `session/prompt`.
+    prompt: Option<oneshot::Receiver<Result<Value, RpcError>>>,
+    open_error: Option<OpenError>,
+}
+
+/// The session stopped taking events.
+struct Gone;
+
+async fn prompt_answer(prompt: &mut Option<oneshot::Receiver<Result<Value, RpcError>>>) -> Result<Value, RpcError> {
+    match prompt {
+        Some(answer) => answer.await.unwrap_or(Err(RpcError::NoAnswer {
+            method: "session/prompt".to_owned(),
+        })),
+        None => std::future::pending().await,
+    }
+}
+
+impl Driver {
+    async fn run(
+        mut self,
+        mut child: Spawned,
+        mut inputs: mpsc::Receiver<AgentInput>,
+        native: Native,
+        cwd: String,
+    ) {
+        let mut closing: Option<(Duration, oneshot::Sender<()>)> = None;
+        let leader = child.leader_exit();
+        tokio::pin!(leader);
+        let mut session_gone = self.open(&native, &cwd).await.is_err();
+        let mut stdout_open = true;
+        while !session_gone {
+            if let Err(Gone) = self.drain_backlog().await {
+                session_gone = true;
+                break;
+            }
+            tokio::select! {
+                input = inputs.recv() => match input {
+                    Some(AgentInput::Close { grace, done }) => {
+                        closing = Some((grace, done));
+                        break;
+                    }
+                    Some(input) => {
+                        if let Err(Gone) = self.on_input(input, &cwd).await {
+                            session_gone = true;
+                        }
+                    }
+                    None => session_gone = true,
+                },
+                msg = self.incoming.recv() => match msg {
+                    Some(msg) => {
+                        if let Err(Gone) = self.on_incoming(msg).await {
+                            session_gone = true;
+                        }
+                    }
+                    None => {
+                        stdout_open = false;
+                        break;
+                    }
+                },
+                answer = prompt_answer(&mut self.prompt) => {
+                    self.prompt = None;
+                    if let Err(Gone) = self.on_prompt_answer(answer).await {
+                        session_gone = true;
+                    }
+                }
+                () = &mut leader => {
+                    stdout_open = false;
+                    break;
+                }
+            }
+        }
+        inputs.close();
+        if closing.is_none() {
+            while let Ok(input) = inputs.try_recv() {
+                if let AgentInput::Close { grace, done } = input {
+                    closing = Some((grace, done));
+                    break;
+                }
+            }
+        }
+        if closing.is_none() && (session_gone || stdout_open) {
+            closing = Some((ORPHAN_GRACE, oneshot::channel().0));
+        }
+        // Unanswered permission requests are refused as the process goes.
+        self.permissions.clear();
+        let Driver {
+            rpc,
+            incoming,
+            events,
+            mut translator,
+            ..
+        } = self;
+        if closing.as_ref().is_some_and(|(grace, _)| grace.is_zero()) {
+            child.kill_now();
+        }
+        drop(rpc);
+        drop(incoming);
+        let status = match closing {
+            Some((grace, done)) => {
+                let status = child.stop(grace).await;
+                let _caller_gone = done.send(());
+                status
+            }
+            None => child.wait().await,
+        };
+        let status = status.unwrap_or_default();
+        let stderr = child.stderr_tail().await;
+        let exit = describe_exit(status, &stderr);
+        tracing::info!(
+            %status,
+            in_turn = translator.in_turn(),
+            skipped = translator.skipped(),
+            unknown = translator.unknown(),
+            "agent ended"
+        );
+        if session_gone {
+            return;
+        }
+        for event in translator.on_exit(&exit) {
+            if events.send(AgentOutput::Event(event)).await.is_err() {
+                return;
+            }
+        }
+        let _session_gone = events.send(AgentOutput::Exited { status: exit }).await;
+    }
+
+    async fn emit(&self, events: Vec<EventBody>) -> Result<(), Gone> {
+        for event in events {
+            if self.events.send(AgentOutput::Event(event)).await.is_err() {
+                return Err(Gone);
+            }
+        }
+        Ok(())
+    }
+
+    /// A request whose answer is awaited while what the agent sends is buffered.
+    async fn call(&mut self, method: &str, params: Value) -> Result<Value, RpcError> {
+        let rpc = self.rpc.clone();
+        let method_owned = method.to_owned();
+        let call = rpc.request(&method_owned, params, OPEN_TIMEOUT);
+        tokio::pin!(call);
+        loop {
+            tokio::select! {
+                answer = &mut call => return answer,
+                msg = self.incoming.recv() => match msg {
+                    Some(msg) => self.backlog.push_back(msg),
+                    None => return call.await,
+                },
+            }
+        }
+    }
+
+    async fn drain_backlog(&mut self) -> Result<(), Gone> {
+        while let Some(msg) = self.backlog.pop_front() {
+            self.on_incoming(msg).await?;
+        }
+        Ok(())
+    }
+
+    fn failed(&mut self, category: ErrorCategory, message: String) {
+        self.open_error = Some(OpenError { category, message });
+    }
+
+    /// Handshake and session. Failures are kept for the first prompt.
+    async fn open(&mut self, native: &Native, cwd: &str) -> Result<(), Gone> {
+        let init = match self.call("initialize", acp::initialize_params()).await {
+            Ok(init) => init,
+            Err(e) => {
+                self.failed(
+                    ErrorCategory::AgentFailed,
+                    format!("the agent did not start: {e}"),
+                );
+                return Ok(());
+            }
+        };
+        let version = init.get("protocolVersion").and_then(Value::as_u64);
+        if version != Some(acp::PROTOCOL_VERSION) {
+            self.failed(
+                ErrorCategory::ProtocolIncompatible,
+                format!("the agent speaks ACP version {version:?}, this host version 1"),
+            );
+            return Ok(());
+        }
+        self.caps = AgentCaps::from_initialize(&init);
+        tracing::info!(caps = ?self.caps, "ACP agent initialized");
+        match native {
+            Native::New(_) => self.new_session(cwd, None).await,
+            Native::Resume(id) => self.resume(id, cwd).await,
+            Native::Fork(id) => {
+                if self.caps.fork {
+                    let forked = self
+                        .call("session/fork", acp::session_params(Some(id), cwd))
+                        .await;
+                    match forked {
+                        Ok(result) => self.bind_from(&result, None).await,
+                        Err(e) => {
+                            self.failed(
+                                ErrorCategory::ResumeRejected,
+                                format!("the agent could not fork session {id}: {e}"),
+                            );
+                            Ok(())
+                        }
+                    }
+                } else {
+                    let why = format!(
+                        "this agent cannot fork sessions; the conversation continues in a new \
+                         agent session that does not have the turns of {id}"
+                    );
+                    self.new_session(cwd, Some(why)).await
+                }
+            }
+        }
+    }
+
+    async fn new_session(&mut self, cwd: &str, warning: Option<String>) -> Result<(), Gone> {
+        match self.call("session/new", acp::session_params(None, cwd)).await {
+            Ok(result) => {
+                if let Some(message) = warning {
+                    self.emit(vec![EventBody::Warning(Notice {
+                        code: "fork_unsupported".to_owned(),
+                        message,
+                    })])
+                    .await?;
+                }
+                self.bind_from(&result, None).await
+            }
+            Err(e) => {
+                let category = match &e {
+                    RpcError::Remote { code: -32000, .. } => ErrorCategory::AuthRequired,
+                    _ => ErrorCategory::AgentFailed,
+                };
+                let message = e
+                    .remote_message()
+                    .map_or_else(|| e.to_string(), str::to_owned);
+                self.failed(category, format!("session/new failed: {message}"));
+                Ok(())
+            }
+        }
+    }
+
+    /// Bind the session an answer names (`expected`: the one asked for, when the answer may
+    /// name another — an agent that silently started a new session on resume).
+    async fn bind_from(&mut self, result: &Value, expected: Option<&str>) -> Result<(), Gone> {
+        let named = result.get("sessionId").and_then(Value::as_str);
+        let id = match (named, expected) {
+            (Some(named), Some(expected)) if named != expected => {
+                self.emit(vec![EventBody::Warning(Notice {
+                    code: "resume_rejected".to_owned(),
+                    message: format!(
+                        "the agent answered the resume of {expected} with another session, \
+                         {named}: the earlier turns may be missing"
+                    ),
+                })])
+                .await?;
+                named
+            }
+            (Some(named), _) => named,
+            (None, Some(expected)) => expected,
+            (None, None) => {
+                self.failed(
+                    ErrorCategory::ProtocolIncompatible,
+                    "the agent opened a session without naming it".to_owned(),
+                );
+                return Ok(());
+            }
+        };
+        let events = self.translator.bind(id);
+        self.emit(events).await
+    }
+
+    async fn resume(&mut self, id: &str, cwd: &str) -> Result<(), Gone> {
+        let method = if self.caps.resume {
+            "session/resume"
+        } else if self.caps.load {
+            "session/load"
+        } else {
+            self.failed(
+                ErrorCategory::ResumeRejected,
+                "this agent can neither resume nor load a session".to_owned(),
+            );
+            return Ok(());
+        };
+        match self.call(method, acp::session_params(Some(id), cwd)).await {
+            Ok(result) => {
+                if method == "session/load" {
+                    self.settle_replay().await;
+                }
+                let result = if result.is_object() { result } else { json!({}) };
+                self.bind_from(&result, Some(id)).await
+            }
+            Err(e) => {
+                let message = e
+                    .remote_message()
+                    .map_or_else(|| e.to_string(), str::to_owned);
+                let category = if e.remote_message().is_some() {
+                    // Any refusal of a resume means the agent cannot continue it here.
+                    ErrorCategory::ResumeRejected
+                } else {
+                    ErrorCategory::AgentFailed
+                };
+                tracing::info!(method, %message, missing = acp::is_missing_session(&message), "resume refused");
+                self.failed(category, format!("{method} of {id} failed: {message}"));
+                Ok(())
+            }
+        }
+    }
+
+    /// Some agents go on replaying after the `session/load` answer: take (and drop, as the
+    /// translator is not in a turn) what comes until it is quiet.
+    async fn settle_replay(&mut self) {
+        let deadline = tokio::time::Instant::now() + REPLAY_MAX;
+        loop {
+            let quiet = tokio::time::Instant::now() + REPLAY_QUIET;
+            let next = tokio::time::timeout_at(quiet.min(deadline), self.incoming.recv()).await;
+            match next {
+                Ok(Some(msg)) => self.backlog.push_back(msg),
+                Ok(None) | Err(_) => return,
+            }
+        }
+    }
+
+    async fn on_input(&mut self, input: AgentInput, _cwd: &str) -> Result<(), Gone> {
+        match input {
+            AgentInput::Prompt { text, .. } => self.start_turn(&text).await,
+            AgentInput::Permission {
+                request_id, allow, ..
+            } => {
+                match self.permissions.remove(&request_id) {
+                    Some(pending) => pending
+                        .request
+                        .respond(acp::permission_answer(&pending.options, allow)),
+                    None => tracing::info!(request_id, "an answer to no pending permission"),
+                }
+                Ok(())
+            }
+            AgentInput::Interrupt => {
+                if let Some(session) = self.translator.session_id().map(str::to_owned)
+                    && self.prompt.is_some()
+                {
+                    self.rpc
+                        .notify("session/cancel", json!({"sessionId": session}))
+                        .await;
+                    for (_, pending) in self.permissions.drain() {
+                        pending.request.respond(acp::cancelled_answer());
+                    }
+                }
+                Ok(())
+            }
+            AgentInput::Close { .. } => Ok(()),
+        }
+    }
+
+    async fn start_turn(&mut self, text: &str) -> Result<(), Gone> {
+        if let Some(error) = self.open_error.take() {
+            return self.fail_turn(error.category, error.message).await;
+        }
+        let Some(session) = self.translator.session_id().map(str::to_owned) else {
+            return self
+                .fail_turn(ErrorCategory::AgentFailed, "no session is open".to_owned())
+                .await;
+        };
+        if self.prompt.is_some() {
+            return self
+                .fail_turn(
+                    ErrorCategory::AgentFailed,
+                    "a turn is already running".to_owned(),
+                )
+                .await;
+        }
+        // Whatever the agent sent before this prompt (a load's replay) is not this turn's.
+        self.drain_backlog().await?;
+        self.translator.start_turn();
+        let (tx, rx) = oneshot::channel();
+        let rpc = self.rpc.clone();
+        let params = acp::prompt_params(&session, text);
+        tokio::spawn(async move {
+            let answer = rpc.request("session/prompt", params, TURN_TIMEOUT).await;
+            let _driver_gone = tx.send(answer);
+        });
+        self.prompt = Some(rx);
+        Ok(())
+    }
+
+    /// The turn's answer: first everything the agent sent before it, then the end.
+    async fn on_prompt_answer(&mut self, answer: Result<Value, RpcError>) -> Result<(), Gone> {
+        self.drain_backlog().await?;
+        while let Ok(msg) = self.incoming.try_recv() {
+            self.on_incoming(msg).await?;
+        }
+        for (_, pending) in self.permissions.drain() {
+            pending.request.respond(acp::cancelled_answer());
+        }
+        let events = match answer {
+            Ok(result) => self.translator.on_prompt_result(&result),
+            // The process is going: its exit ends the run.
+            Err(RpcError::NoAnswer { .. } | RpcError::NotSent { .. }) => return Ok(()),
+            Err(e) => {
+                let category = match &e {
+                    RpcError::Remote { code: -32000, .. } => ErrorCategory::AuthRequired,
+                    _ => ErrorCategory::AgentFailed,
+                };
+                let message = e
+                    .remote_message()
+                    .map_or_else(|| e.to_string(), str::to_owned);
+                self.translator.on_prompt_error(category, message)
+            }
+        };
+        self.emit(events).await
+    }
+
+    /// A run that could not start: `error` and `run.end` failed.
+    async fn fail_turn(&mut self, category: ErrorCategory, message: String) -> Result<(), Gone> {
+        self.emit(vec![
+            EventBody::Error(ErrorNotice {
+                category,
+                message: message.clone(),
+            }),
+            EventBody::RunEnd(RunEnd {
+                state: RunState::Failed,
+                category: Some(category),
+                message: Some(message),
+            }),
+        ])
+        .await
+    }
+
+    async fn on_incoming(&mut self, msg: Incoming) -> Result<(), Gone> {
+        match msg {
+            Incoming::Notification { method, params } => {
+                let events = self.translator.on_notification(&method, &params);
+                self.emit(events).await
+            }
+            Incoming::Request(request) if request.method == "session/request_permission" => {
+                let (events, id) = self.translator.on_permission_request(&request.params);
+                match id {
+                    Some(id) if self.prompt.is_some() => {
+                        let options = request
+                            .params
+                            .get("options")
+                            .cloned()
+                            .unwrap_or(Value::Null);
+                        self.permissions.insert(id, Pending { request, options });
+                    }
+                    // Not this session's, or outside a turn: not ours to grant.
+                    _ => request.respond(acp::cancelled_answer()),
+                }
+                self.emit(events).await
+            }
+            // `fs/*`, `terminal/*` and extensions: not served (method not found as it drops).
+            Incoming::Request(request) => {
+                tracing::debug!(method = %request.method, "refused an agent request");
+                drop(request);
+                Ok(())
+            }
+        }
+    }
+}
+
+/// Start the agent only to ask `initialize`: what `agent.list` reports for an ACP agent.
+pub async fn probe(
+    program: &std::path::Path,
+    args: &[String],
+    base_env: &[(String, String)],
+    extra_env: &[(String, String)],
+    cwd: &std::path::Path,
+    timeout: Duration,
+) -> Result<AgentCaps, AdapterError> {
+    let mut child = spawn(&SpawnSpec {
+        program: program.to_owned(),
+        args: args.to_vec(),
+        cwd: cwd.to_owned(),
+        base_env: base_env.to_vec(),
+        extra_env: extra_env.to_vec(),
+        session_id: None,
+        label: "acp probe".to_owned(),
+    })?;
+    let (Some(stdout), Some(stdin)) = (child.stdout.take(), child.stdin.take()) else {
+        return Err(AdapterError::new(
+            ErrorCategory::TransportLost,
+            "the agent has no stdio",
+        ));
+    };
+    let (rpc, incoming, _skipped) = RpcClient::start(stdout, stdin, Dialect::JsonRpc2);
+    let answer = rpc
+        .request("initialize", acp::initialize_params(), timeout)
+        .await;
+    drop(rpc);
+    drop(incoming);
+    let _status = child.stop(Duration::from_secs(1)).await;
+    let init = answer.map_err(|e| {
+        AdapterError::new(
+            ErrorCategory::ProtocolIncompatible,
+            format!("{} did not answer initialize: {e}", program.display()),
+        )
+    })?;
+    let version = init.get("protocolVersion").and_then(Value::as_u64);
+    if version != Some(acp::PROTOCOL_VERSION) {
+        return Err(AdapterError::new(
+            ErrorCategory::ProtocolIncompatible,
+            format!("speaks ACP version {version:?}, this host version 1"),
+        ));
+    }
+    Ok(AgentCaps::from_initialize(&init))
+}
