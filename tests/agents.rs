@@ -112,6 +112,6 @@ fn agent_list_reports_the_installed_codex_and_that_it_runs_turns() {
     assert_eq!(c["version"], pinned["dependencies"]["@openai/codex"]);
     assert_eq!(c["turns"], true);
     assert_eq!(c["capabilities"]["resume"], "native_id");
-    // ACP agents cannot run turns in this build yet, and say so.
-    assert_eq!(family(&agents, "acp")["turns"], false);
+    // ACP agents run turns too (tests/acp.rs drives one).
+    assert_eq!(family(&agents, "acp")["turns"], true);
 }

@@ -430,22 +430,13 @@ async fn hostile_frames_get_an_error_or_a_close_and_nobody_else_notices() {
         .await
         .unwrap();
     assert_eq!(error_of(next_reply(&mut ws).await).name, "unknown_cmd");
-    // Requests still work on the same connection: a prompt to a family this build cannot run
-    // yet is refused (never a fake run).
-    let acp = host
-        .ok(
-            "session.create",
-            json!({"agent_type": "acp", "cwd": dir.path().display().to_string()}),
-        )
-        .await["session_id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    // Requests still work on the same connection: a prompt to a session that does not exist
+    // is refused with its own code (never a fake run).
     let id = ws
         .send(
             CmdId::RelayMessageReq,
             &pb::RelayMessageReq {
-                session_id: acp,
+                session_id: "no-such-session".into(),
                 text: "hi".into(),
                 client_msg_id: "c1".into(),
             },
@@ -455,12 +446,8 @@ async fn hostile_frames_get_an_error_or_a_close_and_nobody_else_notices() {
     let reply = next_reply(&mut ws).await;
     assert_eq!(reply.request_id, id);
     let err = error_of(reply);
-    assert_eq!((err.code, err.name.as_str()), (4002, "no_agent"));
-    assert!(
-        err.message.contains("no adapter that runs \"acp\""),
-        "{}",
-        err.message
-    );
+    assert_eq!((err.code, err.name.as_str()), (3001, "session_not_found"));
+    assert!(err.message.contains("no-such-session"), "{}", err.message);
     ws.send(CmdId::Ping, &pb::Ping { nonce: 99 }).await.unwrap();
     let pong = next_reply(&mut ws).await;
     assert_eq!(pong.cmd, CmdId::Pong);

@@ -139,9 +139,14 @@ pub fn cancelled_answer() -> Value {
 /// standard code; agents use -32602, -32603 or -32002 with a sentence).
 pub fn is_missing_session(message: &str) -> bool {
     let m = message.to_ascii_lowercase();
-    ["not found", "unknown session", "no session", "invalid session"]
-        .iter()
-        .any(|needle| m.contains(needle))
+    [
+        "not found",
+        "unknown session",
+        "no session",
+        "invalid session",
+    ]
+    .iter()
+    .any(|needle| m.contains(needle))
 }
 
 #[derive(Debug)]
@@ -240,7 +245,8 @@ impl Translator {
                 prompts.push(id);
                 self.start_turn();
             } else if !method.is_empty() {
-                prompts.push(json!({"pending": method, "id": id, "session": params.get("sessionId")}));
+                prompts
+                    .push(json!({"pending": method, "id": id, "session": params.get("sessionId")}));
             }
             return Vec::new();
         }
@@ -371,11 +377,7 @@ impl Translator {
         } else {
             self.close_thinking(out);
         }
-        let open = if thinking {
-            &self.thinking
-        } else {
-            &self.text
-        };
+        let open = if thinking { &self.thinking } else { &self.text };
         let same = open
             .as_ref()
             .is_some_and(|b| message_id.is_none() || b.message_id == message_id);
@@ -565,7 +567,10 @@ impl Translator {
             }
             _ => {
                 if let Some(output) = output.filter(|o| !o.is_empty())
-                    && self.tools.get(&id).is_some_and(|t| t.exec_started && !t.done)
+                    && self
+                        .tools
+                        .get(&id)
+                        .is_some_and(|t| t.exec_started && !t.done)
                 {
                     out.push(EventBody::ToolExecUpdate(ToolExecUpdate {
                         call_id: id.clone(),

@@ -114,7 +114,9 @@ struct Driver {
 /// The session stopped taking events.
 struct Gone;
 
-async fn prompt_answer(prompt: &mut Option<oneshot::Receiver<Result<Value, RpcError>>>) -> Result<Value, RpcError> {
+async fn prompt_answer(
+    prompt: &mut Option<oneshot::Receiver<Result<Value, RpcError>>>,
+) -> Result<Value, RpcError> {
     match prompt {
         Some(answer) => answer.await.unwrap_or(Err(RpcError::NoAnswer {
             method: "session/prompt".to_owned(),
@@ -321,7 +323,10 @@ impl Driver {
     }
 
     async fn new_session(&mut self, cwd: &str, warning: Option<String>) -> Result<(), Gone> {
-        match self.call("session/new", acp::session_params(None, cwd)).await {
+        match self
+            .call("session/new", acp::session_params(None, cwd))
+            .await
+        {
             Ok(result) => {
                 if let Some(message) = warning {
                     self.emit(vec![EventBody::Warning(Notice {
@@ -393,7 +398,11 @@ impl Driver {
                 if method == "session/load" {
                     self.settle_replay().await;
                 }
-                let result = if result.is_object() { result } else { json!({}) };
+                let result = if result.is_object() {
+                    result
+                } else {
+                    json!({})
+                };
                 self.bind_from(&result, Some(id)).await
             }
             Err(e) => {

@@ -42,6 +42,27 @@ pub fn ensure_claude() -> PathBuf {
     bin
 }
 
+/// The pinned `claude-agent-acp` (an ACP agent over Claude Code), installed if missing.
+pub fn ensure_claude_acp() -> PathBuf {
+    ensure_claude();
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("agents");
+    let bin = root.join("node_modules/.bin/claude-agent-acp");
+    if !bin.exists() {
+        let lock = File::create(root.join(".install.lock")).unwrap();
+        let _held = nix::fcntl::Flock::lock(lock, nix::fcntl::FlockArg::LockExclusive).unwrap();
+        if !bin.exists() {
+            let status = Command::new("npm")
+                .args(["ci", "--no-audit", "--no-fund", "--loglevel=error"])
+                .current_dir(&root)
+                .status()
+                .expect("npm is needed to install the agents the tests drive");
+            assert!(status.success(), "npm ci in agents/ failed");
+        }
+    }
+    assert!(bin.exists(), "{} missing after npm ci", bin.display());
+    bin
+}
+
 /// Set in a test process that runs inside its own network namespace.
 pub const NETNS_MARKER: &str = "AGENT_HOST_TEST_NETNS";
 

@@ -184,31 +184,35 @@ impl World {
     }
 
     pub async fn follower(&self, session: &str, deltas: bool) -> Follower {
-        let data = self
-            .host()
-            .ok(
-                "subscriber.add",
-                json!({"type": "local", "session_id": session, "forward_deltas": deltas,
-                       "replay_mode": "since_cursor"}),
-            )
-            .await;
-        let hello = pb::Hello {
-            client_name: "world-test".into(),
-            cursor: None,
-            protocol_version: PROTOCOL_VERSION,
-        };
-        let (ws, _) = client::connect(
-            data["ws_endpoint"].as_str().unwrap(),
-            data["ws_token"].as_str().unwrap(),
-            hello,
+        follow(self.host(), session, deltas).await
+    }
+}
+
+/// A new local subscriber of `session` on `host`, connected over the loopback WebSocket.
+pub async fn follow(host: &TestHost, session: &str, deltas: bool) -> Follower {
+    let data = host
+        .ok(
+            "subscriber.add",
+            json!({"type": "local", "session_id": session, "forward_deltas": deltas,
+                   "replay_mode": "since_cursor"}),
         )
-        .await
-        .unwrap();
-        Follower {
-            ws,
-            subscriber_id: data["subscriber_id"].as_str().unwrap().to_owned(),
-            seen: Vec::new(),
-        }
+        .await;
+    let hello = pb::Hello {
+        client_name: "world-test".into(),
+        cursor: None,
+        protocol_version: PROTOCOL_VERSION,
+    };
+    let (ws, _) = client::connect(
+        data["ws_endpoint"].as_str().unwrap(),
+        data["ws_token"].as_str().unwrap(),
+        hello,
+    )
+    .await
+    .unwrap();
+    Follower {
+        ws,
+        subscriber_id: data["subscriber_id"].as_str().unwrap().to_owned(),
+        seen: Vec::new(),
     }
 }
 

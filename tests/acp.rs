@@ -1,0 +1,382 @@
+//! ACP agents end to end (issue 8): the real `@agentclientprotocol/claude-agent-acp` (pinned in
+//! `agents/package.json`, running the pinned Claude Code) driven through the whole host against
+//! the project's mock model, each test in its own loopback-only network namespace; and agents
+//! registered in `config.toml` by command and protocol.
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "a failing test should panic"
+)]
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use agent_host::protocol::wire::{CmdId, pb};
+use common::agents::{agent_env, ensure_claude, ensure_claude_acp};
+use common::mock_model::MockModel;
+use common::world::{Family, Follower, TURN, follow, in_netns, run_end, run_end_of, text_of_run};
+use common::{Agents, TestHost};
+use serde_json::{Value, json};
+
+/// A mock model, a host whose `config.toml` registers the ACP agents, and a workspace.
+struct AcpWorld {
+    dir: tempfile::TempDir,
+    mock: MockModel,
+    work: PathBuf,
+    host: Option<TestHost>,
+}
+
+/// `config.toml` for the host: the built-in `acp` family pointed at claude-agent-acp (running
+/// the pinned Claude Code; `IS_SANDBOX` because tests may run as root), a registered agent that
+/// reaches the same agent through a wrapper script, and one whose command does not exist.
+fn write_config(home: &Path, wrapper: &Path) {
+    let acp = ensure_claude_acp();
+    let claude = ensure_claude();
+    let env = format!(
+        "{{ IS_SANDBOX = \"1\", CLAUDE_CODE_EXECUTABLE = \"{}\" }}",
+        claude.display()
+    );
+    std::fs::create_dir_all(home).unwrap();
+    std::fs::write(
+        home.join("config.toml"),
+        format!(
+            "[agents.acp]\nbinary = \"{}\"\nenv = {env}\n\n\
+             [agents.wrapped-acp]\ncommand = [\"{}\", \"--via-wrapper\"]\nprotocol = \"acp\"\nenv = {env}\n\n\
+             [agents.ghost]\ncommand = [\"/nonexistent/ghost-agent\", \"--acp\"]\nprotocol = \"acp\"\n",
+            acp.display(),
+            wrapper.display()
+        ),
+    )
+    .unwrap();
+}
+
+impl AcpWorld {
+    async fn start() -> AcpWorld {
+        let mock = MockModel::start(0).await.unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let work = dir.path().join("work");
+        std::fs::create_dir_all(dir.path().join("agent-home")).unwrap();
+        std::fs::create_dir_all(&work).unwrap();
+        // A user's in-house wrapper: drops its own flag, then runs the real agent.
+        let wrapper = dir.path().join("wrapped-acp.sh");
+        std::fs::write(
+            &wrapper,
+            format!(
+                "#!/bin/sh\n[ \"$1\" = --via-wrapper ] && shift\nexec \"{}\" \"$@\"\n",
+                ensure_claude_acp().display()
+            ),
+        )
+        .unwrap();
+        std::fs::set_permissions(
+            &wrapper,
+            std::os::unix::fs::PermissionsExt::from_mode(0o755),
+        )
+        .unwrap();
+        write_config(&dir.path().join("host"), &wrapper);
+        let mut world = AcpWorld {
+            dir,
+            mock,
+            work,
+            host: None,
+        };
+        world.host = Some(TestHost::start_with_agents(&world.host_home(), world.agents()).await);
+        world
+    }
+
+    fn host_home(&self) -> PathBuf {
+        self.dir.path().join("host")
+    }
+
+    fn agents(&self) -> Agents {
+        Agents {
+            env: agent_env(&self.dir.path().join("agent-home"), &self.mock),
+            family_env: Vec::new(),
+            claude: None,
+            codex: None,
+        }
+    }
+
+    fn host(&self) -> &TestHost {
+        self.host.as_ref().unwrap()
+    }
+
+    async fn session(&self, agent_type: &str) -> String {
+        self.host().session_of(agent_type, &self.work).await
+    }
+
+    async fn send(&self, session: &str, text: &str) -> String {
+        let data = self
+            .host()
+            .ok("session.send", json!({"session_id": session, "text": text}))
+            .await;
+        data["run_id"].as_str().unwrap().to_owned()
+    }
+
+    async fn restart(&mut self) {
+        let host = self.host.take().unwrap();
+        host.stop().await;
+        self.host = Some(TestHost::start_with_agents(&self.host_home(), self.agents()).await);
+    }
+}
+
+/// Every stored event of a session, oldest first.
+async fn history(world: &AcpWorld, session: &str) -> Vec<Value> {
+    let page = world
+        .host()
+        .ok(
+            "session.history",
+            json!({"session_id": session, "limit": 5000}),
+        )
+        .await;
+    page["events"].as_array().unwrap().clone()
+}
+
+fn bracket_kinds(f: &Follower, run: &str) -> Vec<String> {
+    f.of_run(run)
+        .iter()
+        .filter(|s| !s.delta)
+        .map(|s| s.kind().to_owned())
+        .collect()
+}
+
+async fn decide(f: &mut Follower, session: &str, request_id: &str, decision: &str) {
+    let reply = f
+        .request(
+            CmdId::PermissionDecisionReq,
+            &pb::PermissionDecisionReq {
+                session_id: session.to_owned(),
+                request_id: request_id.to_owned(),
+                decision: decision.to_owned(),
+            },
+        )
+        .await;
+    assert_eq!(reply.cmd, CmdId::PermissionDecisionResp, "{reply:?}");
+}
+
+/// Acceptance 1: two turns with history, streamed alike to two WebSocket subscribers; a tool
+/// call whose permission one client allows (the command runs), then one another client denies
+/// (it does not run, and the turn is not aborted: the agent goes on after the refusal).
+#[test]
+fn an_acp_agent_runs_turns_with_history_and_permissions_from_two_clients() {
+    let Some(rt) = in_netns(
+        Family::Claude,
+        "an_acp_agent_runs_turns_with_history_and_permissions_from_two_clients",
+    ) else {
+        return;
+    };
+    rt.block_on(async {
+        let world = AcpWorld::start().await;
+        let session = world.session("acp").await;
+        let mut a = follow(world.host(), &session, true).await;
+        let mut b = follow(world.host(), &session, false).await;
+
+        let first = world.send(&session, "hello acp").await;
+        assert_eq!(run_end(&mut a, &first, TURN).await["state"], "completed");
+        run_end(&mut b, &first, TURN).await;
+        assert!(
+            a.of_run(&first).iter().any(|s| s.kind() == "text.delta"),
+            "no streaming: {:?}",
+            a.kinds()
+        );
+        let second = world.send(&session, "do you remember").await;
+        run_end(&mut a, &second, TURN).await;
+        run_end(&mut b, &second, TURN).await;
+        let text = text_of_run(&a, &second);
+        assert!(
+            text.contains("turns seen: 2") && text.contains("first: hello acp"),
+            "no history: {text}"
+        );
+        assert_eq!(text, text_of_run(&b, &second));
+        assert_eq!(bracket_kinds(&a, &second), bracket_kinds(&b, &second));
+        let bound: Vec<_> = a
+            .seen
+            .iter()
+            .filter(|s| s.kind() == "session.bound")
+            .collect();
+        assert_eq!(bound.len(), 1, "{:?}", a.kinds());
+
+        // Allowed by client a: the command runs.
+        let allowed = world
+            .send(&session, "TOOLCALL `touch acp-allowed && echo ran`")
+            .await;
+        let ask = a.until_kind("permission.request", TURN).await;
+        assert_eq!(ask.run_id, allowed);
+        let request = ask.event["requestId"].as_str().unwrap().to_owned();
+        decide(&mut a, &session, &request, "allow").await;
+        run_end(&mut b, &allowed, TURN).await;
+        let resolved = b
+            .of_run(&allowed)
+            .iter()
+            .find(|s| s.kind() == "permission.resolved")
+            .map(|s| s.event.clone())
+            .unwrap();
+        assert_eq!(resolved["decision"], "allow");
+        assert_eq!(resolved["by"].as_str(), Some(a.subscriber_id.as_str()));
+        let exec = b
+            .of_run(&allowed)
+            .iter()
+            .find(|s| s.kind() == "tool.exec.end")
+            .map(|s| s.event.clone())
+            .unwrap();
+        assert!(exec["output"].as_str().unwrap().contains("ran"), "{exec}");
+        assert!(world.work.join("acp-allowed").exists());
+        assert_eq!(run_end_of(&b, &allowed)["state"], "completed");
+
+        // Denied by client b: it does not run; the turn still ends normally.
+        let denied = world
+            .send(&session, "TOOLCALL `touch acp-denied && echo ran`")
+            .await;
+        let ask = b.until_kind("permission.request", TURN).await;
+        let request = ask.event["requestId"].as_str().unwrap().to_owned();
+        decide(&mut b, &session, &request, "deny").await;
+        let end = run_end(&mut a, &denied, TURN).await;
+        assert_eq!(end["state"], "completed", "{end}");
+        assert!(!world.work.join("acp-denied").exists());
+        world.host.unwrap().stop().await;
+    });
+}
+
+/// Acceptance 2: cancel mid-stream ends the run `cancelled` and the next prompt works; after
+/// a host restart the next prompt resumes the agent's session (history kept), and nothing of
+/// the earlier turns is published again.
+#[test]
+fn an_acp_turn_cancels_and_the_session_resumes_after_a_restart() {
+    let Some(rt) = in_netns(
+        Family::Claude,
+        "an_acp_turn_cancels_and_the_session_resumes_after_a_restart",
+    ) else {
+        return;
+    };
+    rt.block_on(async {
+        let mut world = AcpWorld::start().await;
+        let session = world.session("acp").await;
+        let mut f = follow(world.host(), &session, true).await;
+        let first = world.send(&session, "remember acp").await;
+        run_end(&mut f, &first, TURN).await;
+
+        let slow = world.send(&session, "SLOW stream to cancel").await;
+        let id = slow.clone();
+        f.until("a delta of the slow run", TURN, |s| {
+            s.kind() == "text.delta" && s.run_id == id
+        })
+        .await;
+        world
+            .host()
+            .ok("session.cancel", json!({"session_id": session}))
+            .await;
+        let end = run_end(&mut f, &slow, TURN).await;
+        assert_eq!(end["state"], "cancelled", "{end}");
+        let after = world.send(&session, "after the cancel").await;
+        assert_eq!(run_end(&mut f, &after, TURN).await["state"], "completed");
+        let native = world
+            .host()
+            .ok("session.get", json!({"session_id": session}))
+            .await["native_session_id"]
+            .clone();
+
+        let before = history(&world, &session).await;
+
+        world.restart().await;
+        let mut g = follow(world.host(), &session, false).await;
+        let resumed = world.send(&session, "still there").await;
+        run_end(&mut g, &resumed, TURN).await;
+        assert_eq!(run_end_of(&g, &resumed)["state"], "completed");
+        let text = text_of_run(&g, &resumed);
+        assert!(text.contains("first: remember acp"), "not resumed: {text}");
+        let row = world
+            .host()
+            .ok("session.get", json!({"session_id": session}))
+            .await;
+        assert_eq!(row["native_session_id"], native, "{row}");
+        // The store holds the earlier turns once: a resume published nothing of them again,
+        // and the new run has one prompt.
+        let after = history(&world, &session).await;
+        let (old, new): (Vec<Value>, Vec<Value>) = after
+            .into_iter()
+            .partition(|e| e["run_id"] != resumed.as_str());
+        assert_eq!(old, before, "earlier turns were published again");
+        let prompts = new.iter().filter(|e| e["kind"] == "user.text").count();
+        assert_eq!(prompts, 1, "{new:?}");
+        world.host.unwrap().stop().await;
+    });
+}
+
+/// Acceptance 3: an agent registered in `config.toml` (`protocol = "acp"`, a wrapper script)
+/// works end to end and is listed as usable by `agent.list` (probed with `initialize`); one
+/// whose command is missing is listed `binary_unavailable`, and `session.create` for it is
+/// refused with `agent_unavailable`.
+#[test]
+fn registered_agents_run_or_say_clearly_why_not() {
+    let Some(rt) = in_netns(
+        Family::Claude,
+        "registered_agents_run_or_say_clearly_why_not",
+    ) else {
+        return;
+    };
+    rt.block_on(async {
+        let world = AcpWorld::start().await;
+        let session = world.session("wrapped-acp").await;
+        let mut f = follow(world.host(), &session, false).await;
+        let run = world.send(&session, "through the wrapper").await;
+        assert_eq!(run_end(&mut f, &run, TURN).await["state"], "completed");
+        assert!(text_of_run(&f, &run).contains("through the wrapper"));
+
+        let refused = world
+            .host()
+            .ipc(
+                "session.create",
+                json!({"agent_type": "ghost", "cwd": world.work.display().to_string()}),
+            )
+            .await;
+        assert_eq!(
+            refused.data["error"],
+            "agent_unavailable",
+            "{}",
+            refused.to_line()
+        );
+        assert!(
+            refused.message.contains("/nonexistent/ghost-agent"),
+            "{}",
+            refused.message
+        );
+
+        // agent.list runs in the CLI process, from the same home and environment.
+        let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_agent-host"))
+            .arg("agent.list")
+            .env_clear()
+            .envs(world.agents().env)
+            .env("AGENT_HOST_HOME", world.host_home())
+            .output()
+            .await
+            .unwrap();
+        let reply: Value = serde_json::from_slice(&out.stdout).unwrap();
+        let agents = reply["data"]["agents"].as_array().unwrap();
+        let of = |name: &str| {
+            agents
+                .iter()
+                .find(|a| a["agent_type"] == name)
+                .cloned()
+                .unwrap_or_else(|| panic!("{name} not listed: {reply}"))
+        };
+        let wrapped = of("wrapped-acp");
+        assert_eq!(wrapped["usable"], true, "{wrapped}");
+        assert_eq!(wrapped["registered"], true);
+        assert_eq!(
+            wrapped["agent"]["name"], "@agentclientprotocol/claude-agent-acp",
+            "{wrapped}"
+        );
+        assert_eq!(wrapped["agent"]["resume"], true);
+        let ghost = of("ghost");
+        assert_eq!(ghost["usable"], false);
+        assert_eq!(ghost["error"], "binary_unavailable");
+        assert!(
+            ghost["reason"]
+                .as_str()
+                .unwrap()
+                .contains("/nonexistent/ghost-agent")
+        );
+        world.host.unwrap().stop().await;
+    });
+}
