@@ -16,6 +16,8 @@ pub mod claude_process;
 pub mod codex;
 pub mod codex_process;
 #[cfg(test)]
+mod conformance;
+#[cfg(test)]
 mod fixtures;
 pub mod jsonrpc;
 pub mod launch;
