@@ -14,7 +14,7 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use agent_host::protocol::wire::{CmdId, pb};
-use common::agents::{agent_env, ensure_claude, ensure_claude_acp};
+use common::agents::{agent_env, ensure_claude, ensure_claude_acp, ensure_qwen};
 use common::mock_model::MockModel;
 use common::world::{Family, Follower, TURN, follow, in_netns, run_end, run_end_of, text_of_run};
 use common::{Agents, TestHost};
@@ -29,9 +29,11 @@ struct AcpWorld {
 }
 
 /// `config.toml` for the host: the built-in `acp` family pointed at claude-agent-acp (running
-/// the pinned Claude Code; `IS_SANDBOX` because tests may run as root), a registered agent that
-/// reaches the same agent through a wrapper script, and one whose command does not exist.
-fn write_config(home: &Path, wrapper: &Path) {
+/// the pinned Claude Code; `IS_SANDBOX` because tests may run as root), Qwen Code registered as
+/// an ACP agent (another vendor, against the mock's OpenAI Chat Completions API), a registered
+/// agent that reaches claude-agent-acp through a wrapper script, and one whose command does not
+/// exist.
+fn write_config(home: &Path, wrapper: &Path, mock: &MockModel) {
     let acp = ensure_claude_acp();
     let claude = ensure_claude();
     let env = format!(
@@ -44,9 +46,13 @@ fn write_config(home: &Path, wrapper: &Path) {
         format!(
             "[agents.acp]\nbinary = \"{}\"\nenv = {env}\n\n\
              [agents.wrapped-acp]\ncommand = [\"{}\", \"--via-wrapper\"]\nprotocol = \"acp\"\nenv = {env}\n\n\
-             [agents.ghost]\ncommand = [\"/nonexistent/ghost-agent\", \"--acp\"]\nprotocol = \"acp\"\n",
+             [agents.ghost]\ncommand = [\"/nonexistent/ghost-agent\", \"--acp\"]\nprotocol = \"acp\"\n\n\
+             [agents.qwen]\ncommand = [\"{}\", \"--acp\", \"--auth-type\", \"openai\"]\nprotocol = \"acp\"\n\
+             env = {{ OPENAI_API_KEY = \"mock-key\", OPENAI_BASE_URL = \"{}/v1\", OPENAI_MODEL = \"mock-model\" }}\n",
             acp.display(),
-            wrapper.display()
+            wrapper.display(),
+            ensure_qwen().display(),
+            mock.base_url()
         ),
     )
     .unwrap();
@@ -74,7 +80,7 @@ impl AcpWorld {
             std::os::unix::fs::PermissionsExt::from_mode(0o755),
         )
         .unwrap();
-        write_config(&dir.path().join("host"), &wrapper);
+        write_config(&dir.path().join("host"), &wrapper, &mock);
         let mut world = AcpWorld {
             dir,
             mock,
@@ -155,85 +161,108 @@ async fn decide(f: &mut Follower, session: &str, request_id: &str, decision: &st
     assert_eq!(reply.cmd, CmdId::PermissionDecisionResp, "{reply:?}");
 }
 
-/// Acceptance 1: two turns with history, streamed alike to two WebSocket subscribers; a tool
-/// call whose permission one client allows (the command runs), then one another client denies
-/// (it does not run, and the turn is not aborted: the agent goes on after the refusal).
+/// Acceptance 1, the scenario each real ACP agent goes through: two turns with history,
+/// streamed alike to two WebSocket subscribers; a tool call whose permission one client allows
+/// (the command runs), then one another client denies (it does not run, and the turn is not
+/// aborted: the agent goes on after the refusal).
+async fn turns_history_and_permissions(world: &AcpWorld, agent_type: &str) {
+    let session = world.session(agent_type).await;
+    let mut a = follow(world.host(), &session, true).await;
+    let mut b = follow(world.host(), &session, false).await;
+
+    let first = world.send(&session, "hello acp").await;
+    assert_eq!(run_end(&mut a, &first, TURN).await["state"], "completed");
+    run_end(&mut b, &first, TURN).await;
+    assert!(
+        a.of_run(&first).iter().any(|s| s.kind() == "text.delta"),
+        "no streaming: {:?}",
+        a.kinds()
+    );
+    let second = world.send(&session, "do you remember").await;
+    run_end(&mut a, &second, TURN).await;
+    run_end(&mut b, &second, TURN).await;
+    let text = text_of_run(&a, &second);
+    assert!(
+        text.contains("turns seen: 2") && text.contains("first: hello acp"),
+        "no history: {text}"
+    );
+    assert_eq!(text, text_of_run(&b, &second));
+    assert_eq!(bracket_kinds(&a, &second), bracket_kinds(&b, &second));
+    let bound: Vec<_> = a
+        .seen
+        .iter()
+        .filter(|s| s.kind() == "session.bound")
+        .collect();
+    assert_eq!(bound.len(), 1, "{:?}", a.kinds());
+
+    // Allowed by client a: the command runs.
+    let allowed = world
+        .send(&session, "TOOLCALL `touch acp-allowed && echo ran`")
+        .await;
+    let ask = a.until_kind("permission.request", TURN).await;
+    assert_eq!(ask.run_id, allowed);
+    let request = ask.event["requestId"].as_str().unwrap().to_owned();
+    decide(&mut a, &session, &request, "allow").await;
+    run_end(&mut b, &allowed, TURN).await;
+    let resolved = b
+        .of_run(&allowed)
+        .iter()
+        .find(|s| s.kind() == "permission.resolved")
+        .map(|s| s.event.clone())
+        .unwrap();
+    assert_eq!(resolved["decision"], "allow");
+    assert_eq!(resolved["by"].as_str(), Some(a.subscriber_id.as_str()));
+    let exec = b
+        .of_run(&allowed)
+        .iter()
+        .find(|s| s.kind() == "tool.exec.end")
+        .map(|s| s.event.clone())
+        .unwrap();
+    assert!(exec["output"].as_str().unwrap().contains("ran"), "{exec}");
+    assert!(world.work.join("acp-allowed").exists());
+    assert_eq!(run_end_of(&b, &allowed)["state"], "completed");
+
+    // Denied by client b: it does not run; the turn still ends normally.
+    let denied = world
+        .send(&session, "TOOLCALL `touch acp-denied && echo ran`")
+        .await;
+    let ask = b.until_kind("permission.request", TURN).await;
+    let request = ask.event["requestId"].as_str().unwrap().to_owned();
+    decide(&mut b, &session, &request, "deny").await;
+    let end = run_end(&mut a, &denied, TURN).await;
+    assert_eq!(end["state"], "completed", "{end}");
+    assert!(!world.work.join("acp-denied").exists());
+}
+
+/// Acceptance 1 with claude-agent-acp.
 #[test]
-fn an_acp_agent_runs_turns_with_history_and_permissions_from_two_clients() {
+fn claude_agent_acp_runs_turns_with_history_and_permissions_from_two_clients() {
     let Some(rt) = in_netns(
         Family::Claude,
-        "an_acp_agent_runs_turns_with_history_and_permissions_from_two_clients",
+        "claude_agent_acp_runs_turns_with_history_and_permissions_from_two_clients",
     ) else {
         return;
     };
     rt.block_on(async {
         let world = AcpWorld::start().await;
-        let session = world.session("acp").await;
-        let mut a = follow(world.host(), &session, true).await;
-        let mut b = follow(world.host(), &session, false).await;
+        turns_history_and_permissions(&world, "acp").await;
+        world.host.unwrap().stop().await;
+    });
+}
 
-        let first = world.send(&session, "hello acp").await;
-        assert_eq!(run_end(&mut a, &first, TURN).await["state"], "completed");
-        run_end(&mut b, &first, TURN).await;
-        assert!(
-            a.of_run(&first).iter().any(|s| s.kind() == "text.delta"),
-            "no streaming: {:?}",
-            a.kinds()
-        );
-        let second = world.send(&session, "do you remember").await;
-        run_end(&mut a, &second, TURN).await;
-        run_end(&mut b, &second, TURN).await;
-        let text = text_of_run(&a, &second);
-        assert!(
-            text.contains("turns seen: 2") && text.contains("first: hello acp"),
-            "no history: {text}"
-        );
-        assert_eq!(text, text_of_run(&b, &second));
-        assert_eq!(bracket_kinds(&a, &second), bracket_kinds(&b, &second));
-        let bound: Vec<_> = a
-            .seen
-            .iter()
-            .filter(|s| s.kind() == "session.bound")
-            .collect();
-        assert_eq!(bound.len(), 1, "{:?}", a.kinds());
-
-        // Allowed by client a: the command runs.
-        let allowed = world
-            .send(&session, "TOOLCALL `touch acp-allowed && echo ran`")
-            .await;
-        let ask = a.until_kind("permission.request", TURN).await;
-        assert_eq!(ask.run_id, allowed);
-        let request = ask.event["requestId"].as_str().unwrap().to_owned();
-        decide(&mut a, &session, &request, "allow").await;
-        run_end(&mut b, &allowed, TURN).await;
-        let resolved = b
-            .of_run(&allowed)
-            .iter()
-            .find(|s| s.kind() == "permission.resolved")
-            .map(|s| s.event.clone())
-            .unwrap();
-        assert_eq!(resolved["decision"], "allow");
-        assert_eq!(resolved["by"].as_str(), Some(a.subscriber_id.as_str()));
-        let exec = b
-            .of_run(&allowed)
-            .iter()
-            .find(|s| s.kind() == "tool.exec.end")
-            .map(|s| s.event.clone())
-            .unwrap();
-        assert!(exec["output"].as_str().unwrap().contains("ran"), "{exec}");
-        assert!(world.work.join("acp-allowed").exists());
-        assert_eq!(run_end_of(&b, &allowed)["state"], "completed");
-
-        // Denied by client b: it does not run; the turn still ends normally.
-        let denied = world
-            .send(&session, "TOOLCALL `touch acp-denied && echo ran`")
-            .await;
-        let ask = b.until_kind("permission.request", TURN).await;
-        let request = ask.event["requestId"].as_str().unwrap().to_owned();
-        decide(&mut b, &session, &request, "deny").await;
-        let end = run_end(&mut a, &denied, TURN).await;
-        assert_eq!(end["state"], "completed", "{end}");
-        assert!(!world.work.join("acp-denied").exists());
+/// Acceptance 1 with a second vendor's agent: Qwen Code over ACP (`qwen --acp`), registered
+/// in `config.toml` by command and protocol.
+#[test]
+fn qwen_over_acp_runs_turns_with_history_and_permissions_from_two_clients() {
+    let Some(rt) = in_netns(
+        Family::Claude,
+        "qwen_over_acp_runs_turns_with_history_and_permissions_from_two_clients",
+    ) else {
+        return;
+    };
+    rt.block_on(async {
+        let world = AcpWorld::start().await;
+        turns_history_and_permissions(&world, "qwen").await;
         world.host.unwrap().stop().await;
     });
 }

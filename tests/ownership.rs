@@ -181,16 +181,21 @@ fn a_running_external_claude_makes_the_next_prompt_fork() {
             external.id().unwrap()
         ));
         assert!(registry.exists(), "the CLI registers itself while it runs");
+        // Its prompt in the file is seen first (the tail); the holder check still names it at
+        // the next prompt, while it runs.
+        ws.until("session_drifted", TURN, |s| {
+            s.kind() == "warning" && s.event["code"] == "session_drifted"
+        })
+        .await;
 
         let run = world.send(&session, "back in the host").await;
         run_end(&mut ws, &run, TURN).await;
         assert_eq!(run_end_of(&ws, &run)["state"], "completed");
         let forked = fork_warning(&ws, &run);
+        let why = forked["message"].as_str().unwrap();
         assert!(
-            forked["message"]
-                .as_str()
-                .unwrap()
-                .contains("another process")
+            why.contains(&format!("another process (pid {}", external.id().unwrap())),
+            "{why}"
         );
         assert_ne!(world.native_id(&session).await, native);
         assert_ne!(

@@ -108,9 +108,14 @@ pub fn agents_markdown() -> String {
     for (file, tested) in [
         (
             "ref-claude-agent-acp-basic.jsonl",
-            "end to end: `tests/acp.rs`; transcripts: `fixtures/acp/`",
+            "end to end (turns, history, permissions, cancel, resume): `tests/acp.rs`; \
+             transcripts: `fixtures/acp/`",
         ),
-        ("ref-qwen-basic.jsonl", "transcripts: `fixtures/acp/`"),
+        (
+            "ref-qwen-basic.jsonl",
+            "end to end (turns, history, permissions; registered by command): `tests/acp.rs`; \
+             transcripts: `fixtures/acp/`",
+        ),
         ("ref-gemini-basic.jsonl", "transcripts: `fixtures/acp/`"),
         (
             "ref-claude-code-acp-basic.jsonl",

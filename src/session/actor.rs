@@ -535,6 +535,11 @@ impl Actor {
         };
         // A child whose file someone else wrote is not continued: closed, and a fork.
         if let Some(why) = self.drifted.take() {
+            // Someone may also still hold it: say so too.
+            let why = match self.registered_holder().await {
+                Some(holder) => format!("{holder}; {why}"),
+                None => why,
+            };
             // Killed, not closed: a CLI closing cleanly writes its session file once more.
             if let Some(agent) = self.agent.take() {
                 agent.close(Duration::ZERO).await;

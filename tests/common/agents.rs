@@ -44,9 +44,19 @@ pub fn ensure_claude() -> PathBuf {
 
 /// The pinned `claude-agent-acp` (an ACP agent over Claude Code), installed if missing.
 pub fn ensure_claude_acp() -> PathBuf {
+    ensure_agent_bin("claude-agent-acp")
+}
+
+/// The pinned Qwen Code (`qwen --acp`), installed if missing.
+pub fn ensure_qwen() -> PathBuf {
+    ensure_agent_bin("qwen")
+}
+
+/// A binary of `agents/node_modules/.bin`, after `npm ci` if it is missing.
+fn ensure_agent_bin(name: &str) -> PathBuf {
     ensure_claude();
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("agents");
-    let bin = root.join("node_modules/.bin/claude-agent-acp");
+    let bin = root.join("node_modules/.bin").join(name);
     if !bin.exists() {
         let lock = File::create(root.join(".install.lock")).unwrap();
         let _held = nix::fcntl::Flock::lock(lock, nix::fcntl::FlockArg::LockExclusive).unwrap();

@@ -1,6 +1,7 @@
 //! The project's own mock model server on 127.0.0.1, with scripted replies, for driving the
 //! real agent CLIs offline: the Anthropic Messages API (`POST /v1/messages`, for `claude`) and
-//! the OpenAI Responses API (`POST /v1/responses`, for `codex`), both streaming SSE. Stateless:
+//! the OpenAI Responses API (`POST /v1/responses`, for `codex`) and the OpenAI Chat Completions
+//! API (`POST /v1/chat/completions`, for Qwen Code), all streaming SSE. Stateless:
 //! each reply is decided from the conversation in the request, so history continuity is
 //! checkable (`[user turns seen: N; first: …]`; for Codex only the prompts the user typed count,
 //! not the context items it adds as user messages, such as `<environment_context>`).
@@ -8,7 +9,7 @@
 //! Scripts, by the text of the last user message:
 //! - plain text → `echo: <text> [user turns seen: N; first: <first user text>]`;
 //! - `TOOLCALL` (optionally ``TOOLCALL `cmd` ``) → a shell tool call (Claude `Bash`, Codex
-//!   `exec_command`), then, once the tool result comes back, `tool said: <result>`;
+//!   `exec_command`, Qwen `run_shell_command`), then, once the tool result comes back, `tool said: <result>`;
 //!   ``TOOLCALL ESCALATE `cmd` `` has the Codex call ask for
 //!   `sandbox_permissions: require_escalated` (so app-server asks the client to approve it);
 //! - `THINK` → a thinking block (Codex: a reasoning summary), then the echo;
@@ -117,6 +118,10 @@ async fn serve(stream: TcpStream) -> std::io::Result<()> {
     if path.starts_with("/v1/responses") {
         let request: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
         return responses::serve(&mut stream, &request).await;
+    }
+    if path.starts_with("/v1/chat/completions") {
+        let request: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+        return chat::serve(&mut stream, &request).await;
     }
     if path.starts_with("/v1/messages/count_tokens") {
         return respond(
@@ -679,5 +684,185 @@ mod responses {
             emit(stream, kind, at, key, json!(value)).await?;
         }
         Ok(())
+    }
+}
+
+/// The OpenAI Chat Completions API (`POST /v1/chat/completions`), as Qwen Code uses it: the
+/// conversation is `messages`, a tool result is a `tool` message, the reply streams as
+/// `chat.completion.chunk`s and `[DONE]`. A JSON-mode side call (`response_format` with a
+/// schema) gets the smallest value that fits the schema.
+mod chat {
+    use super::{Block, Reply, decide, model_of, respond, text_of};
+    use serde_json::{Value, json};
+    use std::time::Duration;
+    use tokio::io::AsyncWriteExt;
+    use tokio::net::TcpStream;
+
+    /// Qwen's shell tool: `run_shell_command {command}`.
+    const SHELL_TOOL: &str = "run_shell_command";
+
+    pub(super) async fn serve(stream: &mut TcpStream, request: &Value) -> std::io::Result<()> {
+        if let Some(schema) = request.pointer("/response_format/json_schema/schema") {
+            let text = smallest(schema).to_string();
+            return reply(stream, request, &[Block::Text(vec![text])], Duration::ZERO).await;
+        }
+        if request["response_format"]["type"] == "json_object" {
+            return reply(
+                stream,
+                request,
+                &[Block::Text(vec!["{}".into()])],
+                Duration::ZERO,
+            )
+            .await;
+        }
+        match script(request) {
+            Reply::Error(status, message) => {
+                let body = json!({"error": {"message": message, "type": "server_error"}});
+                respond(stream, status, "application/json", &body.to_string()).await
+            }
+            Reply::Blocks(blocks, delay) => reply(stream, request, &blocks, delay).await,
+        }
+    }
+
+    /// The smallest JSON value a schema accepts.
+    fn smallest(schema: &Value) -> Value {
+        if let Some(first) = schema["enum"].as_array().and_then(|e| e.first()) {
+            return first.clone();
+        }
+        match schema["type"].as_str() {
+            Some("object") => {
+                let mut out = serde_json::Map::new();
+                let required: Vec<&str> = schema["required"]
+                    .as_array()
+                    .map(|r| r.iter().filter_map(Value::as_str).collect())
+                    .unwrap_or_default();
+                if let Some(props) = schema["properties"].as_object() {
+                    for (name, prop) in props {
+                        if required.contains(&name.as_str()) {
+                            out.insert(name.clone(), smallest(prop));
+                        }
+                    }
+                }
+                Value::Object(out)
+            }
+            Some("array") => json!([]),
+            Some("string") => json!(""),
+            Some("number" | "integer") => json!(0),
+            Some("boolean") => json!(false),
+            _ => Value::Null,
+        }
+    }
+
+    fn script(request: &Value) -> Reply {
+        let mut user_texts = Vec::new();
+        let mut tool_result = None;
+        for message in request["messages"].as_array().into_iter().flatten() {
+            match message["role"].as_str() {
+                Some("tool") => tool_result = Some(text_of(&message["content"])),
+                Some("user") => {
+                    let text = text_of(&message["content"]);
+                    // Qwen's first user message is its own environment context.
+                    let context = text.contains("setting up the context for our chat")
+                        || text.trim_start().starts_with('<');
+                    if !text.trim().is_empty() && !context {
+                        user_texts.push(text);
+                        tool_result = None;
+                    }
+                }
+                _ => {}
+            }
+        }
+        decide(&user_texts, tool_result)
+    }
+
+    fn chunk(request: &Value, delta: Value, finish: Option<&str>) -> String {
+        let body = json!({
+            "id": "chatcmpl-mock",
+            "object": "chat.completion.chunk",
+            "created": 0,
+            "model": model_of(request),
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+        });
+        format!("data: {body}\n\n")
+    }
+
+    async fn reply(
+        stream: &mut TcpStream,
+        request: &Value,
+        blocks: &[Block],
+        delay: Duration,
+    ) -> std::io::Result<()> {
+        if request["stream"] != true {
+            let mut content = String::new();
+            let mut calls = Vec::new();
+            for block in blocks {
+                match block {
+                    Block::Text(chunks) => content.push_str(&chunks.concat()),
+                    Block::Thinking(_) => {}
+                    Block::Tool { id, command, .. } => calls.push(json!({"id": id, "type": "function",
+                        "function": {"name": SHELL_TOOL, "arguments": json!({"command": command}).to_string()}})),
+                }
+            }
+            let mut message = json!({"role": "assistant", "content": content});
+            if !calls.is_empty() {
+                message["tool_calls"] = json!(calls);
+            }
+            let finish = if calls.is_empty() {
+                "stop"
+            } else {
+                "tool_calls"
+            };
+            let body = json!({"id": "chatcmpl-mock", "object": "chat.completion", "created": 0,
+                "model": model_of(request), "choices": [{"index": 0, "message": message, "finish_reason": finish}],
+                "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}});
+            return respond(stream, 200, "application/json", &body.to_string()).await;
+        }
+        let head = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncache-control: no-cache\r\nconnection: close\r\n\r\n";
+        stream.write_all(head.as_bytes()).await?;
+        stream
+            .write_all(chunk(request, json!({"role": "assistant", "content": ""}), None).as_bytes())
+            .await?;
+        let mut tools = 0;
+        for block in blocks {
+            match block {
+                Block::Text(chunks) => {
+                    for piece in chunks {
+                        stream
+                            .write_all(chunk(request, json!({"content": piece}), None).as_bytes())
+                            .await?;
+                        stream.flush().await?;
+                        if !delay.is_zero() {
+                            tokio::time::sleep(delay).await;
+                        }
+                    }
+                }
+                Block::Thinking(text) => {
+                    stream
+                        .write_all(
+                            chunk(request, json!({"reasoning_content": text}), None).as_bytes(),
+                        )
+                        .await?;
+                }
+                Block::Tool { id, command, .. } => {
+                    let call = json!({"tool_calls": [{"index": tools, "id": id, "type": "function",
+                        "function": {"name": SHELL_TOOL, "arguments": json!({"command": command}).to_string()}}]});
+                    stream
+                        .write_all(chunk(request, call, None).as_bytes())
+                        .await?;
+                    tools += 1;
+                }
+            }
+        }
+        let finish = if tools > 0 { "tool_calls" } else { "stop" };
+        stream
+            .write_all(chunk(request, json!({}), Some(finish)).as_bytes())
+            .await?;
+        let usage = json!({"id": "chatcmpl-mock", "object": "chat.completion.chunk", "created": 0,
+            "model": model_of(request), "choices": [],
+            "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}});
+        stream
+            .write_all(format!("data: {usage}\n\ndata: [DONE]\n\n").as_bytes())
+            .await?;
+        stream.flush().await
     }
 }

@@ -168,6 +168,21 @@ impl Actor {
         }
     }
 
+    /// Another live CLI that registered itself for the session (Claude's registry), as a
+    /// reason, if there is one.
+    pub(super) async fn registered_holder(&mut self) -> Option<String> {
+        let native_id = self.native.clone()?;
+        let config = self.native_file(&native_id).await.claude_config?;
+        let ours: Vec<OwnedPid> = self.owned.into_iter().collect();
+        let pids = tokio::task::spawn_blocking(move || {
+            ownership::claude_registry_holders(&config, &native_id, &ours)
+        })
+        .await
+        .ok()?;
+        pids.first()
+            .map(|pid| format!("another process (pid {pid}) has the session open"))
+    }
+
     /// Read what was appended to the file since the last read. `complete`: the child is gone,
     /// so a partial last line is torn. Returns why the file is someone else's, if it is; the
     /// tail is dropped then.
