@@ -17,8 +17,10 @@
 //! Guarantees it keeps (the contract of docs/relay.md):
 //! - each bot gets every bracket after its cursor once, in order, across host reconnects and
 //!   bot reconnects (brackets are kept in a ring; each bot's position is tracked);
-//! - a bot request whose answer has not come back is kept and sent again when the host
-//!   reconnects — safe because prompts carry a `client_msg_id` the host deduplicates on;
+//! - a request made while no host is connected waits for one; a prompt with a `client_msg_id`
+//!   whose answer has not come back is sent again when the host reconnects — safe because the
+//!   host deduplicates on the key; any other request lost that way is answered with an error
+//!   saying it may or may not have been done;
 //! - the host's cursor is acked only up to what every connected bot acked, so a relay that
 //!   dies loses nothing a bot has not confirmed.
 
@@ -53,6 +55,10 @@ struct Pending {
     bot: u64,
     bot_request_id: u64,
     frame: Bytes,
+    /// A prompt with a `client_msg_id`: the host runs it once however often it is sent.
+    resendable: bool,
+    /// It went out on a host connection (so its fate is uncertain if that one dropped).
+    sent: bool,
 }
 
 #[derive(Default)]
@@ -189,9 +195,22 @@ async fn host_connection(
             protocol_version: PROTOCOL_VERSION,
         };
         let _ = out.send(Message::Binary(wire::encode(CmdId::Hello, 0, &hello)));
-        // Requests whose answer was lost: the host decides whether they already ran.
-        for pending in s.pending.values() {
-            let _ = out.send(Message::Binary(pending.frame.clone()));
+        // Requests whose answer was lost: a keyed prompt is sent again (the host runs it once);
+        // anything else may or may not have happened, and the bot is told so.
+        let pending = std::mem::take(&mut s.pending);
+        for (id, mut p) in pending {
+            if p.resendable || !p.sent {
+                let _ = out.send(Message::Binary(p.frame.clone()));
+                p.sent = true;
+                s.pending.insert(id, p);
+            } else if let Some(bot) = s.bots.get(&p.bot) {
+                let lost = wire::error_frame(
+                    p.bot_request_id,
+                    ErrorCode::HostUnresponsive,
+                    "the host connection dropped before the answer; not sent again (it may or may not have been done)",
+                );
+                let _ = bot.out.send(Message::Binary(lost));
+            }
         }
         s.host_acked = 0;
         s.ack_host();
@@ -372,15 +391,22 @@ async fn bot_connection(
                 s.next_request += 1;
                 let id = s.next_request;
                 let forwarded = frame.with_request_id(id);
-                if let Some((_, host)) = &s.host {
-                    let _ = host.send(Message::Binary(forwarded.clone()));
-                }
+                let sent = match &s.host {
+                    Some((_, host)) => host.send(Message::Binary(forwarded.clone())).is_ok(),
+                    None => false,
+                };
+                let resendable = frame.cmd == CmdId::RelayMessageReq
+                    && frame
+                        .body::<pb::RelayMessageReq>()
+                        .is_ok_and(|r| !r.client_msg_id.is_empty());
                 s.pending.insert(
                     id,
                     Pending {
                         bot: bot_id,
                         bot_request_id: frame.request_id,
                         frame: forwarded,
+                        resendable,
+                        sent,
                     },
                 );
             }

@@ -253,11 +253,21 @@ impl Driver {
             tokio::select! {
                 answer = &mut call => return answer,
                 msg = self.incoming.recv() => match msg {
-                    Some(msg) => self.backlog.push_back(msg),
+                    Some(msg) => self.keep(msg),
                     None => return call.await,
                 },
             }
         }
+    }
+
+    /// Keep what arrived while the driver waited, for after. Updates outside a turn (a
+    /// `session/load` replay, however long) would be dropped by the translator anyway: they
+    /// are dropped here, so the backlog stays small.
+    fn keep(&mut self, msg: Incoming) {
+        if matches!(msg, Incoming::Notification { .. }) && !self.translator.in_turn() {
+            return;
+        }
+        self.backlog.push_back(msg);
     }
 
     async fn drain_backlog(&mut self) -> Result<(), Gone> {
@@ -430,7 +440,7 @@ impl Driver {
             let quiet = tokio::time::Instant::now() + REPLAY_QUIET;
             let next = tokio::time::timeout_at(quiet.min(deadline), self.incoming.recv()).await;
             match next {
-                Ok(Some(msg)) => self.backlog.push_back(msg),
+                Ok(Some(msg)) => self.keep(msg),
                 Ok(None) | Err(_) => return,
             }
         }
@@ -454,9 +464,13 @@ impl Driver {
                 if let Some(session) = self.translator.session_id().map(str::to_owned)
                     && self.prompt.is_some()
                 {
-                    self.rpc
-                        .notify("session/cancel", json!({"sessionId": session}))
-                        .await;
+                    // Not awaited here: the driver must keep reading what the agent streams
+                    // meanwhile, or a full queue would stall both sides.
+                    let rpc = self.rpc.clone();
+                    tokio::spawn(async move {
+                        rpc.notify("session/cancel", json!({"sessionId": session}))
+                            .await;
+                    });
                     for (_, pending) in self.permissions.drain() {
                         pending.request.respond(acp::cancelled_answer());
                     }

@@ -93,13 +93,19 @@ pub fn agent_defs(config: &Config) -> (BTreeMap<String, AgentDef>, Vec<BadAgent>
         .collect();
     let mut bad = Vec::new();
     for (name, agent) in &config.agents {
-        if adapter::descriptor(name).is_some() {
-            continue;
-        }
         let bad_agent = |reason: String| BadAgent {
             agent_type: name.clone(),
             reason,
         };
+        if adapter::descriptor(name).is_some() {
+            if agent.command.is_some() || agent.protocol.is_some() {
+                bad.push(bad_agent(format!(
+                    "{name:?} is a built-in family: its command and protocol are ignored (use \
+                     `binary`, or register the agent under another name)"
+                )));
+            }
+            continue;
+        }
         let Some(family) = agent.protocol.as_deref().and_then(family_of_protocol) else {
             bad.push(bad_agent(format!(
                 "protocol must be \"acp\", \"claude-stream-json\" or \"codex-app-server\", not {:?}",
@@ -112,6 +118,12 @@ pub fn agent_defs(config: &Config) -> (BTreeMap<String, AgentDef>, Vec<BadAgent>
             bad.push(bad_agent("a registered agent needs a command".to_owned()));
             continue;
         };
+        if program.contains('/') && !program.starts_with('/') {
+            bad.push(bad_agent(format!(
+                "the command {program:?} must be an absolute path or a name on PATH"
+            )));
+            continue;
+        }
         defs.insert(
             name.clone(),
             AgentDef {
@@ -355,5 +367,40 @@ mod tests {
             names(&open("acp")),
             ["PATH", "ANTHROPIC_API_KEY", "OPENAI_API_KEY"]
         );
+    }
+
+    #[test]
+    fn registered_agents_become_agent_types_and_bad_entries_are_reported() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(
+            dir.path().join("config.toml"),
+            "[agents.mine]\ncommand = [\"/opt/mine\", \"--acp\"]\nprotocol = \"acp\"\n\
+             [agents.old]\ncommand = [\"old-agent\"]\nprotocol = \"claude-stream-json\"\n\
+             [agents.noproto]\ncommand = [\"x\"]\n\
+             [agents.relative]\ncommand = [\"./bin/agent\"]\nprotocol = \"acp\"\n\
+             [agents.nocommand]\nprotocol = \"acp\"\n\
+             [agents.claude]\nprotocol = \"acp\"\n",
+        )
+        .unwrap();
+        let config = Config::with_home(dir.path()).unwrap();
+        let (defs, bad) = agent_defs(&config);
+        let mine = &defs["mine"];
+        assert_eq!(mine.family.agent_type, "acp");
+        assert_eq!(mine.binary.as_deref(), Some("/opt/mine"));
+        assert_eq!(mine.args, ["--acp"]);
+        assert!(mine.registered);
+        assert_eq!(defs["old"].family.agent_type, "claude");
+        assert!(!defs["claude"].registered);
+        let mut refused: Vec<&str> = bad.iter().map(|b| b.agent_type.as_str()).collect();
+        refused.sort_unstable();
+        assert_eq!(refused, ["claude", "nocommand", "noproto", "relative"]);
+        for name in ["noproto", "relative", "nocommand"] {
+            assert!(!defs.contains_key(name), "{name}");
+        }
+        // A registered agent's missing command is refused at session creation.
+        let settings = AgentSettings::from_config(&config);
+        let err = settings.check("mine").unwrap_err();
+        assert_eq!(err.category, ErrorCategory::BinaryUnavailable);
+        assert!(settings.check("claude").is_ok(), "built-ins fail lazily");
     }
 }

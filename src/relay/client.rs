@@ -130,6 +130,9 @@ async fn run(
         };
         let mut backoff = backoff_of(&cfg.timing);
         let mut retries: u32 = 0;
+        // One scope per configuration: sessions created through the relay stay in it across
+        // reconnects.
+        let scope = scope_of(&cfg.scope);
         set(RelayState::Connecting, &|s| {
             s.url = Some(cfg.url.clone());
             s.retries = 0;
@@ -140,7 +143,10 @@ async fn run(
             set(RelayState::Connecting, &|s| s.retry_in_ms = None);
             let dialed = tokio::select! {
                 () = cancel.cancelled() => return,
-                _ = config.changed() => continue 'configs,
+                changed = config.changed() => {
+                    if changed.is_err() { return }
+                    continue 'configs;
+                }
                 dialed = dial(&link.store, &cfg) => dialed,
             };
             let failure = match dialed {
@@ -149,7 +155,6 @@ async fn run(
                     set(RelayState::Connected, &|s| s.retry_in_ms = None);
                     let started = Instant::now();
                     let conn_cancel = cancel.child_token();
-                    let scope = scope_of(&cfg.scope);
                     let keepalive = Keepalive {
                         interval: Duration::from_millis(cfg.timing.ping_interval_ms.max(1)),
                         dead_after: Duration::from_millis(cfg.timing.dead_peer_ms.max(1)),
@@ -163,10 +168,14 @@ async fn run(
                         conn_cancel.clone(),
                         None,
                     );
+                    tokio::pin!(serving);
                     let end = tokio::select! {
-                        end = serving => end,
-                        _ = config.changed() => {
+                        end = &mut serving => end,
+                        changed = config.changed() => {
+                            // Closed properly (a close frame), briefly waited for.
                             conn_cancel.cancel();
+                            let _closed = tokio::time::timeout(Duration::from_secs(2), serving).await;
+                            if changed.is_err() { return }
                             continue 'configs;
                         }
                     };
@@ -197,7 +206,10 @@ async fn run(
             });
             tokio::select! {
                 () = cancel.cancelled() => return,
-                _ = config.changed() => continue 'configs,
+                changed = config.changed() => {
+                    if changed.is_err() { return }
+                    continue 'configs;
+                }
                 () = tokio::time::sleep(delay) => {}
             }
         }

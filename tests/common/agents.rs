@@ -1,5 +1,5 @@
 //! The real agent CLIs the tests drive: installed from `agents/package.json` (pinned) into
-//! `agents/node_modules` by `npm ci`, once per checkout, and run offline.
+//! `agents/node_modules` from the lock file, once per checkout, and run offline.
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -31,46 +31,34 @@ pub fn ensure_claude() -> PathBuf {
         .output()
         .is_ok_and(|o| o.status.success());
     if !bin.exists() || installed != pinned || !works {
-        let status = Command::new("npm")
-            .args(["ci", "--no-audit", "--no-fund", "--loglevel=error"])
-            .current_dir(&root)
-            .status()
-            .expect("npm is needed to install the agent CLIs the tests drive");
-        assert!(status.success(), "npm ci in agents/ failed");
+        npm_install(&root);
     }
-    assert!(bin.exists(), "{} missing after npm ci", bin.display());
+    assert!(bin.exists(), "{} missing after npm install", bin.display());
     bin
 }
 
 /// The pinned `claude-agent-acp` (an ACP agent over Claude Code), installed if missing.
 pub fn ensure_claude_acp() -> PathBuf {
-    ensure_agent_bin("claude-agent-acp")
+    ensure_claude();
+    ensure_npm_agent("claude-agent-acp", "@agentclientprotocol/claude-agent-acp")
 }
 
 /// The pinned Qwen Code (`qwen --acp`), installed if missing.
 pub fn ensure_qwen() -> PathBuf {
-    ensure_agent_bin("qwen")
+    ensure_npm_agent("qwen", "@qwen-code/qwen-code")
 }
 
-/// A binary of `agents/node_modules/.bin`, after `npm ci` if it is missing.
-fn ensure_agent_bin(name: &str) -> PathBuf {
-    ensure_claude();
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("agents");
-    let bin = root.join("node_modules/.bin").join(name);
-    if !bin.exists() {
-        let lock = File::create(root.join(".install.lock")).unwrap();
-        let _held = nix::fcntl::Flock::lock(lock, nix::fcntl::FlockArg::LockExclusive).unwrap();
-        if !bin.exists() {
-            let status = Command::new("npm")
-                .args(["ci", "--no-audit", "--no-fund", "--loglevel=error"])
-                .current_dir(&root)
-                .status()
-                .expect("npm is needed to install the agents the tests drive");
-            assert!(status.success(), "npm ci in agents/ failed");
-        }
-    }
-    assert!(bin.exists(), "{} missing after npm ci", bin.display());
-    bin
+/// Install `agents/` from its lock file. `npm install` rather than `npm ci`: Qwen Code's
+/// optional clipboard packages for other platforms are never written to a lock file by npm,
+/// and `npm ci` refuses such a lock; `npm install` installs exactly what it pins and leaves it
+/// unchanged.
+fn npm_install(root: &Path) {
+    let status = Command::new("npm")
+        .args(["install", "--no-audit", "--no-fund", "--loglevel=error"])
+        .current_dir(root)
+        .status()
+        .expect("npm is needed to install the agent CLIs the tests drive");
+    assert!(status.success(), "npm install in agents/ failed");
 }
 
 /// Set in a test process that runs inside its own network namespace.
@@ -171,12 +159,12 @@ pub fn exit_of(pid: i32) -> impl std::future::Future<Output = ()> {
     }
 }
 
-/// The pinned codex CLI, installed if missing (the same `npm ci` and lock as `ensure_claude`).
+/// The pinned codex CLI, installed if missing (the same install and lock as `ensure_claude`).
 pub fn ensure_codex() -> PathBuf {
     ensure_npm_agent("codex", "@openai/codex")
 }
 
-/// `agents/node_modules/.bin/<bin>` of npm package `package`, installed by `npm ci` when it is
+/// `agents/node_modules/.bin/<bin>` of npm package `package`, installed from the lock when it is
 /// missing, not the pinned version, or does not run `--version` (under the install lock).
 fn ensure_npm_agent(bin: &str, package: &str) -> PathBuf {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("agents");
@@ -199,14 +187,13 @@ fn ensure_npm_agent(bin: &str, package: &str) -> PathBuf {
             .is_ok_and(|o| o.status.success())
     };
     if !path.exists() || installed != pinned || !works(&path) {
-        let status = Command::new("npm")
-            .args(["ci", "--no-audit", "--no-fund", "--loglevel=error"])
-            .current_dir(&root)
-            .status()
-            .expect("npm is needed to install the agent CLIs the tests drive");
-        assert!(status.success(), "npm ci in agents/ failed");
+        npm_install(&root);
     }
-    assert!(works(&path), "{} does not run after npm ci", path.display());
+    assert!(
+        works(&path),
+        "{} does not run after npm install",
+        path.display()
+    );
     path
 }
 
