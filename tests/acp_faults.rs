@@ -1,0 +1,199 @@
+//! ACP cases the real agents do not show on demand, with a scripted ACP agent
+//! (`tests/support/fake-acp.js`, run by node) registered in `config.toml` like any user's agent:
+//! an agent that can only `session/load` (and replays part of the history after its answer), one
+//! that answers a resume with another session, and one that prints junk and dies mid-turn.
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "a failing test should panic"
+)]
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use common::world::{Follower, TURN, follow, run_end, text_of_run};
+use common::{Agents, TestHost};
+use serde_json::{Value, json};
+
+struct Fake {
+    dir: tempfile::TempDir,
+    work: PathBuf,
+    host: Option<TestHost>,
+}
+
+fn script() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/support/fake-acp.js")
+}
+
+impl Fake {
+    async fn start() -> Fake {
+        let dir = tempfile::tempdir().unwrap();
+        let work = dir.path().join("work");
+        std::fs::create_dir_all(&work).unwrap();
+        let home = dir.path().join("host");
+        std::fs::create_dir_all(&home).unwrap();
+        let agent = |name: &str, mode: &str| {
+            format!(
+                "[agents.{name}]\ncommand = [\"node\", \"{}\"]\nprotocol = \"acp\"\n\
+                 env = {{ FAKE_ACP_MODE = \"{mode}\" }}\n",
+                script().display()
+            )
+        };
+        std::fs::write(
+            home.join("config.toml"),
+            [
+                agent("fake-load", "load-only"),
+                agent("fake-newid", "new-on-resume"),
+                agent("fake-junk", "junk-and-die"),
+            ]
+            .concat(),
+        )
+        .unwrap();
+        let mut fake = Fake {
+            dir,
+            work,
+            host: None,
+        };
+        fake.host = Some(TestHost::start_with_agents(&home, fake.agents()).await);
+        fake
+    }
+
+    fn agents(&self) -> Agents {
+        let home = self.dir.path().join("agent-home");
+        std::fs::create_dir_all(&home).unwrap();
+        Agents {
+            env: vec![
+                ("PATH".to_owned(), "/usr/local/bin:/usr/bin:/bin".to_owned()),
+                ("HOME".to_owned(), home.display().to_string()),
+            ],
+            family_env: Vec::new(),
+            claude: None,
+            codex: None,
+        }
+    }
+
+    fn host(&self) -> &TestHost {
+        self.host.as_ref().unwrap()
+    }
+
+    async fn restart(&mut self) {
+        let host = self.host.take().unwrap();
+        self.host = Some(host.restart().await);
+    }
+
+    async fn turn(&self, f: &mut Follower, session: &str, text: &str) -> (String, Value) {
+        let run = self
+            .host()
+            .ok("session.send", json!({"session_id": session, "text": text}))
+            .await["run_id"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        let end = run_end(f, &run, TURN).await;
+        (run, end)
+    }
+
+    async fn history(&self, session: &str) -> Vec<Value> {
+        self.host()
+            .ok(
+                "session.history",
+                json!({"session_id": session, "limit": 5000}),
+            )
+            .await["events"]
+            .as_array()
+            .unwrap()
+            .clone()
+    }
+}
+
+/// An agent that can only `session/load`: after a restart the session is loaded (the history
+/// is there: three turns seen), and the replay — part of it after the load answer — is not
+/// published again: the stored events of the earlier runs are unchanged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_load_only_agent_resumes_by_load_without_republishing_its_replay() {
+    let mut fake = Fake::start().await;
+    let session = fake.host().session_of("fake-load", &fake.work).await;
+    let mut f = follow(fake.host(), &session, false).await;
+    fake.turn(&mut f, &session, "one").await;
+    let (second, _) = fake.turn(&mut f, &session, "two").await;
+    assert!(text_of_run(&f, &second).contains("[turns: 2]"));
+    let before = fake.history(&session).await;
+
+    fake.restart().await;
+    let mut g = follow(fake.host(), &session, false).await;
+    let (third, end) = fake.turn(&mut g, &session, "three").await;
+    assert_eq!(end["state"], "completed", "{end}");
+    let text = text_of_run(&g, &third);
+    assert_eq!(text, "echo: three [turns: 3]", "the session was not loaded");
+    let after = fake.history(&session).await;
+    let (old, new): (Vec<Value>, Vec<Value>) = after
+        .into_iter()
+        .partition(|e| e["run_id"] != third.as_str());
+    assert_eq!(old, before, "the replay was published again");
+    let texts: Vec<&Value> = new.iter().filter(|e| e["kind"] == "text.end").collect();
+    assert_eq!(texts.len(), 1, "{new:?}");
+    fake.host.unwrap().stop().await;
+}
+
+/// An agent that answers a resume with another session: the host says so (a `warning`
+/// `resume_rejected` naming both) and binds the session it got.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_that_resumes_into_another_session_is_reported() {
+    let mut fake = Fake::start().await;
+    let session = fake.host().session_of("fake-newid", &fake.work).await;
+    let mut f = follow(fake.host(), &session, false).await;
+    fake.turn(&mut f, &session, "one").await;
+    let native = fake
+        .host()
+        .ok("session.get", json!({"session_id": session}))
+        .await["native_session_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+
+    fake.restart().await;
+    let mut g = follow(fake.host(), &session, false).await;
+    let (run, end) = fake.turn(&mut g, &session, "two").await;
+    assert_eq!(end["state"], "completed", "{end}");
+    let warning = g
+        .of_run(&run)
+        .iter()
+        .find(|s| s.kind() == "warning" && s.event["code"] == "resume_rejected")
+        .map(|s| s.event.clone())
+        .unwrap_or_else(|| panic!("no warning: {:?}", g.kinds()));
+    let message = warning["message"].as_str().unwrap();
+    assert!(message.contains(&native), "{message}");
+    let row = fake
+        .host()
+        .ok("session.get", json!({"session_id": session}))
+        .await;
+    let now = row["native_session_id"].as_str().unwrap();
+    assert!(now.starts_with("fake-other-"), "{row}");
+    assert!(message.contains(now), "{message}");
+    fake.host.unwrap().stop().await;
+}
+
+/// An agent that prints junk and dies mid-turn: the run ends `failed` / `agent_failed` with the
+/// exit status, and the host goes on serving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acp_agent_that_prints_junk_and_dies_fails_the_run() {
+    let fake = Fake::start().await;
+    let session = fake.host().session_of("fake-junk", &fake.work).await;
+    let mut f = follow(fake.host(), &session, false).await;
+    let (_, end) = fake.turn(&mut f, &session, "hello?").await;
+    assert_eq!(end["state"], "failed", "{end}");
+    assert_eq!(end["category"], "agent_failed");
+    assert!(
+        end["message"].as_str().unwrap().contains("exit status: 3"),
+        "{end}"
+    );
+    // Again, in a new process: the same honest failure, and the host answers throughout.
+    let (_, again) = fake.turn(&mut f, &session, "still?").await;
+    assert_eq!(again["state"], "failed");
+    fake.host()
+        .ok("session.get", json!({"session_id": session}))
+        .await;
+    fake.host.unwrap().stop().await;
+}
