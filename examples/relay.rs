@@ -123,6 +123,8 @@ async fn main() -> anyhow::Result<()> {
     let tokens = Arc::new((host_token, bot_token));
     loop {
         let (stream, _) = listener.accept().await?;
+        // Frames are small and latency matters more than packet count.
+        let _ = stream.set_nodelay(true);
         let (state, tokens) = (state.clone(), tokens.clone());
         tokio::spawn(async move {
             let _ended = connection(stream, state, tokens).await;
