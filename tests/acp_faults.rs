@@ -47,6 +47,7 @@ impl Fake {
                 agent("fake-load", "load-only"),
                 agent("fake-newid", "new-on-resume"),
                 agent("fake-junk", "junk-and-die"),
+                agent("fake-hang", "hang-on-new"),
             ]
             .concat(),
         )
@@ -196,4 +197,57 @@ async fn an_acp_agent_that_prints_junk_and_dies_fails_the_run() {
         .ok("session.get", json!({"session_id": session}))
         .await;
     fake.host.unwrap().stop().await;
+}
+
+/// An agent that never answers `session/new`: the prompt waits, and when the host stops, the
+/// driver honours the close while still opening — the agent's process group is gone when the
+/// host has stopped, instead of living on until the open timeout (90 s) — and the run ends
+/// `interrupted`, as any run the host stops under.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_agent_is_stopped_with_the_host() {
+    let fake = Fake::start().await;
+    let session = fake.host().session_of("fake-hang", &fake.work).await;
+    let mut f = follow(fake.host(), &session, false).await;
+    let run = fake
+        .host()
+        .ok(
+            "session.send",
+            json!({"session_id": session, "text": "anyone?"}),
+        )
+        .await["run_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    f.until("the run's start", TURN, |s| {
+        s.kind() == "run.start" && s.run_id == run
+    })
+    .await;
+    let live = fake
+        .host()
+        .ok("session.get", json!({"session_id": session}))
+        .await;
+    let pid = i32::try_from(live["live"]["agent_pid"].as_u64().unwrap()).unwrap();
+    assert!(common::agents::group_alive(pid));
+    let home = fake.host().home.clone();
+    fake.host.unwrap().stop().await;
+    assert!(
+        !common::agents::group_alive(pid),
+        "the hung agent outlived the host's stop"
+    );
+    let host = TestHost::start(&home).await;
+    let history = host
+        .ok(
+            "session.history",
+            json!({"session_id": session, "limit": 5000}),
+        )
+        .await;
+    let end = history["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["kind"] == "run.end" && e["run_id"] == run.as_str())
+        .cloned()
+        .unwrap_or_else(|| panic!("no run.end: {history}"));
+    assert!(end.to_string().contains("interrupted"), "{end}");
+    host.stop().await;
 }

@@ -113,9 +113,36 @@ impl Driver {
         // exit is watched too.
         let leader = child.leader_exit();
         tokio::pin!(leader);
-        let mut session_gone = self.open(&native, &cwd).await.is_err();
+        // Opening may take long (a slow or hung app-server): a close is honoured meanwhile,
+        // and what else the session sends (its first prompt) waits for the thread.
+        let mut early = VecDeque::new();
+        let mut session_gone = {
+            let open = self.open(&native, &cwd);
+            tokio::pin!(open);
+            loop {
+                tokio::select! {
+                    opened = &mut open => break opened.is_err(),
+                    input = inputs.recv() => match input {
+                        Some(AgentInput::Close { grace, done }) => {
+                            closing = Some((grace, done));
+                            break false;
+                        }
+                        Some(input) => early.push_back(input),
+                        None => break true,
+                    },
+                }
+            }
+        };
+        if closing.is_none() {
+            while let Some(input) = early.pop_front() {
+                if let Err(Gone) = self.on_input(input).await {
+                    session_gone = true;
+                    break;
+                }
+            }
+        }
         let mut stdout_open = true;
-        while !session_gone {
+        while !session_gone && closing.is_none() {
             if let Err(Gone) = self.drain_backlog().await {
                 session_gone = true;
                 break;

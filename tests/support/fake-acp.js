@@ -5,6 +5,7 @@
 //   $HOME/fake-acp/<id>.json; a load replays it, part of it after the load answer (as Gemini does).
 // - "new-on-resume": offers `session/resume`, and answers it with another session id.
 // - "junk-and-die": a prompt gets a few non-JSON lines, then the process exits 3 mid-turn.
+// - "hang-on-new": `session/new` is never answered.
 // Replies: "echo: <text> [turns: N]".
 'use strict';
 const fs = require('fs');
@@ -32,6 +33,8 @@ readline.createInterface({ input: process.stdin }).on('line', (line) => {
     send({ jsonrpc: '2.0', id, result: { protocolVersion: 1,
       agentCapabilities: { loadSession: mode !== 'new-on-resume', sessionCapabilities },
       agentInfo: { name: 'fake-acp', version: '0.0.1' }, authMethods: [] } });
+  } else if (method === 'session/new' && mode === 'hang-on-new') {
+    // Never answered.
   } else if (method === 'session/new') {
     const sessionId = 'fake-' + process.pid + '-' + (++counter);
     save(sessionId, []);
