@@ -480,8 +480,10 @@ fn an_outside_codex_resume_is_refused_while_held_and_forked_from_after() {
     });
 }
 
-/// Acceptance 5: a foreign append to an idle owned session's file is marked within 1 s (after
-/// the settle time, a rule of time by design), and a turn's own writes never are.
+/// Acceptance 5: a foreign append to an idle owned session's file is marked within 1 s, and a
+/// turn's own writes never are. The wait below is the host's own timer, not a guess: Claude
+/// writes a new session's file only after its turn ends, so the host starts reading it
+/// [`SETTLE`](agent_host::session::actor::SETTLE) after the turn when it was not there yet.
 #[test]
 fn a_foreign_append_while_idle_is_marked_within_a_second() {
     let Some(rt) = in_netns(

@@ -19,7 +19,7 @@
 //! offered ([`acp::permission_answer`]). Requests the host does not serve (`fs/*`,
 //! `terminal/*`, extensions) are refused with "method not found".
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::time::Duration;
 
 use serde_json::{Value, json};
@@ -27,12 +27,11 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::acp::{self, AgentCaps, Translator};
 use super::jsonrpc::{Dialect, Incoming, RpcClient, RpcError, ServerRequest};
+use super::rpc_driver::{self, Closing, Gone, Io, Opening, open_or_close};
 use super::spawn::{SpawnSpec, Spawned, describe_exit, spawn};
 use super::{AdapterError, AgentInput, AgentOutput, AgentSession, Native, OpenSpec};
-use crate::protocol::events::{ErrorCategory, ErrorNotice, EventBody, Notice, RunEnd, RunState};
+use crate::protocol::events::{ErrorCategory, EventBody, Notice};
 
-/// Events buffered between the process task and the session.
-const EVENT_QUEUE: usize = 256;
 /// How long the handshake and opening a session may take (some agents take seconds).
 const OPEN_TIMEOUT: Duration = Duration::from_secs(90);
 /// The longest a turn may run.
@@ -40,49 +39,28 @@ const TURN_TIMEOUT: Duration = Duration::from_secs(6 * 3600);
 /// After `session/load`: the replay is over once nothing came for this long (bounded).
 const REPLAY_QUIET: Duration = Duration::from_millis(300);
 const REPLAY_MAX: Duration = Duration::from_secs(5);
-/// How long a driver whose session went away gives the process to finish.
-const ORPHAN_GRACE: Duration = Duration::from_secs(2);
 
 /// Start the agent. Must run on a runtime worker thread (the parent-death signal is tied to
 /// the thread that spawns).
 pub fn open(spec: OpenSpec) -> Result<AgentSession, AdapterError> {
-    let mut child = spawn(&SpawnSpec {
-        program: spec.program,
-        args: spec.args,
-        cwd: spec.cwd.clone(),
-        base_env: spec.base_env,
-        extra_env: spec.extra_env,
-        session_id: Some(spec.host_session_id.clone()),
-        label: format!("acp[{}]", spec.host_session_id),
-    })?;
-    let pid = child.pid();
-    let (Some(stdout), Some(stdin)) = (child.stdout.take(), child.stdin.take()) else {
-        return Err(AdapterError::new(
-            ErrorCategory::TransportLost,
-            "the agent has no stdio",
-        ));
-    };
-    let (rpc, incoming, _skipped) = RpcClient::start(stdout, stdin, Dialect::JsonRpc2);
-    let (input, inputs) = mpsc::channel(64);
-    let (events_tx, events) = mpsc::channel(EVENT_QUEUE);
+    let label = format!("acp[{}]", spec.host_session_id);
+    let started = rpc_driver::start(&spec, spec.args.clone(), label, Dialect::JsonRpc2)?;
     let driver = Driver {
-        rpc,
-        incoming,
-        backlog: VecDeque::new(),
-        events: events_tx,
+        io: started.io,
         translator: Translator::new(),
         caps: AgentCaps::default(),
         permissions: HashMap::new(),
         prompt: None,
         open_error: None,
     };
+    let pid = started.session.pid();
     let cwd = spec.cwd.display().to_string();
     let span = tracing::info_span!("agent", session_id = %spec.host_session_id, pid);
     tokio::spawn(tracing::Instrument::instrument(
-        driver.run(child, inputs, spec.native, cwd),
+        driver.run(started.child, started.inputs, spec.native, cwd),
         span,
     ));
-    Ok(AgentSession::new(input, events, pid))
+    Ok(started.session)
 }
 
 /// Why the session could not be opened; reported on the next prompt.
@@ -98,11 +76,7 @@ struct Pending {
 }
 
 struct Driver {
-    rpc: RpcClient,
-    incoming: mpsc::Receiver<Incoming>,
-    /// What arrived while a call was waiting for its answer, in order.
-    backlog: VecDeque<Incoming>,
-    events: mpsc::Sender<AgentOutput>,
+    io: Io,
     translator: Translator,
     caps: AgentCaps,
     permissions: HashMap<String, Pending>,
@@ -110,9 +84,6 @@ struct Driver {
     prompt: Option<oneshot::Receiver<Result<Value, RpcError>>>,
     open_error: Option<OpenError>,
 }
-
-/// The session stopped taking events.
-struct Gone;
 
 async fn prompt_answer(
     prompt: &mut Option<oneshot::Receiver<Result<Value, RpcError>>>,
@@ -133,37 +104,27 @@ impl Driver {
         native: Native,
         cwd: String,
     ) {
-        let mut closing: Option<(Duration, oneshot::Sender<()>)> = None;
+        let mut closing: Option<Closing> = None;
         let leader = child.leader_exit();
         tokio::pin!(leader);
         // Opening may take long (a slow or hung agent): a close is honoured meanwhile, and
         // what else the session sends (its first prompt) waits for the session to be open.
-        let mut early = VecDeque::new();
-        let mut session_gone = {
-            let open = self.open(&native, &cwd);
-            tokio::pin!(open);
-            loop {
-                tokio::select! {
-                    opened = &mut open => break opened.is_err(),
-                    input = inputs.recv() => match input {
-                        Some(AgentInput::Close { grace, done }) => {
-                            closing = Some((grace, done));
-                            break false;
-                        }
-                        Some(input) => early.push_back(input),
-                        None => break true,
-                    },
+        let mut session_gone = match open_or_close(self.open(&native, &cwd), &mut inputs).await {
+            Opening::Opened(opened, early) => {
+                let mut gone = opened.is_err();
+                for input in early {
+                    if gone || self.on_input(input, &cwd).await.is_err() {
+                        gone = true;
+                    }
                 }
+                gone
             }
+            Opening::Closed(close) => {
+                closing = Some(close);
+                false
+            }
+            Opening::Gone => true,
         };
-        if closing.is_none() {
-            while let Some(input) = early.pop_front() {
-                if let Err(Gone) = self.on_input(input, &cwd).await {
-                    session_gone = true;
-                    break;
-                }
-            }
-        }
         let mut stdout_open = true;
         while !session_gone && closing.is_none() {
             if let Err(Gone) = self.drain_backlog().await {
@@ -183,7 +144,7 @@ impl Driver {
                     }
                     None => session_gone = true,
                 },
-                msg = self.incoming.recv() => match msg {
+                msg = self.io.incoming.recv() => match msg {
                     Some(msg) => {
                         if let Err(Gone) = self.on_incoming(msg).await {
                             session_gone = true;
@@ -206,39 +167,27 @@ impl Driver {
                 }
             }
         }
-        inputs.close();
-        if closing.is_none() {
-            while let Ok(input) = inputs.try_recv() {
-                if let AgentInput::Close { grace, done } = input {
-                    closing = Some((grace, done));
-                    break;
-                }
-            }
-        }
-        if closing.is_none() && (session_gone || stdout_open) {
-            closing = Some((ORPHAN_GRACE, oneshot::channel().0));
-        }
+        let closing = rpc_driver::closing(&mut inputs, closing, session_gone, stdout_open);
         // Unanswered permission requests are refused as the process goes.
         self.permissions.clear();
         let Driver {
+            io, mut translator, ..
+        } = self;
+        let Io {
             rpc,
             incoming,
             events,
-            mut translator,
             ..
-        } = self;
-        if closing.as_ref().is_some_and(|(grace, _)| grace.is_zero()) {
-            child.kill_now();
-        }
-        drop(rpc);
-        drop(incoming);
+        } = io;
         let status = match closing {
-            Some((grace, done)) => {
-                let status = child.stop(grace).await;
-                let _caller_gone = done.send(());
-                status
+            Some(closing) => {
+                drop(incoming);
+                rpc_driver::stop(&mut child, rpc, closing).await
             }
-            None => child.wait().await,
+            None => {
+                drop((rpc, incoming));
+                child.wait().await
+            }
         };
         let status = status.unwrap_or_default();
         let stderr = child.stderr_tail().await;
@@ -262,43 +211,23 @@ impl Driver {
     }
 
     async fn emit(&self, events: Vec<EventBody>) -> Result<(), Gone> {
-        for event in events {
-            if self.events.send(AgentOutput::Event(event)).await.is_err() {
-                return Err(Gone);
-            }
-        }
-        Ok(())
+        self.io.emit(events).await
     }
 
-    /// A request whose answer is awaited while what the agent sends is buffered.
+    /// A call while opening. Updates outside a turn (a `session/load` replay, however long)
+    /// would be dropped by the translator anyway: they are not kept, so the backlog stays
+    /// small.
     async fn call(&mut self, method: &str, params: Value) -> Result<Value, RpcError> {
-        let rpc = self.rpc.clone();
-        let method_owned = method.to_owned();
-        let call = rpc.request(&method_owned, params, OPEN_TIMEOUT);
-        tokio::pin!(call);
-        loop {
-            tokio::select! {
-                answer = &mut call => return answer,
-                msg = self.incoming.recv() => match msg {
-                    Some(msg) => self.keep(msg),
-                    None => return call.await,
-                },
-            }
-        }
-    }
-
-    /// Keep what arrived while the driver waited, for after. Updates outside a turn (a
-    /// `session/load` replay, however long) would be dropped by the translator anyway: they
-    /// are dropped here, so the backlog stays small.
-    fn keep(&mut self, msg: Incoming) {
-        if matches!(msg, Incoming::Notification { .. }) && !self.translator.in_turn() {
-            return;
-        }
-        self.backlog.push_back(msg);
+        let in_turn = self.translator.in_turn();
+        self.io
+            .call(method, params, OPEN_TIMEOUT, |msg| {
+                in_turn || !matches!(msg, Incoming::Notification { .. })
+            })
+            .await
     }
 
     async fn drain_backlog(&mut self) -> Result<(), Gone> {
-        while let Some(msg) = self.backlog.pop_front() {
+        while let Some(msg) = self.io.backlog.pop_front() {
             self.on_incoming(msg).await?;
         }
         Ok(())
@@ -465,9 +394,11 @@ impl Driver {
         let deadline = tokio::time::Instant::now() + REPLAY_MAX;
         loop {
             let quiet = tokio::time::Instant::now() + REPLAY_QUIET;
-            let next = tokio::time::timeout_at(quiet.min(deadline), self.incoming.recv()).await;
+            let next = tokio::time::timeout_at(quiet.min(deadline), self.io.incoming.recv()).await;
             match next {
-                Ok(Some(msg)) => self.keep(msg),
+                Ok(Some(msg @ Incoming::Request(_))) => self.io.backlog.push_back(msg),
+                // Replay (the translator is not in a turn): dropped.
+                Ok(Some(Incoming::Notification { .. })) => {}
                 Ok(None) | Err(_) => return,
             }
         }
@@ -493,7 +424,7 @@ impl Driver {
                 {
                     // Not awaited here: the driver must keep reading what the agent streams
                     // meanwhile, or a full queue would stall both sides.
-                    let rpc = self.rpc.clone();
+                    let rpc = self.io.rpc.clone();
                     tokio::spawn(async move {
                         rpc.notify("session/cancel", json!({"sessionId": session}))
                             .await;
@@ -529,7 +460,7 @@ impl Driver {
         self.drain_backlog().await?;
         self.translator.start_turn();
         let (tx, rx) = oneshot::channel();
-        let rpc = self.rpc.clone();
+        let rpc = self.io.rpc.clone();
         let params = acp::prompt_params(&session, text);
         tokio::spawn(async move {
             let answer = rpc.request("session/prompt", params, TURN_TIMEOUT).await;
@@ -542,7 +473,7 @@ impl Driver {
     /// The turn's answer: first everything the agent sent before it, then the end.
     async fn on_prompt_answer(&mut self, answer: Result<Value, RpcError>) -> Result<(), Gone> {
         self.drain_backlog().await?;
-        while let Ok(msg) = self.incoming.try_recv() {
+        while let Ok(msg) = self.io.incoming.try_recv() {
             self.on_incoming(msg).await?;
         }
         for (_, pending) in self.permissions.drain() {
@@ -566,20 +497,8 @@ impl Driver {
         self.emit(events).await
     }
 
-    /// A run that could not start: `error` and `run.end` failed.
     async fn fail_turn(&mut self, category: ErrorCategory, message: String) -> Result<(), Gone> {
-        self.emit(vec![
-            EventBody::Error(ErrorNotice {
-                category,
-                message: message.clone(),
-            }),
-            EventBody::RunEnd(RunEnd {
-                state: RunState::Failed,
-                category: Some(category),
-                message: Some(message),
-            }),
-        ])
-        .await
+        self.io.fail_turn(category, message).await
     }
 
     async fn on_incoming(&mut self, msg: Incoming) -> Result<(), Gone> {

@@ -15,66 +15,44 @@
 //! starts a fresh thread, visibly); a thread another process writes (`active writer`) is
 //! forked instead (design §8: never fight for the lock), with a `warning`.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::mpsc;
 
 use super::codex::{self, Translator};
-use super::jsonrpc::{Dialect, Incoming, RpcClient, RpcError, ServerRequest};
-use super::spawn::{SpawnSpec, Spawned, describe_exit, spawn};
+use super::jsonrpc::{Dialect, Incoming, RpcError, ServerRequest};
+use super::rpc_driver::{self, Closing, Gone, Io, Opening, open_or_close};
+use super::spawn::{Spawned, describe_exit};
 use super::{AdapterError, AgentInput, AgentOutput, AgentSession, Native, OpenSpec};
-use crate::protocol::events::{ErrorCategory, ErrorNotice, EventBody, Notice, RunEnd, RunState};
-
-/// Events buffered between the process task and the session.
-const EVENT_QUEUE: usize = 256;
+use crate::protocol::events::{ErrorCategory, EventBody, Notice};
 /// How long the handshake and opening a thread may take.
 const OPEN_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long `turn/start` and `turn/interrupt` may take to be answered.
 const CALL_TIMEOUT: Duration = Duration::from_secs(30);
-/// How long a driver whose session went away gives the process to finish.
-const ORPHAN_GRACE: Duration = Duration::from_secs(2);
 
 /// Start `codex app-server`. Must run on a runtime worker thread (the parent-death signal is
 /// tied to the thread that spawns).
 pub fn open(spec: OpenSpec) -> Result<AgentSession, AdapterError> {
-    let mut child = spawn(&SpawnSpec {
-        program: spec.program,
-        args: [spec.args.clone(), vec!["app-server".to_owned()]].concat(),
-        cwd: spec.cwd.clone(),
-        base_env: spec.base_env,
-        extra_env: spec.extra_env,
-        session_id: Some(spec.host_session_id.clone()),
-        label: format!("codex[{}]", spec.host_session_id),
-    })?;
-    let pid = child.pid();
-    let (Some(stdout), Some(stdin)) = (child.stdout.take(), child.stdin.take()) else {
-        return Err(AdapterError::new(
-            ErrorCategory::TransportLost,
-            "the app-server has no stdio",
-        ));
-    };
-    let (rpc, incoming, _skipped) = RpcClient::start(stdout, stdin, Dialect::Bare);
-    let (input, inputs) = mpsc::channel(64);
-    let (events_tx, events) = mpsc::channel(EVENT_QUEUE);
+    let args = [spec.args.clone(), vec!["app-server".to_owned()]].concat();
+    let label = format!("codex[{}]", spec.host_session_id);
+    let started = rpc_driver::start(&spec, args, label, Dialect::Bare)?;
     let driver = Driver {
-        rpc,
-        incoming,
-        backlog: VecDeque::new(),
-        events: events_tx,
+        io: started.io,
         translator: Translator::new(),
         approvals: HashMap::new(),
         interrupt_pending: false,
         open_error: None,
     };
+    let pid = started.session.pid();
     let cwd = spec.cwd.display().to_string();
     let span = tracing::info_span!("agent", session_id = %spec.host_session_id, pid);
     tokio::spawn(tracing::Instrument::instrument(
-        driver.run(child, inputs, spec.native, cwd),
+        driver.run(started.child, started.inputs, spec.native, cwd),
         span,
     ));
-    Ok(AgentSession::new(input, events, pid))
+    Ok(started.session)
 }
 
 /// Why the thread could not be opened; reported on the next prompt.
@@ -84,11 +62,7 @@ struct OpenError {
 }
 
 struct Driver {
-    rpc: RpcClient,
-    incoming: mpsc::Receiver<Incoming>,
-    /// What arrived while a call was waiting for its answer, in order.
-    backlog: VecDeque<Incoming>,
-    events: mpsc::Sender<AgentOutput>,
+    io: Io,
     translator: Translator,
     /// Approval requests waiting for the session's answer, by permission id.
     approvals: HashMap<String, ServerRequest>,
@@ -96,9 +70,6 @@ struct Driver {
     interrupt_pending: bool,
     open_error: Option<OpenError>,
 }
-
-/// The session stopped taking events.
-struct Gone;
 
 impl Driver {
     async fn run(
@@ -108,39 +79,29 @@ impl Driver {
         native: Native,
         cwd: String,
     ) {
-        let mut closing: Option<(Duration, oneshot::Sender<()>)> = None;
+        let mut closing: Option<Closing> = None;
         // A dead app-server whose stdout a child of it still holds never sends EOF: its
         // exit is watched too.
         let leader = child.leader_exit();
         tokio::pin!(leader);
         // Opening may take long (a slow or hung app-server): a close is honoured meanwhile,
         // and what else the session sends (its first prompt) waits for the thread.
-        let mut early = VecDeque::new();
-        let mut session_gone = {
-            let open = self.open(&native, &cwd);
-            tokio::pin!(open);
-            loop {
-                tokio::select! {
-                    opened = &mut open => break opened.is_err(),
-                    input = inputs.recv() => match input {
-                        Some(AgentInput::Close { grace, done }) => {
-                            closing = Some((grace, done));
-                            break false;
-                        }
-                        Some(input) => early.push_back(input),
-                        None => break true,
-                    },
+        let mut session_gone = match open_or_close(self.open(&native, &cwd), &mut inputs).await {
+            Opening::Opened(opened, early) => {
+                let mut gone = opened.is_err();
+                for input in early {
+                    if gone || self.on_input(input).await.is_err() {
+                        gone = true;
+                    }
                 }
+                gone
             }
+            Opening::Closed(close) => {
+                closing = Some(close);
+                false
+            }
+            Opening::Gone => true,
         };
-        if closing.is_none() {
-            while let Some(input) = early.pop_front() {
-                if let Err(Gone) = self.on_input(input).await {
-                    session_gone = true;
-                    break;
-                }
-            }
-        }
         let mut stdout_open = true;
         while !session_gone && closing.is_none() {
             if let Err(Gone) = self.drain_backlog().await {
@@ -160,7 +121,7 @@ impl Driver {
                     }
                     None => session_gone = true,
                 },
-                msg = self.incoming.recv() => match msg {
+                msg = self.io.incoming.recv() => match msg {
                     Some(msg) => {
                         if let Err(Gone) = self.on_incoming(msg).await {
                             session_gone = true;
@@ -177,41 +138,26 @@ impl Driver {
                 }
             }
         }
-        inputs.close();
-        if closing.is_none() {
-            while let Ok(input) = inputs.try_recv() {
-                if let AgentInput::Close { grace, done } = input {
-                    closing = Some((grace, done));
-                    break;
-                }
-            }
-        }
-        if closing.is_none() && (session_gone || stdout_open) {
-            closing = Some((ORPHAN_GRACE, oneshot::channel().0));
-        }
+        let closing = rpc_driver::closing(&mut inputs, closing, session_gone, stdout_open);
         // Unanswered approvals are refused as the process goes; then stdin closes (the
         // app-server exits cleanly on EOF) with the last handle to the client.
         self.approvals.clear();
         let Driver {
+            io, mut translator, ..
+        } = self;
+        let Io {
             rpc,
             mut incoming,
             events,
-            mut translator,
             ..
-        } = self;
-        if closing.as_ref().is_some_and(|(grace, _)| grace.is_zero()) {
-            // No grace: killed before it sees its stdin close (and writes anything more).
-            child.kill_now();
-        }
-        drop(rpc);
+        } = io;
         let status = match closing {
-            Some((grace, done)) => {
+            Some(closing) => {
                 drop(incoming);
-                let status = child.stop(grace).await;
-                let _caller_gone = done.send(());
-                status
+                rpc_driver::stop(&mut child, rpc, closing).await
             }
             None => {
+                drop(rpc);
                 // The leader is gone; the group is killed as it is reaped, which closes the
                 // pipe. What the app-server wrote before it died still counts.
                 let status = child.wait().await;
@@ -251,39 +197,21 @@ impl Driver {
     }
 
     async fn emit(&self, events: Vec<EventBody>) -> Result<(), Gone> {
-        for event in events {
-            if self.events.send(AgentOutput::Event(event)).await.is_err() {
-                return Err(Gone);
-            }
-        }
-        Ok(())
+        self.io.emit(events).await
     }
 
-    /// A request whose answer is awaited while what the app-server sends is buffered.
+    /// A request whose answer is awaited while everything the app-server sends is kept.
     async fn call(
         &mut self,
         method: &str,
         params: Value,
         timeout: Duration,
     ) -> Result<Value, RpcError> {
-        let rpc = self.rpc.clone();
-        let method_owned = method.to_owned();
-        let call = rpc.request(&method_owned, params, timeout);
-        tokio::pin!(call);
-        loop {
-            tokio::select! {
-                answer = &mut call => return answer,
-                msg = self.incoming.recv() => match msg {
-                    Some(msg) => self.backlog.push_back(msg),
-                    // stdout ended: the answer will say so.
-                    None => return call.await,
-                },
-            }
-        }
+        self.io.call(method, params, timeout, |_| true).await
     }
 
     async fn drain_backlog(&mut self) -> Result<(), Gone> {
-        while let Some(msg) = self.backlog.pop_front() {
+        while let Some(msg) = self.io.backlog.pop_front() {
             self.on_incoming(msg).await?;
         }
         Ok(())
@@ -301,7 +229,7 @@ impl Driver {
             });
             return Ok(());
         }
-        self.rpc.notify("initialized", json!({})).await;
+        self.io.rpc.notify("initialized", json!({})).await;
         let opened = match native {
             Native::New(_) => {
                 self.call(
@@ -432,20 +360,8 @@ impl Driver {
         }
     }
 
-    /// A run that could not start: `error` and `run.end` failed.
     async fn fail_turn(&mut self, category: ErrorCategory, message: String) -> Result<(), Gone> {
-        self.emit(vec![
-            EventBody::Error(ErrorNotice {
-                category,
-                message: message.clone(),
-            }),
-            EventBody::RunEnd(RunEnd {
-                state: RunState::Failed,
-                category: Some(category),
-                message: Some(message),
-            }),
-        ])
-        .await
+        self.io.fail_turn(category, message).await
     }
 
     async fn interrupt(&mut self, turn: &str) {

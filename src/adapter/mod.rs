@@ -23,6 +23,7 @@ pub mod jsonrpc;
 pub mod launch;
 pub mod lines;
 pub mod open;
+mod rpc_driver;
 pub mod spawn;
 
 pub use crate::session::agent::{AdapterError, AgentInput, AgentOutput, AgentSession, Native};

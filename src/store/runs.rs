@@ -175,19 +175,6 @@ impl Store {
         .await
     }
 
-    /// The ids of every run of a session: the prompts the host sent carry them, which is how
-    /// its own prompts are told apart in a native session file.
-    pub async fn run_ids(&self, session_id: String) -> StoreResult<Vec<String>> {
-        self.read(move |conn| {
-            let mut stmt = conn.prepare_cached("SELECT id FROM runs WHERE session_id = ?1")?;
-            let ids = stmt
-                .query_map([&session_id], |r| r.get(0))?
-                .collect::<Result<Vec<_>, _>>()?;
-            Ok(ids)
-        })
-        .await
-    }
-
     /// Runs that never reached a terminal state (the host stopped under them).
     pub async fn unfinished_runs(&self) -> StoreResult<Vec<RunRow>> {
         self.read(|conn| {

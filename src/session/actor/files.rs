@@ -59,9 +59,10 @@ impl Actor {
         if let Some(ours) = &self.ours {
             return ours.clone();
         }
-        match self.store.run_ids(self.session_id.clone()).await {
-            Ok(ids) => {
-                let ours = Arc::new(ids.into_iter().collect::<HashSet<String>>());
+        // Every run of the session: the prompts the host sent carry their ids.
+        match self.store.list_runs(self.session_id.clone()).await {
+            Ok(runs) => {
+                let ours = Arc::new(runs.into_iter().map(|r| r.run_id).collect::<HashSet<_>>());
                 self.ours = Some(ours.clone());
                 ours
             }
