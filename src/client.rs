@@ -4,6 +4,7 @@
 //!
 //! Nothing here prints; `main.rs` prints the [`Reply`] it gets back.
 
+use std::io::Read;
 use std::path::Path;
 use std::process::Stdio;
 use std::time::Duration;
@@ -17,7 +18,11 @@ use crate::daemon::{self, DaemonError};
 use crate::dispatch::status_json;
 use crate::instance::{self, InstanceError};
 use crate::ipc::{self, IpcError};
-use crate::protocol::envelope::{Command, ErrorCode, Reply, RequestError, Route};
+use crate::protocol::envelope::{
+    Command, ErrorCode, MAX_REQUEST_BYTES, Reply, RequestError, Route,
+};
+use crate::protocol::strict_json;
+use crate::store::StoreError;
 
 /// How long the CLI waits for the host to answer one request.
 const IPC_TIMEOUT: Duration = Duration::from_secs(30);
@@ -27,6 +32,52 @@ const START_TIMEOUT: Duration = Duration::from_secs(20);
 const STOP_TIMEOUT: Duration = Duration::from_secs(15);
 /// Set on the detached host so it knows its stderr is a log file, not a terminal.
 const DETACHED_ENV: &str = "AGENT_HOST_DETACHED";
+
+/// The argument that stands for standard input: `agent-host session.send -` reads the params
+/// JSON from stdin, `agent-host -` a whole envelope. A prompt can be larger than the kernel's
+/// limit on one argument (128 KiB), and a secret never shows in `ps`.
+pub const STDIN_ARG: &str = "-";
+
+/// Replace a `-` argument with what standard input holds (at most [`MAX_REQUEST_BYTES`], UTF-8).
+pub fn stdin_arg(
+    arg: Option<String>,
+    stdin: &mut impl Read,
+) -> Result<Option<String>, RequestError> {
+    match arg {
+        Some(a) if a == STDIN_ARG => {
+            let mut bytes = Vec::new();
+            stdin
+                .take(MAX_REQUEST_BYTES as u64 + 1)
+                .read_to_end(&mut bytes)
+                .map_err(|e| {
+                    RequestError::new(
+                        ErrorCode::EmptyRequest,
+                        format!("reading standard input failed: {e}"),
+                    )
+                })?;
+            if bytes.len() > MAX_REQUEST_BYTES {
+                return Err(RequestError::new(
+                    ErrorCode::RequestTooLarge,
+                    format!("standard input holds more than {MAX_REQUEST_BYTES} bytes"),
+                ));
+            }
+            let text = String::from_utf8(bytes).map_err(|e| {
+                RequestError::new(
+                    ErrorCode::InvalidEncoding,
+                    format!("standard input is not UTF-8: {e}"),
+                )
+            })?;
+            if text.trim().is_empty() {
+                return Err(RequestError::new(
+                    ErrorCode::EmptyRequest,
+                    "standard input was empty",
+                ));
+            }
+            Ok(Some(text))
+        }
+        other => Ok(other),
+    }
+}
 
 /// Turn argv into a typed command plus the envelope to forward.
 ///
@@ -42,7 +93,7 @@ pub fn parse_argv(input: &str, params: Option<&str>) -> Result<(Command, Value),
                 "give params inside the envelope, not as a second argument",
             ));
         }
-        serde_json::from_str::<Value>(input).map_err(|e| {
+        strict_json::parse(input).map_err(|e| {
             RequestError::new(
                 ErrorCode::InvalidJson,
                 format!("request is not valid JSON: {e}"),
@@ -51,7 +102,7 @@ pub fn parse_argv(input: &str, params: Option<&str>) -> Result<(Command, Value),
     } else {
         let params = match params {
             None => Value::Null,
-            Some(text) => serde_json::from_str(text).map_err(|e| {
+            Some(text) => strict_json::parse(text).map_err(|e| {
                 RequestError::new(
                     ErrorCode::InvalidJson,
                     format!("params are not valid JSON: {e}"),
@@ -355,6 +406,17 @@ pub async fn run_foreground(
         ),
         Err(DaemonError::Config(e)) => {
             Reply::error(ErrorCode::HomeUnusable, e.to_string(), Value::Null)
+        }
+        Err(DaemonError::Store(e @ StoreError::Corrupt { .. })) => {
+            let path = match &e {
+                StoreError::Corrupt { path, .. } => path.display().to_string(),
+                _ => String::new(),
+            };
+            Reply::error(
+                ErrorCode::StoreCorrupt,
+                e.to_string(),
+                json!({"path": path}),
+            )
         }
         Err(DaemonError::Store(e)) => {
             Reply::error(ErrorCode::StoreFailed, e.to_string(), Value::Null)

@@ -75,13 +75,17 @@ impl Dispatcher {
             Ok(timing) => timing.unwrap_or_default(),
             Err(e) => return invalid(format!("timing: {e}")),
         };
-        tracing::info!(%url, "relay set over IPC");
-        relay.set(Some(RelayConfig {
+        let config = RelayConfig {
             url,
             token,
             scope,
             timing,
-        }));
+        };
+        if let Err(e) = crate::relay::client::check(&config) {
+            return invalid(format!("relay: {e}"));
+        }
+        tracing::info!(url = %config.url, "relay set over IPC");
+        relay.set(Some(config));
         Reply::ok(json!({"relay": relay.status()}))
     }
 
@@ -110,6 +114,7 @@ impl Dispatcher {
             Command::HostStatus => match self.sessions.count().await {
                 Ok(sessions) => {
                     let mut status = status_json(&self.info, Some(sessions));
+                    status["store"] = json!(self.sessions.store_health());
                     if let Some(relay) = &self.relay {
                         status["relay"] = json!(relay.status());
                     }
@@ -327,6 +332,9 @@ fn session_error(e: SessionError) -> Reply {
             json!({"request_id": request_id, "decision": decision, "by": by}),
         ),
         SessionError::ShuttingDown => Reply::error(ErrorCode::ShuttingDown, message, Value::Null),
+        SessionError::StoreUnavailable(_) => {
+            Reply::error(ErrorCode::StoreUnavailable, message, Value::Null)
+        }
         SessionError::Store(_) => {
             tracing::error!(error = %message, "store failure while serving a command");
             Reply::error(ErrorCode::StoreFailed, message, Value::Null)

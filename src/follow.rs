@@ -85,7 +85,8 @@ pub async fn run(
                 let delay = backoff.next().unwrap_or(Duration::from_secs(5));
                 let _status = writeln!(
                     status,
-                    "agent-host follow: {reason}; reconnecting in {delay:?}"
+                    "agent-host follow: {}; reconnecting in {delay:?}",
+                    visible(&reason)
                 );
                 tokio::select! {
                     () = &mut stop => break Reply::ok(json!({"stopped": true, "cursor": cursor})),
@@ -189,8 +190,9 @@ async fn follow_once(
                 let Some(push) = client::event_of(&frame) else {
                     continue;
                 };
+                // What an agent printed never reaches the terminal as a control sequence.
                 let text = if options.json {
-                    format!("{}\n", push.event_json)
+                    format!("{}\n", json_visible(&push.event_json))
                 } else {
                     renderer.render(&push)
                 };
@@ -263,8 +265,51 @@ fn short(value: &Value, max: usize) -> String {
     }
 }
 
+/// Text for a terminal: control characters other than newline and tab are shown, never
+/// interpreted (`ESC` as `^[`, carriage return as `^M`, DEL as `^?`, C1 controls such as the
+/// one-byte CSI as `<U+009B>`), so an agent's output cannot clear the screen, move the cursor,
+/// set the window title or rewrite a line already printed.
+pub fn visible(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            '\n' | '\t' => out.push(c),
+            '\u{7f}' => out.push_str("^?"),
+            c if u32::from(c) < 0x20 => {
+                out.push('^');
+                out.push(char::from(b'@' + c as u8));
+            }
+            c if ('\u{80}'..='\u{9f}').contains(&c) => {
+                out.push_str(&format!("<U+{:04X}>", u32::from(c)));
+            }
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// The same for a JSON line (`--json`): such characters become `\u` escapes, which keeps the
+/// line valid JSON with the same meaning.
+pub fn json_visible(json: &str) -> String {
+    let mut out = String::with_capacity(json.len());
+    for c in json.chars() {
+        let n = u32::from(c);
+        if n < 0x20 || (0x7f..=0x9f).contains(&n) {
+            out.push_str(&format!("\\u{n:04x}"));
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
 impl Renderer {
+    /// One event as terminal text, made [`visible`].
     pub fn render(&mut self, push: &pb::EventPush) -> String {
+        visible(&self.render_raw(push))
+    }
+
+    fn render_raw(&mut self, push: &pb::EventPush) -> String {
         let Ok(event) = serde_json::from_str::<Value>(&push.event_json) else {
             return format!("[unreadable event {}]\n", push.sequence_id);
         };
@@ -416,6 +461,29 @@ mod tests {
             is_delta,
             event_json: json.to_string(),
         }
+    }
+
+    #[test]
+    fn control_sequences_are_shown_not_interpreted() {
+        let mut r = Renderer::default();
+        let hostile = "a\u{1b}[2Jb\u{1b}]0;pwned\u{7}c\rd\u{9b}31me\u{7f}\tf\n";
+        let out = r.render(&push(
+            json!({"k":"text.end","sessionId":"s","text":hostile}),
+            false,
+        ));
+        assert!(
+            !out.chars()
+                .any(|c| c.is_control() && c != '\n' && c != '\t'),
+            "{out:?}"
+        );
+        assert!(
+            out.contains("a^[[2Jb^[]0;pwned^Gc^Md<U+009B>31me^?\tf"),
+            "{out:?}"
+        );
+        let line = json_visible("{\"text\":\"x\u{1b}y\u{9b}z\"}");
+        assert_eq!(line, r#"{"text":"x\u001by\u009bz"}"#);
+        let back: Value = serde_json::from_str(&line).unwrap();
+        assert_eq!(back["text"], "x\u{1b}y\u{9b}z");
     }
 
     #[test]

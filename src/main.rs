@@ -16,7 +16,8 @@ use clap::{CommandFactory, FromArgMatches, Parser};
 struct Cli {
     /// A whole envelope `{"command":…,"params":…}`, or a command name.
     input: String,
-    /// The params JSON, when INPUT is a command name (for `follow`: a session id).
+    /// The params JSON, when INPUT is a command name (for `follow`: a session id). `-` reads
+    /// it from standard input (as `-` for INPUT reads a whole envelope).
     params: Option<String>,
     /// `follow` only: print raw canonical events, one JSON object per line.
     #[arg(long)]
@@ -137,7 +138,16 @@ fn main() -> anyhow::Result<ExitCode> {
     if cli.input == "follow" {
         return follow(cli);
     }
-    let (command, envelope) = match client::parse_argv(&cli.input, cli.params.as_deref()) {
+    // `-` in either place is read from standard input.
+    let stdin = &mut std::io::stdin().lock();
+    let args = client::stdin_arg(Some(cli.input), stdin).and_then(|input| {
+        Ok((
+            input.unwrap_or_default(),
+            client::stdin_arg(cli.params, stdin)?,
+        ))
+    });
+    let parsed = args.and_then(|(input, params)| client::parse_argv(&input, params.as_deref()));
+    let (command, envelope) = match parsed {
         Ok(parsed) => parsed,
         Err(e) => {
             let reply = e.into_reply();

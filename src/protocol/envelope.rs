@@ -37,6 +37,8 @@ pub enum ErrorCode {
     StoreFailed,
     Internal,
     HomeUnusable,
+    StoreUnavailable,
+    StoreCorrupt,
     SessionNotFound,
     CwdNotFound,
     RunNotFound,
@@ -74,6 +76,8 @@ impl ErrorCode {
         ErrorCode::StoreFailed,
         ErrorCode::Internal,
         ErrorCode::HomeUnusable,
+        ErrorCode::StoreUnavailable,
+        ErrorCode::StoreCorrupt,
         ErrorCode::SessionNotFound,
         ErrorCode::CwdNotFound,
         ErrorCode::RunNotFound,
@@ -111,6 +115,8 @@ impl ErrorCode {
             ErrorCode::StoreFailed => 2006,
             ErrorCode::Internal => 2007,
             ErrorCode::HomeUnusable => 2008,
+            ErrorCode::StoreUnavailable => 2009,
+            ErrorCode::StoreCorrupt => 2010,
             ErrorCode::SessionNotFound => 3001,
             ErrorCode::CwdNotFound => 3002,
             ErrorCode::RunNotFound => 3003,
@@ -149,6 +155,8 @@ impl ErrorCode {
             ErrorCode::StoreFailed => "store_failed",
             ErrorCode::Internal => "internal",
             ErrorCode::HomeUnusable => "home_unusable",
+            ErrorCode::StoreUnavailable => "store_unavailable",
+            ErrorCode::StoreCorrupt => "store_corrupt",
             ErrorCode::SessionNotFound => "session_not_found",
             ErrorCode::CwdNotFound => "cwd_not_found",
             ErrorCode::RunNotFound => "run_not_found",
@@ -197,6 +205,14 @@ impl ErrorCode {
             ErrorCode::StoreFailed => "the SQLite store failed; nothing was half-applied",
             ErrorCode::Internal => "a bug: an invariant of the host broke",
             ErrorCode::HomeUnusable => "`$AGENT_HOST_HOME` cannot be created or used",
+            ErrorCode::StoreUnavailable => {
+                "the store cannot commit now (a full disk, an I/O error): no new prompt, session or \
+                 permission answer is taken; `host.status` shows `store`, and it recovers by itself"
+            }
+            ErrorCode::StoreCorrupt => {
+                "`host.db` fails SQLite's integrity check; the host refuses to start on it and \
+                 never writes it: `data.path` names the file; move it aside or recover it"
+            }
             ErrorCode::SessionNotFound => "no session with that id",
             ErrorCode::CwdNotFound => "the `cwd` given does not exist or is not a directory",
             ErrorCode::RunNotFound => "no run with that id in that session",
@@ -688,7 +704,7 @@ impl Command {
         if text.trim().is_empty() {
             return Err(RequestError::new(ErrorCode::EmptyRequest, "empty request"));
         }
-        let value: Value = serde_json::from_str(text).map_err(|e| {
+        let value: Value = super::strict_json::parse(text).map_err(|e| {
             RequestError::new(
                 ErrorCode::InvalidJson,
                 format!("request is not valid JSON: {e}"),

@@ -3,6 +3,7 @@
 
 pub mod envelope;
 pub mod events;
+pub mod strict_json;
 pub mod wire;
 
 pub use envelope::{Command, ErrorCode, Reply, RequestError, Route};

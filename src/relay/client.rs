@@ -128,6 +128,22 @@ async fn run(
             }
             continue;
         };
+        if let Err(e) = check(&cfg) {
+            // Retrying cannot help: say why and wait for another configuration.
+            tracing::warn!(error = %e, "the relay configuration cannot work; not dialing");
+            let why = e.to_string();
+            set(RelayState::Misconfigured, &|s| {
+                s.url = Some(cfg.url.clone());
+                s.retries = 0;
+                s.last_error = Some(why.clone());
+                s.retry_in_ms = None;
+            });
+            tokio::select! {
+                () = cancel.cancelled() => return,
+                changed = config.changed() => if changed.is_err() { return },
+            }
+            continue;
+        }
         let mut backoff = backoff_of(&cfg.timing);
         let mut retries: u32 = 0;
         // One scope per configuration: sessions created through the relay stay in it across
@@ -225,8 +241,17 @@ fn is_loopback(host: &str) -> bool {
             .is_ok_and(|ip| ip.is_loopback())
 }
 
-/// Dial the relay: check the URL, make sure of the subscriber row, connect within the timeout.
-async fn dial(store: &Store, cfg: &RelayConfig) -> Result<RelayWs, DialError> {
+/// Check a relay configuration without dialing: the URL parses as a WebSocket URL with a
+/// host, its scheme is `wss://` (or `ws://` to a loopback address), and the token can be sent
+/// as a header. `config.toml`'s `[relay]` and `host.relay.set` are both held to this; a
+/// configuration that fails it is never dialed.
+pub fn check(cfg: &RelayConfig) -> Result<(), DialError> {
+    request_of(cfg).map(|_| ())
+}
+
+fn request_of(
+    cfg: &RelayConfig,
+) -> Result<tokio_tungstenite::tungstenite::handshake::client::Request, DialError> {
     let mut request = cfg
         .url
         .as_str()
@@ -234,6 +259,9 @@ async fn dial(store: &Store, cfg: &RelayConfig) -> Result<RelayWs, DialError> {
         .map_err(|e| DialError::BadUrl(e.to_string()))?;
     let uri = request.uri().clone();
     let host = uri.host().unwrap_or_default().to_owned();
+    if host.is_empty() {
+        return Err(DialError::BadUrl("the URL has no host".to_owned()));
+    }
     match uri.scheme_str() {
         Some("wss") => {}
         Some("ws") if is_loopback(&host) => {}
@@ -244,9 +272,18 @@ async fn dial(store: &Store, cfg: &RelayConfig) -> Result<RelayWs, DialError> {
             )));
         }
     }
+    if cfg.token.is_empty() {
+        return Err(DialError::BadUrl("a relay needs a token".to_owned()));
+    }
     let bearer = HeaderValue::from_str(&format!("Bearer {}", cfg.token))
         .map_err(|_| DialError::BadUrl("the token is not a valid header value".to_owned()))?;
     request.headers_mut().insert(header::AUTHORIZATION, bearer);
+    Ok(request)
+}
+
+/// Dial the relay: check the URL, make sure of the subscriber row, connect within the timeout.
+async fn dial(store: &Store, cfg: &RelayConfig) -> Result<RelayWs, DialError> {
+    let request = request_of(cfg)?;
     ensure_subscriber(store).await?;
     let config = WebSocketConfig::default()
         .max_message_size(Some(MAX_FRAME_BYTES))

@@ -34,6 +34,9 @@ pub enum RelayState {
     Connected,
     /// Waiting out the backoff after a failure.
     Waiting,
+    /// The configuration cannot work (a bad URL, plain `ws://` to a remote host, a token that
+    /// is not a header value): not dialed, not retried until it changes; `last_error` says why.
+    Misconfigured,
 }
 
 /// What `host.status` shows of the relay. The token never appears here.

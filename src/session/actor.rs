@@ -17,6 +17,11 @@
 //! - permission answers are decided in the store (first answer wins), then passed to the
 //!   agent and published as `permission.resolved` with who answered.
 //! - when the agent process goes, its pending permission requests are expired.
+//! - nothing reaches the agent before its `user.text` and `run.start` are committed. When the
+//!   store cannot commit (its health turns `degraded`), the running turn is interrupted and
+//!   nothing more of it is published; queued prompts wait. Once the store is back, the cut
+//!   run is closed with a committed `run.end` `interrupted` (only then does its row say so),
+//!   and the queue goes on.
 
 mod files;
 
@@ -42,7 +47,7 @@ use crate::protocol::events::{
     RunState, UserText,
 };
 use crate::store::{
-    PermissionRow, Resolve, RunInsert, RunRow, SessionRow, Store, StoreError, now_ms,
+    PermissionRow, Resolve, RunInsert, RunRow, SessionRow, Store, StoreError, StoreHealth, now_ms,
 };
 
 /// Follow-ups waiting behind a busy run (design §8).
@@ -134,12 +139,17 @@ struct Current {
     cancel_deadline: Option<Instant>,
     /// A rejected resume already fell back to a fresh session in this run.
     retried_fresh: bool,
+    /// The store failed during this run: it is being interrupted, and nothing more of it is
+    /// published; it is closed once the store is back.
+    lost: bool,
 }
 
 struct Queued {
     run_id: String,
     text: String,
     client_msg_id: Option<String>,
+    /// Its `user.text` is committed already (a dispatch the store cut short after it).
+    announced: bool,
 }
 
 pub(super) struct Actor {
@@ -182,6 +192,20 @@ pub(super) struct Actor {
     /// The running child was opened as a fork: its file starts with a copy of its source's
     /// history, prompts by whoever wrote them.
     born_fork: bool,
+    /// The store's health, followed.
+    health: tokio::sync::watch::Receiver<StoreHealth>,
+    /// The store cannot commit (as this actor has seen): why.
+    outage: Option<String>,
+    /// Runs the outage cut short, to close with `run.end` `interrupted` once it is over.
+    unclosed: Vec<String>,
+}
+
+async fn next_health(health: &mut tokio::sync::watch::Receiver<StoreHealth>) -> StoreHealth {
+    if health.changed().await.is_err() {
+        // The store is gone (shutdown): nothing more to follow.
+        std::future::pending::<()>().await;
+    }
+    health.borrow_and_update().clone()
 }
 
 async fn next_output(agent: &mut Option<AgentSession>) -> AgentOutput {
@@ -240,6 +264,9 @@ impl Actor {
             agent_type: row.agent_type.clone(),
             cwd: PathBuf::from(&row.cwd),
             native: row.native_session_id.clone(),
+            health: store.watch_health(),
+            outage: None,
+            unclosed: Vec::new(),
             store,
             bus,
             launcher,
@@ -278,6 +305,7 @@ impl Actor {
                 () = until(idle) => self.on_idle().await,
                 () = until(self.watch_at) => self.start_watch().await,
                 () = next_change(&mut self.watch) => self.on_file_change().await,
+                health = next_health(&mut self.health) => self.on_health(health).await,
             }
         };
         let quiet = stop.as_ref().is_some_and(|(quiet, _)| *quiet);
@@ -329,12 +357,12 @@ impl Actor {
 
     /// Publish and wait until the event is committed: a terminal event goes to disk before
     /// the row that says the run is over, so after a crash the event log is never behind the
-    /// rows (recovery reads the log, see [`super::SessionManager::recover`]).
-    async fn publish_committed(&self, run_id: Option<&str>, body: EventBody) {
-        if let Some(receipt) = self.publish_receipt(run_id, body).await
-            && let Err(e) = receipt.committed().await
-        {
-            tracing::error!(error = %e, "a terminal event was not committed");
+    /// rows (recovery reads the log, see [`super::SessionManager::recover`]). `false`: it was
+    /// not committed (nor seen by anyone).
+    async fn publish_committed(&self, run_id: Option<&str>, body: EventBody) -> bool {
+        match self.publish_receipt(run_id, body).await {
+            Some(receipt) => committed(receipt).await,
+            None => false,
         }
     }
 
@@ -368,6 +396,15 @@ impl Actor {
         None
     }
 
+    /// Whether an event the store refused means it cannot commit at all: remember the outage.
+    fn note_outage(&mut self) -> bool {
+        if let Some(why) = self.store.health().error {
+            self.outage.get_or_insert(why);
+            return true;
+        }
+        false
+    }
+
     async fn warn(&self, run_id: Option<&str>, code: &str, message: String) {
         let body = EventBody::Warning(Notice {
             code: code.to_owned(),
@@ -382,8 +419,10 @@ impl Actor {
             code: code.to_owned(),
             message,
         });
-        self.publish_committed(Some(run_id), body).await;
-        self.set_run_state(run_id, state, None).await;
+        // No row claims what no event shows: a failed warning leaves the row for recovery.
+        if self.publish_committed(Some(run_id), body).await {
+            self.set_run_state(run_id, state, None).await;
+        }
     }
 
     async fn set_run_state(&self, run_id: &str, state: &'static str, category: Option<String>) {
@@ -444,6 +483,7 @@ impl Actor {
             run_id: run_id.clone(),
             text,
             client_msg_id,
+            announced: false,
         };
         let busy = self.current.is_some() || !self.queue.is_empty();
         // The caller has its run id before anything else happens.
@@ -474,8 +514,13 @@ impl Actor {
         }
     }
 
-    /// Start a run: `user.text`, `run.start`, then the prompt to the agent.
-    async fn dispatch(&mut self, item: Queued) {
+    /// Start a run: `user.text`, `run.start`, then the prompt to the agent — only once both
+    /// are committed. While the store cannot commit, the prompt waits at the queue's head.
+    async fn dispatch(&mut self, mut item: Queued) {
+        if self.outage.is_some() {
+            self.queue.push_front(item);
+            return;
+        }
         tracing::info!(run_id = %item.run_id, "run dispatched");
         self.idle_deadline = None;
         // Our child writes the file from now on; a change already waiting is someone else's
@@ -485,41 +530,127 @@ impl Actor {
         }
         self.stop_watch().await;
         self.own_prompt(&item.run_id);
-        // Queued now, committed while the prompt goes out: in the writer's order before
-        // anything this run saves later.
+        // Queued now: in the writer's order before the events and anything this run saves.
         let saved = self
             .store
             .start_run(self.session_id.clone(), item.run_id.clone())
             .await;
-        self.publish(
-            Some(&item.run_id),
-            EventBody::UserText(UserText {
-                text: item.text.clone(),
-                client_msg_id: item.client_msg_id,
-            }),
-        )
-        .await;
-        self.publish(
-            Some(&item.run_id),
-            EventBody::RunStart(RunStart {
-                agent: Some(self.agent_type.clone()),
-                model: None,
-            }),
-        )
-        .await;
+        let user = if item.announced {
+            None
+        } else {
+            self.publish_receipt(
+                Some(&item.run_id),
+                EventBody::UserText(UserText {
+                    text: item.text.clone(),
+                    client_msg_id: item.client_msg_id.clone(),
+                }),
+            )
+            .await
+        };
+        let start = self
+            .publish_receipt(
+                Some(&item.run_id),
+                EventBody::RunStart(RunStart {
+                    agent: Some(self.agent_type.clone()),
+                    model: None,
+                }),
+            )
+            .await;
+        let saved = match saved {
+            Ok(committed) => committed.await.unwrap_or(Err(StoreError::Closed)),
+            Err(e) => Err(e),
+        };
+        if let Err(e) = &saved {
+            tracing::error!(error = %e, "saving the run start failed");
+        }
+        let announced = match user {
+            Some(receipt) => committed(receipt).await,
+            None => item.announced,
+        };
+        let started = match start {
+            Some(receipt) => committed(receipt).await,
+            None => false,
+        };
+        if !(announced && started && saved.is_ok()) && self.note_outage() {
+            tracing::warn!(run_id = %item.run_id, "the store cannot commit: the prompt waits");
+            item.announced = announced;
+            self.queue.push_front(item);
+            return;
+        }
         self.current = Some(Current {
             run_id: item.run_id,
             text: item.text,
             cancel_deadline: None,
             retried_fresh: false,
+            lost: false,
         });
         self.start_turn().await;
-        let saved = match saved {
-            Ok(committed) => committed.await.unwrap_or(Err(StoreError::Closed)),
-            Err(e) => Err(e),
+    }
+
+    // ---- store outages ----
+
+    async fn on_health(&mut self, health: StoreHealth) {
+        match health.error {
+            Some(why) => self.on_store_down(why).await,
+            None => self.on_store_back().await,
+        }
+    }
+
+    /// The store cannot commit: interrupt the running turn (killed if it does not stop within
+    /// the cancel grace); nothing more of it is published.
+    async fn on_store_down(&mut self, why: String) {
+        self.outage.get_or_insert(why);
+        let Some(current) = self.current.as_mut() else {
+            return;
         };
-        if let Err(e) = saved {
-            tracing::error!(error = %e, "saving the run start failed");
+        if current.lost {
+            return;
+        }
+        current.lost = true;
+        tracing::warn!(run_id = %current.run_id, "the store cannot commit: interrupting the running turn");
+        if current.cancel_deadline.is_none() {
+            current.cancel_deadline = Some(Instant::now() + CANCEL_GRACE);
+            if let Some(agent) = self.agent.as_ref()
+                && let Err(e) = agent.cancel_turn().await
+            {
+                tracing::info!(error = %e, "interrupt not delivered; the agent is going away");
+            }
+        }
+    }
+
+    /// The store commits again: close the runs the outage cut short, then go on with the
+    /// queue.
+    async fn on_store_back(&mut self) {
+        if self.outage.is_none() && self.unclosed.is_empty() {
+            return;
+        }
+        let why = self.outage.take().unwrap_or_default();
+        while let Some(run_id) = self.unclosed.first().cloned() {
+            let end = RunEnd {
+                state: RunState::Interrupted,
+                category: None,
+                message: Some(format!(
+                    "the store could not commit this run's events ({why}); the turn was \
+                     interrupted"
+                )),
+            };
+            if !self
+                .publish_committed(Some(&run_id), EventBody::RunEnd(end))
+                .await
+            {
+                // Down again: the next recovery tries once more.
+                self.note_outage();
+                return;
+            }
+            self.set_run_state(&run_id, "interrupted", None).await;
+            self.unclosed.remove(0);
+            tracing::info!(%run_id, "a run the store outage cut short is closed");
+        }
+        if self.current.is_none() {
+            match self.queue.pop_front() {
+                Some(next) => Box::pin(self.dispatch(next)).await,
+                None => self.set_session_state("idle").await,
+            }
         }
     }
 
@@ -667,6 +798,14 @@ impl Actor {
             tracing::warn!(state = ?end.state, "a run.end with no run in progress; skipped");
             return;
         };
+        if current.lost || self.outage.is_some() {
+            // Cut short by a store outage: closed, visibly, once the store is back.
+            self.unclosed.push(current.run_id);
+            if self.store.health().is_ok() {
+                Box::pin(self.on_store_back()).await;
+            }
+            return;
+        }
         if current.cancel_deadline.is_some() && end.state == RunState::Failed {
             // The turn was being cancelled and the agent died doing it: still a cancel.
             end.state = RunState::Cancelled;
@@ -684,8 +823,19 @@ impl Actor {
         }
         let ended = end.state;
         // The event is committed before the run's row says it ended.
-        self.publish_committed(Some(&current.run_id), EventBody::RunEnd(end))
-            .await;
+        if !self
+            .publish_committed(Some(&current.run_id), EventBody::RunEnd(end))
+            .await
+            && self.note_outage()
+        {
+            // The store failed at the very end: no row says this run ended until an event
+            // does; the next prompt waits for the store.
+            self.unclosed.push(current.run_id);
+            if let Some(next) = next {
+                self.queue.push_front(next);
+            }
+            return;
+        }
         self.set_run_state(&current.run_id, state, category).await;
         self.turn_ended(ended).await;
         if let Some(next) = next {
@@ -710,6 +860,11 @@ impl Actor {
             }
         };
         let run_id = self.current.as_ref().map(|c| c.run_id.clone());
+        if self.current.as_ref().is_some_and(|c| c.lost) && !matches!(body, EventBody::RunEnd(_)) {
+            // A run the store outage cut short: nothing more of it is published.
+            tracing::debug!(kind = body.kind(), "dropped: the store cannot commit");
+            return;
+        }
         match body {
             EventBody::RunEnd(end) => {
                 // A cancelled prompt is not re-run in a fresh session: the run just ends.
@@ -1061,6 +1216,17 @@ impl Actor {
                 }
                 output => self.on_output(output).await,
             }
+        }
+    }
+}
+
+/// Whether a published bracket was committed (a refused one is logged).
+async fn committed(receipt: Receipt) -> bool {
+    match receipt.committed().await {
+        Ok(_) => true,
+        Err(e) => {
+            tracing::error!(error = %e, "an event was not committed");
+            false
         }
     }
 }

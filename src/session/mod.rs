@@ -86,8 +86,22 @@ pub enum SessionError {
     },
     #[error("the host is shutting down")]
     ShuttingDown,
+    #[error(
+        "the store cannot commit ({0}); no new work is taken until it can (`host.status` shows \
+         it), and it resumes by itself"
+    )]
+    StoreUnavailable(String),
     #[error("store: {0}")]
-    Store(#[from] StoreError),
+    Store(StoreError),
+}
+
+impl From<StoreError> for SessionError {
+    fn from(e: StoreError) -> Self {
+        match e {
+            StoreError::Unavailable(why) => SessionError::StoreUnavailable(why),
+            other => SessionError::Store(other),
+        }
+    }
 }
 
 /// What a `session.create` asks for.
@@ -214,6 +228,20 @@ impl SessionManager {
         }
     }
 
+    /// Whether the store can commit now.
+    pub fn store_health(&self) -> crate::store::StoreHealth {
+        self.store.health()
+    }
+
+    /// New work (a prompt, a session, a permission answer) is taken only while the store can
+    /// commit: nothing reaches an agent that is not durable first.
+    fn writable(&self) -> Result<(), SessionError> {
+        match self.store.health().error {
+            None => Ok(()),
+            Some(why) => Err(SessionError::StoreUnavailable(why)),
+        }
+    }
+
     fn is_live(&self, session_id: &str) -> bool {
         self.lock_actors().by_session.contains_key(session_id)
     }
@@ -242,6 +270,7 @@ impl SessionManager {
                 "client_msg_id must be 1 to 256 bytes".to_owned(),
             ));
         }
+        self.writable()?;
         self.ask(session_id, |reply| actor::Msg::Send {
             text,
             client_msg_id,
@@ -277,6 +306,7 @@ impl SessionManager {
         message: Option<String>,
         by: String,
     ) -> Result<PermissionReceipt, SessionError> {
+        self.writable()?;
         // A request the host no longer tracks (e.g. after a restart) is answered from the
         // store without starting an agent for it.
         if !self.is_live(session_id) {
@@ -409,6 +439,7 @@ impl SessionManager {
     }
 
     pub async fn create(&self, new: NewSession) -> Result<SessionRow, SessionError> {
+        self.writable()?;
         if !AGENT_FAMILIES
             .iter()
             .any(|f| f.agent_type == new.agent_type)
@@ -460,6 +491,7 @@ impl SessionManager {
         session_id: &str,
         title: Option<String>,
     ) -> Result<SessionRow, SessionError> {
+        self.writable()?;
         let parent = self.get(session_id).await?;
         let Some(native) = parent.native_session_id.clone().or(parent.fork_of.clone()) else {
             return Err(SessionError::InvalidParams(
@@ -507,6 +539,7 @@ impl SessionManager {
         cwd: String,
         title: Option<String>,
     ) -> Result<SessionRow, SessionError> {
+        self.writable()?;
         if !self.forkable(&agent_type) {
             return Err(SessionError::NoAgent(format!(
                 "{agent_type:?} sessions cannot be imported in this build"

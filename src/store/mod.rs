@@ -10,8 +10,15 @@
 //!
 //! Callers hold a cloneable [`Store`] handle. Both request queues are bounded, and a caller
 //! awaits room (back-pressure, never a drop). [`StoreThreads::shutdown`] lets both threads
-//! finish what is queued and joins them. A failed group commit stops event appends for good
-//! (fail-stop, see `writer_loop`).
+//! finish what is queued and joins them.
+//!
+//! **Health.** A failed commit (a full disk, an I/O error) makes the store *degraded*: from
+//! then on every write is refused with [`StoreError::Unavailable`] without touching the
+//! database, so nothing queued behind the failure can leave a gap in a session's stream. A
+//! probe write is retried with capped backoff; when one commits, the store is healthy again by
+//! itself. [`Store::health`] / [`Store::watch_health`] show the state (`host.status` and the
+//! session layer read it). At open the database must pass SQLite's `quick_check`; one that
+//! fails it is refused ([`StoreError::Corrupt`]) and never written to.
 
 mod runs;
 mod schema;
@@ -47,8 +54,62 @@ pub enum StoreError {
     Closed,
     #[error("event commit failed: {0}")]
     CommitFailed(String),
-    #[error("event appends are stopped since an earlier commit failed ({0}); restart the host")]
-    AppendsStopped(String),
+    #[error("the store cannot commit ({0}); writes resume by themselves once it can")]
+    Unavailable(String),
+    #[error(
+        "the database {path} is corrupt ({detail}); stop the host, move the file aside (or \
+         recover it with `sqlite3 {path} .recover`) and start again"
+    )]
+    Corrupt { path: PathBuf, detail: String },
+}
+
+impl StoreError {
+    /// A failure that says the database cannot be written now (full disk, I/O error,
+    /// read-only, corrupt), as opposed to one request's own fault (a constraint, say).
+    fn storage_failure(&self) -> Option<String> {
+        let StoreError::Sqlite(rusqlite::Error::SqliteFailure(e, _)) = self else {
+            return None;
+        };
+        use rusqlite::ErrorCode as C;
+        matches!(
+            e.code,
+            C::DiskFull | C::SystemIoFailure | C::ReadOnly | C::DatabaseCorrupt | C::CannotOpen
+        )
+        .then(|| self.to_string())
+    }
+}
+
+/// Whether the store can commit, for `host.status` and for refusing new work.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct StoreHealth {
+    /// `ok` or `degraded`.
+    pub state: &'static str,
+    /// Why it is degraded: the first failed commit's error.
+    pub error: Option<String>,
+    /// When the current state began (ms since the epoch).
+    pub since: i64,
+}
+
+impl StoreHealth {
+    fn ok() -> StoreHealth {
+        StoreHealth {
+            state: "ok",
+            error: None,
+            since: now_ms(),
+        }
+    }
+
+    fn degraded(error: String) -> StoreHealth {
+        StoreHealth {
+            state: "degraded",
+            error: Some(error),
+            since: now_ms(),
+        }
+    }
+
+    pub fn is_ok(&self) -> bool {
+        self.error.is_none()
+    }
 }
 
 pub type StoreResult<T> = Result<T, StoreError>;
@@ -159,13 +220,21 @@ const MAX_SEQ_SQL: &str =
     "SELECT coalesce((SELECT seq FROM sqlite_sequence WHERE name = 'messages'), 0)";
 
 type Job = Box<dyn FnOnce(&mut Connection) + Send>;
+/// A write job gets the connection, or the reason the store takes no writes now; it returns
+/// a storage failure it met (which degrades the store).
+type WriteJob = Box<dyn FnOnce(Result<&mut Connection, StoreError>) -> Option<String> + Send>;
 
 enum WriteCmd {
     Append {
         events: Vec<NewEvent>,
         reply: oneshot::Sender<StoreResult<Vec<i64>>>,
     },
-    Exec(Job),
+    Exec(WriteJob),
+    /// While degraded: try one write, and be healthy again if it commits.
+    Probe,
+    /// A job run whatever the health (tests inject faults with it).
+    #[cfg(test)]
+    Unchecked(Job),
     /// Finish what is queued before this, then exit.
     Stop,
 }
@@ -180,6 +249,7 @@ enum ReadCmd {
 pub struct Store {
     writer: mpsc::Sender<WriteCmd>,
     reader: mpsc::Sender<ReadCmd>,
+    health: tokio::sync::watch::Receiver<StoreHealth>,
 }
 
 /// The store's threads. [`StoreThreads::shutdown`] stops them even while [`Store`] handles
@@ -240,12 +310,26 @@ impl Store {
                 source: Box::new(e),
             })?;
         let mut write_conn = open_connection(path)?;
+        check_integrity(&write_conn, path)?;
         schema::migrate(&mut write_conn)?;
-        // Checkpoints run on their own thread, so a commit never waits for one.
+        // Checkpoints run on their own thread, so a commit never waits for one. The WAL hook
+        // (set after the pragma, which would replace it) tells that thread how many pages the
+        // WAL holds after every commit, appends and other writes alike.
         write_conn.pragma_update(None, "wal_autocheckpoint", 0)?;
+        // A WAL reset after a checkpoint also gives its disk space back beyond this.
+        write_conn.pragma_update(None, "journal_size_limit", WAL_LIMIT_BYTES)?;
+        let (poke, pokes) = std::sync::mpsc::sync_channel::<i32>(1);
+        write_conn.wal_hook(Some(
+            move |_wal: &mut rusqlite::hooks::Wal, pages: std::os::raw::c_int| {
+                // Full means a poke is pending; the checkpoint thread reads the WAL size itself.
+                let _pending = poke.try_send(pages);
+                Ok(())
+            },
+        ))?;
         let read_conn = open_connection(path)?;
         let checkpoint_conn = open_connection(path)?;
-        let (poke, pokes) = std::sync::mpsc::sync_channel::<()>(1);
+        // An idle-time checkpoint waits this long for a reader at most, then tries later.
+        checkpoint_conn.busy_timeout(Duration::from_millis(200))?;
 
         let (writer_tx, writer_rx) = mpsc::channel(QUEUE_DEPTH);
         let (reader_tx, reader_rx) = mpsc::channel(QUEUE_DEPTH);
@@ -253,9 +337,20 @@ impl Store {
             path: path.to_owned(),
             source: Box::new(e),
         };
+        let (health_tx, health) = tokio::sync::watch::channel(StoreHealth::ok());
+        let probes = writer_tx.clone();
         let writer = std::thread::Builder::new()
             .name("store-writer".into())
-            .spawn(move || writer_loop(write_conn, writer_rx, poke))
+            .spawn(move || {
+                writer_loop(
+                    write_conn,
+                    writer_rx,
+                    Health {
+                        tx: health_tx,
+                        probes,
+                    },
+                )
+            })
             .map_err(spawn_err)?;
         let checkpointer = std::thread::Builder::new()
             .name("store-checkpoint".into())
@@ -269,6 +364,7 @@ impl Store {
             Store {
                 writer: writer_tx.clone(),
                 reader: reader_tx.clone(),
+                health,
             },
             StoreThreads {
                 handles: vec![writer, reader, checkpointer],
@@ -276,6 +372,16 @@ impl Store {
                 reader: reader_tx,
             },
         ))
+    }
+
+    /// Whether the store can commit now.
+    pub fn health(&self) -> StoreHealth {
+        self.health.borrow().clone()
+    }
+
+    /// Follow the store's health: changes when it becomes degraded and when it recovers.
+    pub fn watch_health(&self) -> tokio::sync::watch::Receiver<StoreHealth> {
+        self.health.clone()
     }
 
     /// Queue brackets for the next group commit. Awaiting this waits only for queue room;
@@ -312,9 +418,16 @@ impl Store {
         F: FnOnce(&mut Connection) -> StoreResult<T> + Send + 'static,
     {
         let (tx, rx) = oneshot::channel();
-        let job: Job = Box::new(move |conn| {
+        let job: WriteJob = Box::new(move |conn| {
+            let mut result = conn.and_then(f);
+            let failure = result.as_ref().err().and_then(StoreError::storage_failure);
+            if let Some(why) = &failure {
+                // The store is about to be degraded for this: say so to the caller too.
+                result = Err(StoreError::Unavailable(why.clone()));
+            }
             // The caller may have gone away; the work is done either way.
-            let _ignored = tx.send(f(conn));
+            let _ignored = tx.send(result);
+            failure
         });
         self.writer
             .send(WriteCmd::Exec(job))
@@ -710,38 +823,174 @@ fn reader_loop(mut conn: Connection, mut rx: mpsc::Receiver<ReadCmd>) {
     }
 }
 
-/// Rows committed between two checkpoint requests (about 1000 WAL pages of typical events).
-const CHECKPOINT_EVERY_ROWS: usize = 4000;
+/// The WAL pages (4 KiB each) after which a checkpoint runs, whatever wrote them: a stream of
+/// events and thousands of small row updates alike.
+const CHECKPOINT_PAGES: i32 = 1000;
+/// The WAL file is cut back to this after a checkpoint reset it.
+const WAL_LIMIT_BYTES: i64 = 8 * 1024 * 1024;
+/// A store that wrote and then went quiet this long is checkpointed and its WAL truncated.
+const IDLE_CHECKPOINT: Duration = Duration::from_secs(1);
 
-/// Copy the WAL back into the database whenever the writer says it has grown, off the commit
-/// path. PASSIVE never blocks the writer or readers; the writer reuses the WAL from its start
-/// once a checkpoint has caught up. Ends when the writer ends (the sender drops).
-fn checkpoint_loop(conn: Connection, pokes: std::sync::mpsc::Receiver<()>) {
-    while pokes.recv().is_ok() {
-        if let Err(e) = conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(())) {
-            tracing::warn!(error = %e, "WAL checkpoint failed");
+/// Copy the WAL back into the database off the commit path: when the writer's WAL hook says it
+/// holds [`CHECKPOINT_PAGES`] (PASSIVE, which never blocks the writer or readers), and after
+/// [`IDLE_CHECKPOINT`] without writes (TRUNCATE, which leaves an empty WAL file; it waits for
+/// readers briefly and is tried again later if one is busy). Ends when the writer ends (the
+/// WAL hook, and so the sender, drops with the writer's connection).
+fn checkpoint_loop(conn: Connection, pokes: std::sync::mpsc::Receiver<i32>) {
+    use std::sync::mpsc::RecvTimeoutError;
+    // Wrote since the last complete idle checkpoint.
+    let mut dirty = false;
+    // The WAL size at which to checkpoint next; raised while a reader keeps one from finishing.
+    let mut next_at = CHECKPOINT_PAGES;
+    loop {
+        match pokes.recv_timeout(IDLE_CHECKPOINT) {
+            Ok(pages) => {
+                dirty = true;
+                if pages >= next_at {
+                    next_at = match checkpoint(&conn, "PASSIVE") {
+                        Some((log, done)) if done < log => pages + CHECKPOINT_PAGES / 4,
+                        _ => CHECKPOINT_PAGES,
+                    };
+                }
+            }
+            Err(RecvTimeoutError::Timeout) if dirty => {
+                if let Some((log, done)) = checkpoint(&conn, "TRUNCATE")
+                    && done >= log
+                {
+                    dirty = false;
+                    next_at = CHECKPOINT_PAGES;
+                }
+            }
+            Err(RecvTimeoutError::Timeout) => {}
+            Err(RecvTimeoutError::Disconnected) => break,
         }
     }
     // A last full checkpoint at shutdown leaves a small WAL for the next start.
-    if let Err(e) = conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(())) {
-        tracing::debug!(error = %e, "final WAL checkpoint skipped");
+    if checkpoint(&conn, "TRUNCATE").is_none() {
+        tracing::debug!("final WAL checkpoint skipped");
     }
 }
 
-fn writer_loop(
-    mut conn: Connection,
-    mut rx: mpsc::Receiver<WriteCmd>,
-    checkpoint: std::sync::mpsc::SyncSender<()>,
-) {
-    let mut rows_since_checkpoint = 0usize;
+/// Run one checkpoint: `(frames in the WAL, frames checkpointed)`, or `None` when it could not
+/// run (busy, or an I/O error, which is logged).
+fn checkpoint(conn: &Connection, mode: &str) -> Option<(i64, i64)> {
+    let sql = format!("PRAGMA wal_checkpoint({mode})");
+    match conn.query_row(&sql, [], |r| {
+        Ok((
+            r.get::<_, i64>(0)?,
+            r.get::<_, i64>(1)?,
+            r.get::<_, i64>(2)?,
+        ))
+    }) {
+        Ok((0, log, done)) => Some((log, done)),
+        Ok(_busy) => None,
+        Err(rusqlite::Error::SqliteFailure(e, _))
+            if e.code == rusqlite::ErrorCode::DatabaseBusy =>
+        {
+            None
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, mode, "WAL checkpoint failed");
+            None
+        }
+    }
+}
+
+/// The writer's side of store health: the state it publishes, and a way to queue its own
+/// recovery probes.
+struct Health {
+    tx: tokio::sync::watch::Sender<StoreHealth>,
+    probes: mpsc::Sender<WriteCmd>,
+}
+
+/// Delays between recovery probes while degraded: from 100 ms, doubling, capped at 5 s.
+fn probe_delays() -> impl Iterator<Item = Duration> {
+    use backon::BackoffBuilder;
+    backon::ExponentialBuilder::default()
+        .with_min_delay(Duration::from_millis(100))
+        .with_max_delay(Duration::from_secs(5))
+        .with_factor(2.0)
+        .with_jitter()
+        .without_max_times()
+        .build()
+}
+
+impl Health {
+    fn degraded(&self) -> Option<String> {
+        self.tx.borrow().error.clone()
+    }
+
+    /// A commit failed: refuse writes from now on and start probing (once per outage).
+    fn fail(&self, error: String) {
+        if self.degraded().is_some() {
+            return;
+        }
+        tracing::error!(error = %error, "the store cannot commit: degraded, writes are refused until a probe commits");
+        self.tx.send_replace(StoreHealth::degraded(error));
+        let probes = self.probes.clone();
+        let mut watch = self.tx.subscribe();
+        // Its own thread, so the writer never sleeps: it keeps answering (and refusing).
+        let spawned = std::thread::Builder::new()
+            .name("store-probe".into())
+            .spawn(move || {
+                for delay in probe_delays() {
+                    std::thread::sleep(delay);
+                    if watch.borrow_and_update().is_ok()
+                        || probes.blocking_send(WriteCmd::Probe).is_err()
+                    {
+                        return;
+                    }
+                }
+            });
+        if let Err(e) = spawned {
+            tracing::error!(error = %e, "the store's recovery probe could not start");
+        }
+    }
+
+    fn recovered(&self) {
+        tracing::info!("a probe write committed: the store is healthy again");
+        self.tx.send_replace(StoreHealth::ok());
+    }
+}
+
+/// One small write through the whole commit path (a WAL frame, an fsync).
+fn probe(conn: &mut Connection) -> rusqlite::Result<()> {
+    let tx = conn.transaction()?;
+    tx.execute(
+        "CREATE TABLE IF NOT EXISTS store_probe (id INTEGER PRIMARY KEY, at INTEGER NOT NULL)",
+        [],
+    )?;
+    tx.execute(
+        "INSERT OR REPLACE INTO store_probe (id, at) VALUES (1, ?1)",
+        [now_ms()],
+    )?;
+    tx.commit()
+}
+
+/// Refuse a database that fails SQLite's `quick_check` (page structure, record formats,
+/// index entry counts): writing to a broken file only spreads the damage.
+fn check_integrity(conn: &Connection, path: &Path) -> StoreResult<()> {
+    let corrupt = |detail: String| StoreError::Corrupt {
+        path: path.to_owned(),
+        detail,
+    };
+    let lines = conn
+        .prepare("PRAGMA quick_check(8)")
+        .and_then(|mut stmt| {
+            stmt.query_map([], |r| r.get::<_, String>(0))?
+                .collect::<Result<Vec<_>, _>>()
+        })
+        .map_err(|e| corrupt(e.to_string()))?;
+    if lines.len() == 1 && lines[0] == "ok" {
+        return Ok(());
+    }
+    Err(corrupt(lines.join("; ")))
+}
+
+fn writer_loop(mut conn: Connection, mut rx: mpsc::Receiver<WriteCmd>, health: Health) {
     // A command taken off the queue while gathering a group that is not an append; it runs
     // after the group commits, which keeps FIFO order.
     let mut held: Option<WriteCmd> = None;
-    // Set once a group commit fails. Appends are pipelined, so events queued behind a failed
-    // group belong to the same sessions: storing them would leave a gap in those sessions'
-    // streams. Refusing every later append keeps "brackets are never dropped" true at the
-    // price of availability (fail-stop); a restart of the host clears it.
-    let mut stopped: Option<String> = None;
     loop {
         let first = match held.take() {
             Some(cmd) => cmd,
@@ -750,12 +999,46 @@ fn writer_loop(
                 None => break,
             },
         };
+        // While degraded nothing is written: appends are pipelined, so events queued behind a
+        // failed group belong to the same sessions, and storing them would leave a gap in
+        // those sessions' streams. The session layer closes what the outage cut short once
+        // the store is back.
+        let down = health.degraded();
         match first {
             WriteCmd::Stop => break,
-            WriteCmd::Exec(job) => job(&mut conn),
-            WriteCmd::Append { reply, .. } if stopped.is_some() => {
-                let reason = stopped.clone().unwrap_or_default();
-                let _ignored = reply.send(Err(StoreError::AppendsStopped(reason)));
+            #[cfg(test)]
+            WriteCmd::Unchecked(job) => job(&mut conn),
+            WriteCmd::Probe => {
+                if down.is_some() {
+                    match probe(&mut conn) {
+                        Ok(()) => health.recovered(),
+                        Err(e) => tracing::debug!(error = %e, "store probe failed"),
+                    }
+                }
+            }
+            WriteCmd::Exec(job) => {
+                let failure = match down {
+                    Some(reason) => job(Err(StoreError::Unavailable(reason))),
+                    None => job(Ok(&mut conn)),
+                };
+                if !conn.is_autocommit() {
+                    // A failed job left its transaction open: roll it back, or the next
+                    // group would commit inside it.
+                    if let Err(e) = conn.execute_batch("ROLLBACK") {
+                        tracing::error!(error = %e, "rolling back a failed write failed");
+                    }
+                }
+                // A write that failed for lack of space or I/O: the next commit would fail the
+                // same way.
+                if let Some(reason) = failure
+                    && health.degraded().is_none()
+                {
+                    health.fail(reason);
+                }
+            }
+            WriteCmd::Append { reply, .. } if down.is_some() => {
+                let reason = down.unwrap_or_default();
+                let _ignored = reply.send(Err(StoreError::Unavailable(reason)));
             }
             WriteCmd::Append { events, reply } => {
                 let mut group = vec![(events, reply)];
@@ -773,15 +1056,7 @@ fn writer_loop(
                         Err(_) => break,
                     }
                 }
-                if let Err(reason) = commit_group(&mut conn, group) {
-                    stopped = Some(reason);
-                }
-                rows_since_checkpoint += rows;
-                if rows_since_checkpoint >= CHECKPOINT_EVERY_ROWS {
-                    rows_since_checkpoint = 0;
-                    // Full means one is already pending, which covers this one too.
-                    let _pending = checkpoint.try_send(());
-                }
+                commit_group(&mut conn, group, &health);
             }
         }
     }
@@ -790,11 +1065,9 @@ fn writer_loop(
 
 type AppendReply = oneshot::Sender<StoreResult<Vec<i64>>>;
 
-/// Commit a group; on failure every caller gets the error and the reason is returned.
-fn commit_group(
-    conn: &mut Connection,
-    group: Vec<(Vec<NewEvent>, AppendReply)>,
-) -> Result<(), String> {
+/// Commit a group. On failure the store is degraded first, then every caller gets the error:
+/// whoever sees a refused event also sees the store's health say why.
+fn commit_group(conn: &mut Connection, group: Vec<(Vec<NewEvent>, AppendReply)>, health: &Health) {
     let result = (|| -> rusqlite::Result<Vec<Vec<i64>>> {
         let tx = conn.transaction()?;
         let mut all = Vec::with_capacity(group.len());
@@ -828,16 +1101,15 @@ fn commit_group(
                 // A dropped receiver means the publisher stopped caring; the rows are durable.
                 let _ignored = reply.send(Ok(seqs));
             }
-            Ok(())
         }
         Err(e) => {
             // The original error (with its SQLite code) is kept in the message.
             let message = e.to_string();
-            tracing::error!(error = %message, groups = group.len(), "group commit failed; nothing of it was stored; event appends stop");
+            tracing::error!(error = %message, groups = group.len(), "group commit failed; nothing of it was stored");
+            health.fail(message.clone());
             for (_, reply) in group {
                 let _ignored = reply.send(Err(StoreError::CommitFailed(message.clone())));
             }
-            Err(message)
         }
     }
 }
@@ -903,6 +1175,184 @@ mod tests {
         );
         drop(store);
         threads.shutdown().await;
+    }
+
+    /// Cap (or uncap) the database's size on the writer's connection: a real SQLITE_FULL.
+    async fn max_pages(store: &Store, pages: Option<i64>) {
+        let (tx, rx) = oneshot::channel();
+        let job: Job = Box::new(move |conn| {
+            let pages = pages.unwrap_or_else(|| {
+                conn.query_row("PRAGMA page_count", [], |r| r.get(0))
+                    .unwrap()
+            });
+            conn.pragma_update(None, "max_page_count", pages).unwrap();
+            tx.send(()).unwrap();
+        });
+        store
+            .writer
+            .send(WriteCmd::Unchecked(job))
+            .await
+            .ok()
+            .unwrap();
+        rx.await.unwrap();
+    }
+
+    fn big(session: &str, n: usize) -> NewEvent {
+        NewEvent {
+            payload: format!(
+                r#"{{"k":"text.end","sessionId":"{session}","text":"{}"}}"#,
+                "x".repeat(64 * 1024)
+            )
+            .into(),
+            ..event(session, n)
+        }
+    }
+
+    #[tokio::test]
+    async fn a_failed_commit_degrades_the_store_until_a_probe_commits() {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, threads) = Store::open(&dir.path().join("t.db")).unwrap();
+        let first = store.append(vec![event("a", 1)]).await.unwrap();
+        assert_eq!(first.await.unwrap().unwrap(), vec![1]);
+        assert!(store.health().is_ok());
+        let mut health = store.watch_health();
+
+        // The disk is full: no page can be added.
+        max_pages(&store, None).await;
+        let failed = store.append(vec![big("a", 2), big("a", 3)]).await.unwrap();
+        assert!(matches!(
+            failed.await.unwrap(),
+            Err(StoreError::CommitFailed(_))
+        ));
+        let down = store.health();
+        assert_eq!(down.state, "degraded");
+        assert!(
+            down.error.as_deref().unwrap_or_default().contains("full"),
+            "{down:?}"
+        );
+        // Everything after is refused without touching the file, appends and rows alike.
+        let refused = store.append(vec![event("a", 4)]).await.unwrap();
+        assert!(matches!(
+            refused.await.unwrap(),
+            Err(StoreError::Unavailable(_))
+        ));
+        let row = store.insert_session(SessionRow {
+            session_id: "s".into(),
+            agent_type: "claude".into(),
+            native_session_id: None,
+            cwd: "/".into(),
+            parent_session_id: None,
+            title: None,
+            state: "idle".into(),
+            created_at_ms: 1,
+            updated_at_ms: 1,
+            fork_of: None,
+        });
+        assert!(matches!(row.await, Err(StoreError::Unavailable(_))));
+
+        // Space again: a probe commits and the store is healthy by itself.
+        max_pages(&store, Some(1_000_000)).await;
+        let back = tokio::time::timeout(Duration::from_secs(20), async {
+            loop {
+                health.changed().await.unwrap();
+                if health.borrow_and_update().is_ok() {
+                    break;
+                }
+            }
+        })
+        .await;
+        assert!(
+            back.is_ok(),
+            "the store did not recover: {:?}",
+            store.health()
+        );
+        let after = store.append(vec![event("a", 5)]).await.unwrap();
+        let seqs = after.await.unwrap().unwrap();
+        let hist = store.history("a".into(), 0, 10).await.unwrap();
+        let texts: Vec<_> = hist.iter().map(|e| e.message_id.as_str()).collect();
+        assert_eq!(texts, vec!["m1", "m5"], "only what was committed is stored");
+        assert_eq!(hist[1].sequence_id, seqs[0]);
+        drop(store);
+        threads.shutdown().await;
+    }
+
+    #[tokio::test]
+    async fn many_small_writes_keep_the_wal_small_and_idle_truncates_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.db");
+        let wal = dir.path().join("t.db-wal");
+        let (store, threads) = Store::open(&path).unwrap();
+        let mut largest = 0;
+        for i in 0..3000 {
+            store
+                .insert_subscriber(SubscriberRow {
+                    subscriber_id: format!("s{i}"),
+                    kind: "local".into(),
+                    session_id: None,
+                    forward_deltas: false,
+                    replay_mode: "none".into(),
+                    max_count: 200,
+                    most_recent_sequence_id: 0,
+                    deltas_dropped: 0,
+                    created_at_ms: 1,
+                    updated_at_ms: 1,
+                })
+                .await
+                .unwrap();
+            largest = largest.max(std::fs::metadata(&wal).map_or(0, |m| m.len()));
+        }
+        // 3000 transactions of a few pages each would be ~40 MiB of WAL unchecked.
+        assert!(
+            largest < 2 * WAL_LIMIT_BYTES as u64,
+            "the WAL grew to {largest} bytes"
+        );
+        // Idle: the WAL is checkpointed and truncated (waited for, bounded).
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while std::fs::metadata(&wal).map_or(0, |m| m.len()) > 0 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the idle WAL was not truncated"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert_eq!(store.list_subscribers().await.unwrap().len(), 3000);
+        drop(store);
+        threads.shutdown().await;
+    }
+
+    #[tokio::test]
+    async fn a_corrupt_database_is_refused_and_not_written() {
+        use std::io::{Seek, SeekFrom, Write};
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.db");
+        let (store, threads) = Store::open(&path).unwrap();
+        for chunk in 0..20 {
+            let events = (0..50).map(|i| big("a", chunk * 50 + i)).collect();
+            store.append(events).await.unwrap().await.unwrap().unwrap();
+        }
+        drop(store);
+        threads.shutdown().await;
+        let len = std::fs::metadata(&path).unwrap().len();
+        let mut file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+        file.seek(SeekFrom::Start(len / 2)).unwrap();
+        file.write_all(&[0xA5; 8192]).unwrap();
+        drop(file);
+        let before = std::fs::read(&path).unwrap();
+        match Store::open(&path) {
+            Err(StoreError::Corrupt {
+                path: named,
+                detail,
+            }) => {
+                assert_eq!(named, path);
+                assert!(!detail.is_empty());
+            }
+            Err(e) => panic!("expected Corrupt, got {e}"),
+            Ok(_) => panic!("a corrupt database was opened"),
+        }
+        assert!(
+            std::fs::read(&path).unwrap() == before,
+            "the corrupt file was written"
+        );
     }
 
     #[tokio::test]

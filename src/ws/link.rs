@@ -480,6 +480,7 @@ fn session_err(e: SessionError) -> (ErrorCode, String) {
         SessionError::PermissionNotFound(_) => ErrorCode::PermissionNotFound,
         SessionError::AlreadyResolved { .. } => ErrorCode::AlreadyResolved,
         SessionError::ShuttingDown => ErrorCode::ShuttingDown,
+        SessionError::StoreUnavailable(_) => ErrorCode::StoreUnavailable,
         SessionError::Store(_) => ErrorCode::StoreFailed,
     };
     (code, message)
