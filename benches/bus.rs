@@ -25,6 +25,7 @@ fn bracket(session: &str, n: usize) -> Event {
         session,
         Some("run-0001".to_owned()),
         EventBody::TextEnd(BlockEnd {
+            truncated: None,
             item_id: Some(format!("item-{n}")),
             text: "lorem ipsum dolor sit amet ".repeat(8),
         }),

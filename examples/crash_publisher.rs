@@ -48,6 +48,7 @@ async fn main() -> anyhow::Result<()> {
                 session_id.as_str(),
                 Some("run".to_owned()),
                 EventBody::TextEnd(BlockEnd {
+                    truncated: None,
                     item_id: Some(item.clone()),
                     text: "x".repeat(200),
                 }),

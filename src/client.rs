@@ -383,9 +383,13 @@ pub fn is_detached_host() -> bool {
 /// `host.shutdown`. `on_ready` gets the success reply once the host answers on IPC; the
 /// returned reply is the final outcome (an error if the host could not start).
 pub async fn run_foreground(
-    config: Config,
+    mut config: Config,
     on_ready: impl FnOnce(Reply) + Send + 'static,
 ) -> Reply {
+    // This process is the host and nothing else: it may adopt its agents' orphans.
+    config.adopt_orphans = true;
+    let open_files = instance::raise_open_files_limit();
+    tracing::debug!(?open_files, "open-files limit");
     let (ready_tx, ready_rx) = tokio::sync::oneshot::channel::<daemon::Ready>();
     let announcer = tokio::spawn(async move {
         if let Ok(ready) = ready_rx.await {

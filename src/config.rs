@@ -149,7 +149,7 @@ impl Default for RelayTiming {
 /// One agent's settings in `config.toml`: a built-in family's (`[agents.claude] binary = …`),
 /// or a user-registered agent's (`[agents.my-agent] command = ["my-agent", "--acp"]`,
 /// `protocol = "acp"`), which becomes an agent type of its own.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct AgentConfig {
     /// A path, or a name looked up on `PATH`.
@@ -167,8 +167,48 @@ pub struct AgentConfig {
     pub env: std::collections::BTreeMap<String, String>,
 }
 
+/// Environment values are secrets (API keys): a `Debug` of anything holding them shows only
+/// the names.
+pub struct EnvNames<'a, I: Iterator<Item = &'a String> + Clone>(pub I);
+
+impl<'a, I: Iterator<Item = &'a String> + Clone> std::fmt::Debug for EnvNames<'a, I> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_map()
+            .entries(self.0.clone().map(|k| (k, "<redacted>")))
+            .finish()
+    }
+}
+
+impl std::fmt::Debug for AgentConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AgentConfig")
+            .field("binary", &self.binary)
+            .field("command", &self.command)
+            .field("protocol", &self.protocol)
+            .field("env", &EnvNames(self.env.keys()))
+            .finish()
+    }
+}
+
+impl std::fmt::Debug for Config {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Config")
+            .field("home", &self.home)
+            .field("log_level", &self.log_level)
+            .field("ipc_read_timeout", &self.ipc_read_timeout)
+            .field("ws_port", &self.ws_port)
+            .field("ws_allowed_origins", &self.ws_allowed_origins)
+            .field("env", &EnvNames(self.env.iter().map(|(k, _)| k)))
+            .field("agent_idle_timeout", &self.agent_idle_timeout)
+            .field("agents", &self.agents)
+            .field("relay", &self.relay)
+            .field("adopt_orphans", &self.adopt_orphans)
+            .finish_non_exhaustive()
+    }
+}
+
 /// Everything the host and the CLI need to know about where things live.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct Config {
     pub home: PathBuf,
     pub log_level: String,
@@ -189,6 +229,10 @@ pub struct Config {
     pub agents: std::collections::BTreeMap<String, AgentConfig>,
     /// The remote relay, if configured.
     pub relay: Option<RelayConfig>,
+    /// The host owns its whole process (the binary's `host.start`), so it may become the
+    /// subreaper of its agents' orphans and reap them (`adapter::reap`). Off when embedded:
+    /// other code in the process owns children of its own.
+    pub adopt_orphans: bool,
 }
 
 impl Config {
@@ -242,6 +286,7 @@ impl Config {
             ),
             agents: file.agents,
             relay: file.relay,
+            adopt_orphans: false,
         })
     }
 
@@ -327,6 +372,25 @@ fn read_file_config(path: &Path) -> Result<FileConfig, ConfigError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn debug_never_shows_an_env_value() {
+        let mut config = Config::with_home("/nonexistent-home").unwrap();
+        config.env = vec![("ANTHROPIC_API_KEY".into(), "sk-ant-canary-1".into())];
+        config.agents.insert(
+            "x".into(),
+            AgentConfig {
+                env: [("MY_KEY".to_owned(), "canary-2".to_owned())].into(),
+                ..AgentConfig::default()
+            },
+        );
+        let shown = format!("{config:?}");
+        assert!(
+            shown.contains("ANTHROPIC_API_KEY") && shown.contains("MY_KEY"),
+            "{shown}"
+        );
+        assert!(!shown.contains("canary"), "{shown}");
+    }
 
     #[test]
     fn home_is_created_private_and_tightened() {

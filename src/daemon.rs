@@ -1,7 +1,7 @@
 //! Wiring only: builds every part of the host, reports readiness, and tears it down in order.
 //!
-//! Start: home → instance lock → store → bus → sessions → WebSocket listener (port into the
-//! lock file) → IPC socket → `ready`. Shutdown (on the caller's `shutdown` future or `host.shutdown`) is a tree, leaves
+//! Start: home → instance lock → end what a dead host of this home left running → store → bus
+//! → sessions → WebSocket listener (port into the lock file) → IPC socket → `ready`. Shutdown (on the caller's `shutdown` future or `host.shutdown`) is a tree, leaves
 //! first: stop accepting IPC and finish in-flight requests → session actors and their agents → drain the bus
 //! (queued brackets are committed and fanned out) → flush and join the store threads →
 //! release the lock. The socket file goes with the listener, the lock with the last line.
@@ -17,6 +17,7 @@ use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
 use crate::adapter::AgentSettings;
+use crate::adapter::reap;
 use crate::bus::{Bus, BusError};
 use crate::config::{Config, ConfigError};
 use crate::dispatch::Dispatcher;
@@ -93,6 +94,14 @@ async fn serve(
 ) -> Result<(), DaemonError> {
     let ipc_path = config.ipc_path();
     tracing::info!(home = %config.home.display(), version = crate::VERSION, "host starting");
+    // We hold the lock: whatever carries this home's marker was left by a dead host.
+    let leftovers = reap::end_leftovers(&reap::HomeMarker::of(&config.home));
+    if !leftovers.is_empty() {
+        tracing::warn!(
+            count = leftovers.len(),
+            "ended processes a previous host of this home left running"
+        );
+    }
 
     let db_path = config.db_path();
     let (store, store_threads) = tokio::task::spawn_blocking(move || Store::open(&db_path))
@@ -111,6 +120,16 @@ async fn serve(
 
     let root = CancellationToken::new();
     let tracker = TaskTracker::new();
+    // Its agents' orphans come to this process, which reaps them (binary host only).
+    let orphans = CancellationToken::new();
+    if config.adopt_orphans {
+        match reap::adopt_orphans(orphans.clone()) {
+            Ok(_task) => tracing::debug!("adopting the orphans of agents"),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot become a subreaper; orphans of agents go to init")
+            }
+        }
+    }
 
     // The loopback WebSocket server; its port goes into the lock file before anyone is told.
     let ws_listener = ws::server::bind(config.ws_port)
@@ -193,6 +212,10 @@ async fn serve(
     // 2. Sessions: queued prompts dropped, running turns interrupted, agents closed; their
     //    last events go onto the bus.
     sessions.shutdown().await;
+    if config.adopt_orphans {
+        reap::end_adopted();
+    }
+    orphans.cancel();
     // 3. Bus: everything queued is committed and fanned out.
     drop(bus);
     bus_tasks.shutdown().await;

@@ -11,7 +11,8 @@
 //! - [`dispatch`] — typed command → reply inside the host; module errors → wire codes.
 //! - [`ipc`] — the Unix-socket transport; [`ws`] — the loopback WebSocket transport.
 //! - [`watch`] — file watching (`notify`), handed to the session layer through its `Launcher`.
-//! - [`instance`], [`config`] — the lock file and where things live.
+//! - [`instance`], [`config`] — the lock file and where things live; [`redact`] — secrets by
+//!   shape out of text agents write (their stderr).
 //! - [`daemon`] — wiring and ordered shutdown; [`run`] is its entry point.
 //! - [`client`] — the CLI's routing: local, IPC or hybrid; [`follow`] — the terminal follower.
 //!
@@ -25,10 +26,14 @@ pub mod config;
 pub mod daemon;
 pub mod dispatch;
 pub mod follow;
+/// For the fuzz targets in `fuzz/` and the corpus replay test; not an API.
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod instance;
 pub mod ipc;
 pub mod logging;
 pub mod protocol;
+pub mod redact;
 pub mod relay;
 pub mod session;
 pub mod store;

@@ -37,13 +37,14 @@ pub fn init_host_logging(config: &Config, also_stderr: bool) -> Option<WorkerGua
     installed.ok().map(|()| guard)
 }
 
-/// tungstenite logs whole handshake requests at `trace`, `Authorization` header included: the
-/// relay token must not reach a log whatever level a user asks for.
+/// tungstenite logs whole handshake requests at `trace`, `Authorization` header included, and
+/// every frame's payload (prompts, agent output): neither the relay token nor a conversation
+/// may reach a log whatever level a user asks for.
 fn quiet_handshakes(filter: EnvFilter) -> EnvFilter {
-    match "tungstenite::handshake=debug".parse() {
-        Ok(directive) => filter.add_directive(directive),
-        Err(_) => filter,
-    }
+    ["tungstenite=debug", "tokio_tungstenite=debug"]
+        .into_iter()
+        .filter_map(|d| d.parse().ok())
+        .fold(filter, EnvFilter::add_directive)
 }
 
 /// For CLI invocations: warnings and errors to stderr only, stdout stays one JSON line.

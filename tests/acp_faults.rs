@@ -48,6 +48,8 @@ impl Fake {
                 agent("fake-newid", "new-on-resume"),
                 agent("fake-junk", "junk-and-die"),
                 agent("fake-hang", "hang-on-new"),
+                agent("fake-huge", "huge-block"),
+                agent("fake-failnew", "fail-new"),
             ]
             .concat(),
         )
@@ -250,4 +252,87 @@ async fn a_hung_agent_is_stopped_with_the_host() {
         .unwrap_or_else(|| panic!("no run.end: {history}"));
     assert!(end.to_string().contains("interrupted"), "{end}");
     host.stop().await;
+}
+
+/// Defect: a 5 MiB text block became an `event_too_large` warning and its `text.start` was
+/// never closed. Now every `*.start` gets its `*.end`: the end holds the start of the text,
+/// marked `truncated` with the full size, and fits the 4 MiB event limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_block_over_the_event_limit_is_closed_truncated() {
+    let fake = Fake::start().await;
+    let session = fake.host().session_of("fake-huge", &fake.work).await;
+    let mut f = follow(fake.host(), &session, false).await;
+    let (run, end) = fake.turn(&mut f, &session, "big one").await;
+    assert_eq!(end["state"], "completed", "{end}");
+    let history = fake.history(&session).await;
+    let of_run: Vec<&Value> = history
+        .iter()
+        .filter(|e| e["run_id"] == json!(run))
+        .map(|e| &e["event"])
+        .collect();
+    let starts = of_run.iter().filter(|e| e["k"] == "text.start").count();
+    let ends: Vec<&&Value> = of_run.iter().filter(|e| e["k"] == "text.end").collect();
+    assert_eq!(starts, 1, "{of_run:?}");
+    assert_eq!(ends.len(), 1, "the text.start was not closed");
+    let end = ends[0];
+    let full = 6 + 5 * 1024 * 1024;
+    assert_eq!(
+        end["truncated"]["fullBytes"],
+        json!(full),
+        "{}",
+        end["truncated"]
+    );
+    let kept = end["text"].as_str().unwrap();
+    assert!(kept.starts_with("start xxx"));
+    assert_eq!(end["truncated"]["keptBytes"], json!(kept.len()));
+    assert!(kept.len() < agent_host::bus::MAX_EVENT_BYTES);
+    assert!(
+        kept.len() > 3 * 1024 * 1024,
+        "kept only {} bytes",
+        kept.len()
+    );
+    fake.host.unwrap().stop().await;
+}
+
+/// Defect: an ACP agent failed with only `session/new failed: Internal error`, while its
+/// JSON-RPC error `data` said why. The run's `error` event and `run.end` carry the agent's own
+/// detail (the error data and its last stderr lines, with secrets redacted).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_failure_carries_the_agents_own_detail() {
+    let fake = Fake::start().await;
+    let session = fake.host().session_of("fake-failnew", &fake.work).await;
+    let mut f = follow(fake.host(), &session, false).await;
+    let (run, end) = fake.turn(&mut f, &session, "hello?").await;
+    assert_eq!(end["state"], "failed", "{end}");
+    let message = end["message"].as_str().unwrap();
+    assert!(message.contains("Internal error"), "{message}");
+    assert!(
+        message.contains("Claude Code process exited with code 1"),
+        "{message}"
+    );
+    assert!(
+        message.contains("invalid configuration at line 3"),
+        "{message}"
+    );
+    assert!(
+        !message.contains("fakefakefake"),
+        "a secret reached the event: {message}"
+    );
+    assert!(
+        message.contains("ANTHROPIC_API_KEY=[REDACTED]"),
+        "{message}"
+    );
+    let history = fake.history(&session).await;
+    let error = history
+        .iter()
+        .find(|e| e["run_id"] == json!(run) && e["event"]["k"] == "error")
+        .unwrap();
+    assert!(
+        error["event"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("Claude Code process exited with code 1"),
+        "{error}"
+    );
+    fake.host.unwrap().stop().await;
 }

@@ -74,6 +74,7 @@ fn end(session: &str, item: &str) -> Event {
         session,
         run(),
         EventBody::TextEnd(BlockEnd {
+            truncated: None,
             item_id: Some(item.to_owned()),
             text: format!("whole text of {item}"),
         }),

@@ -62,6 +62,7 @@ fn real_claude_turns_translate_into_canonical_events() {
             base_env: filter_env(env),
             extra_env: Vec::new(),
             session_id: Some("host-session".into()),
+            home: None,
             label: "claude".into(),
         })
         .unwrap();
@@ -193,6 +194,7 @@ fn the_claude_driver_runs_turns_cancels_and_survives_a_kill() {
             base_env: env.clone(),
             extra_env: Vec::new(),
             host_session_id: "host-1".into(),
+            home: None,
             native,
         };
         let wait = Duration::from_secs(60);

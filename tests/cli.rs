@@ -18,7 +18,7 @@ use std::process::{ExitStatus, Stdio};
 use std::time::Duration;
 
 use agent_host::instance::{lock_held, read_lock_info, wait_released};
-use agent_host::protocol::envelope::{COMMANDS, ErrorCode};
+use agent_host::protocol::envelope::{COMMANDS, ErrorCode, MAX_REQUEST_BYTES};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use serde_json::{Value, json};
@@ -527,4 +527,179 @@ async fn argv_errors() {
     }
     // Refused before any routing: no home was needed or made.
     assert!(!home.home.exists());
+}
+
+/// Defect: the CLI could not send a prompt over ~128 KiB (the kernel's limit on one argument).
+/// `-` reads the params (or, in place of the envelope, the whole envelope) from stdin.
+#[tokio::test]
+async fn params_from_stdin_carry_a_prompt_larger_than_an_argument() {
+    use tokio::io::AsyncWriteExt;
+    let home = Home::new();
+    let work = tempfile::tempdir().unwrap();
+    home.start().await;
+    let created = home
+        .ok(&[&create_envelope(&work.path().display().to_string())])
+        .await;
+    let id = created["session_id"].as_str().unwrap().to_owned();
+    let text = "long prompt ".repeat(200 * 1024 / 12);
+    let params = json!({"session_id": id, "text": text}).to_string();
+    assert!(params.len() > 200 * 1024);
+    // As an argument it cannot even be passed to the program.
+    let too_big = home.command(&["session.send", &params]).output().await;
+    assert_eq!(
+        too_big.err().and_then(|e| e.raw_os_error()),
+        Some(libc::E2BIG),
+        "the kernel took a {} byte argument",
+        params.len()
+    );
+    let stdin_call = |args: &[&str], input: String| {
+        let mut cmd = home.command(args);
+        cmd.stdin(Stdio::piped());
+        let mut child = cmd.spawn().unwrap();
+        let mut stdin = child.stdin.take().unwrap();
+        async move {
+            stdin.write_all(input.as_bytes()).await.unwrap();
+            drop(stdin);
+            let output = tokio::time::timeout(CLI_TIMEOUT, child.wait_with_output())
+                .await
+                .unwrap()
+                .unwrap();
+            Out::check(&["(stdin)"], output.status, &output.stdout, &output.stderr)
+        }
+    };
+    let sent = stdin_call(&["session.send", "-"], params).await;
+    assert_eq!(sent.code, 0, "{}", sent.describe());
+    let run = sent.data()["run_id"].as_str().unwrap().to_owned();
+    // The whole prompt is what the run's user.text holds (published at dispatch).
+    let deadline = std::time::Instant::now() + CLI_TIMEOUT;
+    loop {
+        let history = home
+            .ok(&["session.history", &json!({"session_id": id}).to_string()])
+            .await;
+        let user = history["events"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["run_id"] == json!(run) && e["kind"] == "user.text")
+            .cloned();
+        if let Some(user) = user {
+            assert_eq!(user["event"]["text"], json!(text));
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no user.text: {history}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // A whole envelope from stdin, and the refusals.
+    let status = stdin_call(&["-"], r#"{"command":"host.status"}"#.to_owned()).await;
+    assert_eq!(status.code, 0, "{}", status.describe());
+    assert_eq!(status.data()["store"]["state"], json!("ok"));
+    let empty = stdin_call(&["session.send", "-"], String::new()).await;
+    assert_eq!(empty.code, i64::from(ErrorCode::EmptyRequest.number()));
+    let huge = stdin_call(&["session.list", "-"], " ".repeat(MAX_REQUEST_BYTES + 10)).await;
+    assert_eq!(huge.code, i64::from(ErrorCode::RequestTooLarge.number()));
+    home.shutdown().await;
+}
+
+/// Defect: `host.relay.set` took any URL (retried for ever) and logged it raw, so a newline in
+/// it forged a log line. Now it is checked as the relay client checks a configuration, and
+/// nothing untrusted reaches the log unescaped.
+#[tokio::test]
+async fn host_relay_set_checks_the_url_and_the_log_cannot_be_forged() {
+    let home = Home::new();
+    home.start().await;
+    for url in [
+        "ws://203.0.113.1/relay",
+        "\u{0}://",
+        "http://127.0.0.1:1/",
+        "wss://",
+        "wss://relay.example\n2026-12-01T00:00:00Z ERROR forged line",
+    ] {
+        let params = json!({"url": url, "token": "t"}).to_string();
+        let out = home.cli(&["host.relay.set", &params]).await;
+        assert_eq!(
+            out.code,
+            i64::from(ErrorCode::InvalidParams.number()),
+            "{url:?}: {}",
+            out.describe()
+        );
+    }
+    let status = home.ok(&["host.status"]).await;
+    assert_eq!(status["relay"]["state"], json!("disabled"), "{status}");
+    let off = home.ok(&["host.relay.set", "{}"]).await;
+    assert_eq!(off["relay"]["state"], json!("disabled"));
+    home.shutdown().await;
+    let log = std::fs::read_to_string(home.home.join("logs/host.log")).unwrap();
+    assert!(!log.contains("forged line"), "{log}");
+    assert!(!log.contains('\u{1b}'), "a raw ESC reached the log");
+    for line in log.lines() {
+        assert!(
+            line.starts_with("20") || line.trim().is_empty(),
+            "a line that is not a log record: {line:?}"
+        );
+    }
+}
+
+/// Defect: with 8 KiB of garbage in the middle of `host.db`, `host.start` answered 0 and a
+/// prompt was appended to the broken file. Now the start is refused with `store_corrupt`
+/// naming the file, and the file is not written.
+#[tokio::test]
+async fn a_corrupt_database_is_refused_at_start_and_never_written() {
+    use std::io::{Seek, SeekFrom, Write};
+    let home = Home::new();
+    home.start().await;
+    home.shutdown().await;
+    {
+        // A store of some size, as months of use leave it.
+        let mut db = rusqlite::Connection::open(home.db_path()).unwrap();
+        let tx = db.transaction().unwrap();
+        for i in 0..5000 {
+            tx.execute(
+                "INSERT INTO messages (message_id, session_id, run_id, kind, payload, created_at) \
+                 VALUES (?1, 's', 'r', 'text.end', ?2, 0)",
+                rusqlite::params![format!("m{i}"), "p".repeat(300)],
+            )
+            .unwrap();
+        }
+        tx.commit().unwrap();
+        db.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))
+            .unwrap();
+    }
+    let len = std::fs::metadata(home.db_path()).unwrap().len();
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .open(home.db_path())
+        .unwrap();
+    file.seek(SeekFrom::Start(len / 2)).unwrap();
+    file.write_all(&[0x5a; 8192]).unwrap();
+    drop(file);
+    let before = std::fs::read(home.db_path()).unwrap();
+
+    let refused = home.cli(&["host.start"]).await;
+    assert_eq!(
+        refused.code,
+        i64::from(ErrorCode::StoreCorrupt.number()),
+        "{}",
+        refused.describe()
+    );
+    assert_eq!(
+        refused.data()["path"],
+        json!(home.db_path().display().to_string())
+    );
+    assert!(
+        refused.reply["message"]
+            .as_str()
+            .unwrap()
+            .contains("move the file aside"),
+        "{}",
+        refused.describe()
+    );
+    assert!(
+        std::fs::read(home.db_path()).unwrap() == before,
+        "the corrupt file was written"
+    );
+    let status = home.ok(&["host.status"]).await;
+    assert_eq!(status["running"], json!(false), "{status}");
 }

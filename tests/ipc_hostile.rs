@@ -35,16 +35,23 @@ struct Host {
     _dir: TempDir,
     home: PathBuf,
     pid: u32,
+    /// `AGENT_HOST_IPC_TIMEOUT_MS`, or the host's default (5 s).
+    ipc_timeout_ms: Option<&'static str>,
 }
 
 impl Host {
     async fn start() -> Host {
+        Self::start_with(Some("300")).await
+    }
+
+    async fn start_with(ipc_timeout_ms: Option<&'static str>) -> Host {
         let dir = tempfile::tempdir().unwrap();
         let home = dir.path().join("home");
         let mut host = Host {
             _dir: dir,
             home,
             pid: 0,
+            ipc_timeout_ms,
         };
         let data = host.cli_ok("host.start").await;
         host.pid = u32::try_from(data["pid"].as_u64().unwrap()).unwrap();
@@ -56,10 +63,18 @@ impl Host {
     }
 
     async fn cli_ok(&self, command: &str) -> Value {
-        let output = tokio::process::Command::new(BIN)
-            .arg(command)
-            .env("AGENT_HOST_HOME", &self.home)
-            .env("AGENT_HOST_IPC_TIMEOUT_MS", "300")
+        self.cli_ok_with(command, None).await
+    }
+
+    async fn cli_ok_with(&self, command: &str, params: Option<&str>) -> Value {
+        let mut cmd = tokio::process::Command::new(BIN);
+        cmd.arg(command)
+            .args(params)
+            .env("AGENT_HOST_HOME", &self.home);
+        if let Some(ms) = self.ipc_timeout_ms {
+            cmd.env("AGENT_HOST_IPC_TIMEOUT_MS", ms);
+        }
+        let output = cmd
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -449,5 +464,114 @@ async fn fifty_concurrent_clients() {
         assert_eq!(sessions[0]["session_id"], id, "client {i}: {reply}");
     }
     assert_alive(&host, "50 concurrent clients").await;
+    host.shutdown().await;
+}
+
+/// Defect: 300 idle IPC connections delayed a real request by 20 s, and 70 half-finished
+/// WebSocket upgrades made a good handshake wait 10 s. With the host's default timeouts (5 s
+/// for a request line, 10 s for an upgrade), 300 idle IPC connections and 200 half-open
+/// upgrades held open, a real request and a real handshake each complete within 1 s.
+#[tokio::test]
+async fn idle_connections_do_not_starve_real_clients() {
+    let host = Host::start_with(None).await;
+    let info = read_lock_info(&host.home.join("host.lock")).unwrap();
+    let port = info.ws_port.unwrap();
+    let grant = host
+        .cli_ok_with("subscriber.add", Some(r#"{"type":"local"}"#))
+        .await;
+
+    let mut idle = Vec::new();
+    for _ in 0..300 {
+        idle.push(UnixStream::connect(host.sock()).await.unwrap());
+    }
+    let mut half_open = Vec::new();
+    for _ in 0..200 {
+        let mut tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .unwrap();
+        // The start of an upgrade request, never finished.
+        tcp.write_all(b"GET /subscribe HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+            .await
+            .unwrap();
+        half_open.push(tcp);
+    }
+
+    let started = std::time::Instant::now();
+    let status = tokio::time::timeout(
+        EXCHANGE_TIMEOUT,
+        agent_host::ipc::request(
+            &host.sock(),
+            &json!({"command": "host.status"}),
+            EXCHANGE_TIMEOUT,
+        ),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    let request_took = started.elapsed();
+    assert_eq!(status.code, 0, "{status:?}");
+
+    let started = std::time::Instant::now();
+    let hello = agent_host::protocol::wire::pb::Hello::default();
+    let connected = tokio::time::timeout(
+        EXCHANGE_TIMEOUT,
+        agent_host::ws::client::connect(
+            grant["ws_endpoint"].as_str().unwrap(),
+            grant["ws_token"].as_str().unwrap(),
+            hello,
+        ),
+    )
+    .await
+    .unwrap();
+    let handshake_took = started.elapsed();
+    assert!(connected.is_ok(), "{:?}", connected.err());
+    eprintln!(
+        "with 300 idle IPC and 200 half-open upgrades: request {request_took:?}, handshake {handshake_took:?}"
+    );
+    assert!(
+        request_took < Duration::from_secs(1),
+        "request took {request_took:?}"
+    );
+    assert!(
+        handshake_took < Duration::from_secs(1),
+        "handshake took {handshake_took:?}"
+    );
+    drop((idle, half_open, connected));
+    host.shutdown().await;
+}
+
+/// Defect: `{"command":"host.status","command":"session.list"}` ran `session.list`. A
+/// duplicate key anywhere in a request is refused, over IPC and on the command line.
+#[tokio::test]
+async fn duplicate_keys_are_refused() {
+    let host = Host::start().await;
+    for request in [
+        r#"{"command":"host.status","command":"session.list"}"#,
+        r#"{"command":"session.list","params":{},"params":{}}"#,
+        r#"{"command":"session.send","params":{"session_id":"x","text":"a","text":"b"}}"#,
+    ] {
+        let reply = exchange(&host.sock(), line(request)).await;
+        assert_eq!(
+            reply["code"],
+            json!(ErrorCode::InvalidJson.number()),
+            "{request}: {reply}"
+        );
+        assert!(
+            reply["message"].as_str().unwrap().contains("duplicate key"),
+            "{reply}"
+        );
+    }
+    let output = tokio::process::Command::new(BIN)
+        .args(["session.get", r#"{"session_id":"a","session_id":"b"}"#])
+        .env("AGENT_HOST_HOME", &host.home)
+        .output()
+        .await
+        .unwrap();
+    let reply: Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(
+        reply["code"],
+        json!(ErrorCode::InvalidJson.number()),
+        "{reply}"
+    );
     host.shutdown().await;
 }

@@ -296,6 +296,7 @@ impl Translator {
     fn close_text(&mut self, out: &mut Vec<EventBody>) {
         if let Some(block) = self.text.take() {
             out.push(EventBody::TextEnd(BlockEnd {
+                truncated: None,
                 item_id: Some(block.item_id),
                 text: block.text,
             }));
@@ -305,6 +306,7 @@ impl Translator {
     fn close_thinking(&mut self, out: &mut Vec<EventBody>) {
         if let Some(block) = self.thinking.take() {
             out.push(EventBody::ThinkingEnd(BlockEnd {
+                truncated: None,
                 item_id: Some(block.item_id),
                 text: block.text,
             }));
@@ -473,6 +475,7 @@ impl Translator {
         {
             tool.call_ended = true;
             out.push(EventBody::ToolCallEnd(ToolCallEnd {
+                truncated: None,
                 call_id: id.to_owned(),
                 name: tool.name.clone(),
                 input: if tool.input.is_null() {
@@ -504,6 +507,7 @@ impl Translator {
         {
             tool.done = true;
             out.push(EventBody::ToolExecEnd(ToolExecEnd {
+                truncated: None,
                 call_id: id.to_owned(),
                 output: tool.output.clone(),
                 is_error,

@@ -28,7 +28,7 @@ use tokio::sync::{mpsc, oneshot};
 use super::acp::{self, AgentCaps, Translator};
 use super::jsonrpc::{Dialect, Incoming, RpcClient, RpcError, ServerRequest};
 use super::rpc_driver::{self, Closing, Gone, Io, Opening, open_or_close};
-use super::spawn::{SpawnSpec, Spawned, describe_exit, spawn};
+use super::spawn::{SpawnSpec, Spawned, StderrTail, describe_exit, spawn};
 use super::{AdapterError, AgentInput, AgentOutput, AgentSession, Native, OpenSpec};
 use crate::protocol::events::{ErrorCategory, EventBody, Notice};
 
@@ -52,6 +52,7 @@ pub fn open(spec: OpenSpec) -> Result<AgentSession, AdapterError> {
         permissions: HashMap::new(),
         prompt: None,
         open_error: None,
+        stderr: started.child.stderr(),
     };
     let pid = started.session.pid();
     let cwd = spec.cwd.display().to_string();
@@ -83,6 +84,22 @@ struct Driver {
     /// The answer of the running `session/prompt`.
     prompt: Option<oneshot::Receiver<Result<Value, RpcError>>>,
     open_error: Option<OpenError>,
+    /// What the agent wrote to stderr so far (redacted), for failure reports.
+    stderr: StderrTail,
+}
+
+/// A failure message with the agent's last stderr lines (where a CLI says why it failed).
+fn with_stderr(message: String, stderr: &[String]) -> String {
+    let lines: Vec<&str> = stderr
+        .iter()
+        .map(|l| l.trim())
+        .filter(|l| !l.is_empty())
+        .collect();
+    if lines.is_empty() {
+        return message;
+    }
+    let last = &lines[lines.len().saturating_sub(3)..];
+    format!("{message}; stderr: {}", last.join(" | "))
 }
 
 async fn prompt_answer(
@@ -308,9 +325,7 @@ impl Driver {
                     RpcError::Remote { code: -32000, .. } => ErrorCategory::AuthRequired,
                     _ => ErrorCategory::AgentFailed,
                 };
-                let message = e
-                    .remote_message()
-                    .map_or_else(|| e.to_string(), str::to_owned);
+                let message = e.detail();
                 self.failed(category, format!("session/new failed: {message}"));
                 Ok(())
             }
@@ -372,9 +387,7 @@ impl Driver {
                 self.bind_from(&result, Some(id)).await
             }
             Err(e) => {
-                let message = e
-                    .remote_message()
-                    .map_or_else(|| e.to_string(), str::to_owned);
+                let message = e.detail();
                 let category = if e.remote_message().is_some() {
                     // Any refusal of a resume means the agent cannot continue it here.
                     ErrorCategory::ResumeRejected
@@ -441,7 +454,8 @@ impl Driver {
 
     async fn start_turn(&mut self, text: &str) -> Result<(), Gone> {
         if let Some(error) = self.open_error.take() {
-            return self.fail_turn(error.category, error.message).await;
+            let message = with_stderr(error.message, &self.stderr.lines());
+            return self.fail_turn(error.category, message).await;
         }
         let Some(session) = self.translator.session_id().map(str::to_owned) else {
             return self
@@ -488,9 +502,7 @@ impl Driver {
                     RpcError::Remote { code: -32000, .. } => ErrorCategory::AuthRequired,
                     _ => ErrorCategory::AgentFailed,
                 };
-                let message = e
-                    .remote_message()
-                    .map_or_else(|| e.to_string(), str::to_owned);
+                let message = e.detail();
                 self.translator.on_prompt_error(category, message)
             }
         };
@@ -549,6 +561,7 @@ pub async fn probe(
         base_env: base_env.to_vec(),
         extra_env: extra_env.to_vec(),
         session_id: None,
+        home: None,
         label: "acp probe".to_owned(),
     })?;
     let (Some(stdout), Some(stdin)) = (child.stdout.take(), child.stdin.take()) else {

@@ -545,6 +545,7 @@ impl Translator {
                 name: self.tool_names.remove(&call_id),
             }));
             out.push(EventBody::ToolExecEnd(ToolExecEnd {
+                truncated: None,
                 call_id,
                 output,
                 is_error: content
@@ -690,18 +691,21 @@ fn close(block: &mut Block, whole: Option<&Value>) -> EventBody {
     let item_id = Some(block.item_id.clone());
     match block.kind {
         Kind::Text => EventBody::TextEnd(BlockEnd {
+            truncated: None,
             item_id,
             text: whole
                 .and_then(|c| c.get("text").and_then(Value::as_str))
                 .map_or_else(|| block.text.clone(), str::to_owned),
         }),
         Kind::Thinking => EventBody::ThinkingEnd(BlockEnd {
+            truncated: None,
             item_id,
             text: whole
                 .and_then(|c| c.get("thinking").and_then(Value::as_str))
                 .map_or_else(|| block.text.clone(), str::to_owned),
         }),
         Kind::Tool => EventBody::ToolCallEnd(ToolCallEnd {
+            truncated: None,
             call_id: block.tool_id.clone(),
             name: block.name.clone(),
             input: whole

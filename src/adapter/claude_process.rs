@@ -40,6 +40,7 @@ pub fn open(spec: OpenSpec) -> Result<AgentSession, AdapterError> {
         base_env: spec.base_env,
         extra_env: spec.extra_env,
         session_id: Some(spec.host_session_id.clone()),
+        home: spec.home,
         label: format!("claude[{}]", spec.host_session_id),
     })?;
     let pid = child.pid();

@@ -370,6 +370,7 @@ impl Translator {
                             name: name.clone(),
                         }),
                         EventBody::ToolCallEnd(ToolCallEnd {
+                            truncated: None,
                             call_id: id.clone(),
                             name,
                             input,
@@ -439,6 +440,7 @@ impl Translator {
         self.order.retain(|o| *o != id);
         match open.kind {
             Kind::Text => vec![EventBody::TextEnd(BlockEnd {
+                truncated: None,
                 item_id: Some(id),
                 text: item
                     .get("text")
@@ -464,6 +466,7 @@ impl Translator {
                     text.join("\n")
                 };
                 vec![EventBody::ThinkingEnd(BlockEnd {
+                    truncated: None,
                     item_id: Some(id),
                     text,
                 })]
@@ -479,6 +482,7 @@ impl Translator {
                 let (output, exit_code) = tool_result(item);
                 let status = str_of(item, "status");
                 out.push(EventBody::ToolExecEnd(ToolExecEnd {
+                    truncated: None,
                     call_id: id,
                     output,
                     is_error: status != "completed" || exit_code.is_some_and(|c| c != 0),
@@ -534,14 +538,17 @@ impl Translator {
             };
             out.push(match open.kind {
                 Kind::Text => EventBody::TextEnd(BlockEnd {
+                    truncated: None,
                     item_id: Some(id),
                     text: open.text,
                 }),
                 Kind::Thinking => EventBody::ThinkingEnd(BlockEnd {
+                    truncated: None,
                     item_id: Some(id),
                     text: open.text,
                 }),
                 Kind::Tool => EventBody::ToolExecEnd(ToolExecEnd {
+                    truncated: None,
                     call_id: id,
                     output: "the tool did not finish".to_owned(),
                     is_error: true,

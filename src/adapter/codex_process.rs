@@ -271,9 +271,7 @@ impl Driver {
                     } else {
                         ErrorCategory::AgentFailed
                     },
-                    message: e
-                        .remote_message()
-                        .map_or_else(|| e.to_string(), str::to_owned),
+                    message: e.detail(),
                 });
                 Ok(())
             }
@@ -352,9 +350,7 @@ impl Driver {
                 Ok(())
             }
             Err(e) => {
-                let message = e
-                    .remote_message()
-                    .map_or_else(|| e.to_string(), str::to_owned);
+                let message = e.detail();
                 self.fail_turn(ErrorCategory::AgentFailed, message).await
             }
         }

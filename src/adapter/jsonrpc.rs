@@ -44,6 +44,9 @@ pub enum Dialect {
     Bare,
 }
 
+/// The most of an error's `data` quoted in [`RpcError::detail`].
+const MAX_DETAIL: usize = 2048;
+
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum RpcError {
     #[error("{method}: not sent, the transport is closed")]
@@ -62,6 +65,38 @@ pub enum RpcError {
 }
 
 impl RpcError {
+    /// What to tell a person: the agent's own message with its error `data` (where agents put
+    /// the cause: "Internal error" says little, `data` says "process exited with code 1"),
+    /// or the transport failure. Long data is cut.
+    pub fn detail(&self) -> String {
+        let RpcError::Remote { message, data, .. } = self else {
+            return self.to_string();
+        };
+        let data = match data {
+            Value::Null => return message.clone(),
+            Value::String(text) => text.clone(),
+            Value::Object(map) => {
+                // The usual shapes: {details|message|error: "..."}; anything else as JSON.
+                ["details", "detail", "message", "error", "cause"]
+                    .iter()
+                    .find_map(|k| map.get(*k).and_then(Value::as_str).map(str::to_owned))
+                    .unwrap_or_else(|| data.to_string())
+            }
+            other => other.to_string(),
+        };
+        let data = crate::redact::redact(&data);
+        let mut end = data.len().min(MAX_DETAIL);
+        while !data.is_char_boundary(end) {
+            end -= 1;
+        }
+        let cut = if end < data.len() { "…" } else { "" };
+        if message.is_empty() {
+            format!("{}{cut}", &data[..end])
+        } else {
+            format!("{message} ({}{cut})", &data[..end])
+        }
+    }
+
     /// The agent's error message, if it answered with one.
     pub fn remote_message(&self) -> Option<&str> {
         match self {
@@ -426,6 +461,30 @@ async fn route(
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn an_error_detail_quotes_the_agents_data() {
+        let remote = |data: Value| RpcError::Remote {
+            method: "session/new".into(),
+            code: -32603,
+            message: "Internal error".into(),
+            data,
+        };
+        assert_eq!(remote(Value::Null).detail(), "Internal error");
+        assert_eq!(
+            remote(json!({"details": "Claude Code process exited with code 1"})).detail(),
+            "Internal error (Claude Code process exited with code 1)"
+        );
+        assert_eq!(remote(json!("boom")).detail(), "Internal error (boom)");
+        assert_eq!(
+            remote(json!({"code": 7})).detail(),
+            r#"Internal error ({"code":7})"#
+        );
+        let long = remote(json!("é".repeat(5000))).detail();
+        assert!(long.len() < 2100 && long.ends_with("…)"), "{}", long.len());
+        let not_sent = RpcError::NotSent { method: "x".into() };
+        assert_eq!(not_sent.detail(), not_sent.to_string());
+    }
+
     use super::*;
     use tokio::io::{AsyncBufReadExt, BufReader, DuplexStream};
 

@@ -12,6 +12,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;
 
+use super::reap::HomeMarker;
 use super::spawn::filter_env;
 use super::{AdapterError, AgentSession, Native, OpenSpec};
 use crate::adapter;
@@ -35,7 +36,7 @@ fn foreign(agent_type: &str) -> &'static [&'static str] {
 }
 
 /// One agent type the host can run: a built-in family, or a registered agent.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct AgentDef {
     /// The protocol family's descriptor (its driver, capabilities, defaults).
     pub family: &'static adapter::Descriptor,
@@ -46,6 +47,21 @@ pub struct AgentDef {
     pub env: Vec<(String, String)>,
     /// Registered in `config.toml` (as opposed to a built-in family).
     pub registered: bool,
+}
+
+impl std::fmt::Debug for AgentDef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AgentDef")
+            .field("family", &self.family.agent_type)
+            .field("binary", &self.binary)
+            .field("args", &self.args)
+            .field(
+                "env",
+                &crate::config::EnvNames(self.env.iter().map(|(k, _)| k)),
+            )
+            .field("registered", &self.registered)
+            .finish()
+    }
 }
 
 /// Why a registered agent in `config.toml` cannot be used.
@@ -142,6 +158,8 @@ pub fn agent_defs(config: &Config) -> (BTreeMap<String, AgentDef>, Vec<BadAgent>
 #[derive(Debug, Clone, Default)]
 pub struct AgentSettings {
     base_env: Vec<(String, String)>,
+    /// What marks this home's agent processes (none for settings built without a home).
+    home: Option<HomeMarker>,
     agents: BTreeMap<String, AgentDef>,
     /// How long an idle agent process is kept (`None`: for ever).
     pub idle_timeout: Option<Duration>,
@@ -155,6 +173,7 @@ impl AgentSettings {
         }
         AgentSettings {
             base_env: filter_env(config.env.iter().cloned()),
+            home: Some(HomeMarker::of(&config.home)),
             agents,
             idle_timeout: Some(config.agent_idle_timeout),
         }
@@ -201,6 +220,7 @@ impl AgentSettings {
             base_env,
             extra_env: def.env.clone(),
             host_session_id: host_session_id.to_owned(),
+            home: self.home.clone(),
             native,
         })
     }

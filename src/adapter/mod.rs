@@ -23,6 +23,7 @@ pub mod jsonrpc;
 pub mod launch;
 pub mod lines;
 pub mod open;
+pub mod reap;
 mod rpc_driver;
 pub mod spawn;
 
@@ -273,6 +274,7 @@ async fn version_of(
         base_env: base_env.to_vec(),
         extra_env: Vec::new(),
         session_id: None,
+        home: None,
         label: format!("{} probe", family.agent_type),
     })?;
     drop(child.stdin.take());

@@ -17,6 +17,8 @@ pub struct OpenSpec {
     pub extra_env: Vec<(String, String)>,
     /// The agent-host session this process serves.
     pub host_session_id: String,
+    /// The host home its processes are marked with (see `adapter::reap`).
+    pub home: Option<super::reap::HomeMarker>,
     pub native: Native,
 }
 

@@ -61,6 +61,7 @@ pub(super) fn start(
         base_env: spec.base_env.clone(),
         extra_env: spec.extra_env.clone(),
         session_id: Some(spec.host_session_id.clone()),
+        home: spec.home.clone(),
         label,
     })?;
     let pid = child.pid();

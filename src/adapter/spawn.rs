@@ -3,13 +3,17 @@
 //! - an explicit environment: only what an agent needs passes through from the host's own
 //!   (HOME, PATH, locale, proxies, CA bundles, provider keys and base URLs such as
 //!   `ANTHROPIC_*` / `OPENAI_*`, `CLAUDE_CONFIG_DIR`, `CODEX_HOME`, telemetry switches), plus
-//!   the agent's own `env` from config, plus our markers `AGENTHOST_SESSION_ID` and
-//!   `AGENTHOST_OWNED=1`. Nesting markers of a surrounding agent (`CLAUDECODE`, …) never pass;
+//!   the agent's own `env` from config, plus our markers `AGENTHOST_SESSION_ID`,
+//!   `AGENTHOST_OWNED=1`, `AGENTHOST_SPAWN_ID` and `AGENTHOST_HOME` (see [`super::reap`]).
+//!   Nesting markers of a surrounding agent (`CLAUDECODE`, …) never pass;
 //! - its own process group, so stopping it reaches wrappers (`npx`, node shims) and tools;
 //! - a parent-death signal, so a host that dies without cleaning up takes its children along;
 //! - stdin and stdout piped for the protocol; stderr drained line by line into `tracing`;
 //! - kill-on-drop as the last resort; [`Spawned::stop`] is the orderly way: SIGTERM to the
-//!   group, a grace period, then SIGKILL to the group.
+//!   group, a grace period, then SIGKILL to the group;
+//! - whenever the group is killed, or the leader died by itself, whatever the agent started
+//!   outside its group (a tool in its own session, what that tool put in the background) is
+//!   ended too: its descendants while it lives, and every process with its spawn marker.
 
 use std::collections::VecDeque;
 use std::path::PathBuf;
@@ -23,6 +27,7 @@ use tokio::io::AsyncReadExt;
 use tokio::process::{Child, ChildStdin, ChildStdout, Command};
 
 use super::AdapterError;
+use super::reap::{self, HomeMarker, Tree};
 use crate::protocol::events::ErrorCategory;
 
 /// The longest stderr line logged; the rest of a longer one is dropped (still read).
@@ -96,6 +101,8 @@ const BLOCKED: &[&str] = &[
     "CLAUDE_CODE_EXECPATH",
     "AGENTHOST_SESSION_ID",
     "AGENTHOST_OWNED",
+    "AGENTHOST_HOME",
+    "AGENTHOST_SPAWN_ID",
 ];
 
 /// Whether a variable of the host's environment passes to agents.
@@ -122,6 +129,9 @@ pub struct SpawnSpec {
     pub extra_env: Vec<(String, String)>,
     /// The agent-host session this child serves, if any (`AGENTHOST_SESSION_ID`).
     pub session_id: Option<String>,
+    /// The host home this child belongs to (`AGENTHOST_HOME`), so a later host of the same
+    /// home can end what it leaves if this host dies.
+    pub home: Option<HomeMarker>,
     /// A name for logs.
     pub label: String,
 }
@@ -138,6 +148,8 @@ pub struct Spawned {
     child: Child,
     pgid: Option<Pid>,
     reaped: bool,
+    /// `AGENTHOST_SPAWN_ID`: this process and everything it starts.
+    spawn_id: String,
     pub stdin: Option<ChildStdin>,
     pub stdout: Option<ChildStdout>,
     /// The last lines of stderr (a `std` mutex: pushed and read without an `.await` held).
@@ -145,7 +157,26 @@ pub struct Spawned {
     stderr_task: Option<tokio::task::JoinHandle<()>>,
 }
 
+/// A live view of a process's last stderr lines (redacted), shared with its drain.
+#[derive(Clone)]
+pub struct StderrTail(Arc<Mutex<VecDeque<String>>>);
+
+impl StderrTail {
+    /// The lines read so far (at most 8).
+    pub fn lines(&self) -> Vec<String> {
+        self.0
+            .lock()
+            .map(|tail| tail.iter().cloned().collect())
+            .unwrap_or_default()
+    }
+}
+
 impl Spawned {
+    /// The stderr tail as it grows, for failure reports while the process still runs.
+    pub fn stderr(&self) -> StderrTail {
+        StderrTail(self.stderr_tail.clone())
+    }
+
     /// The last lines the process wrote to stderr (at most 8, each at most 16 KiB), once its
     /// stderr has ended or half a second has passed. For error reports after the exit.
     pub async fn stderr_tail(&mut self) -> Vec<String> {
@@ -166,7 +197,7 @@ impl Spawned {
     /// Wait for the leader to exit by itself; then end whatever it left in its group, and reap.
     pub async fn wait(&mut self) -> std::io::Result<ExitStatus> {
         self.exited().await;
-        self.kill_group();
+        self.end_all(Tree::default());
         self.reap().await
     }
 
@@ -174,6 +205,9 @@ impl Spawned {
     /// the grace period, SIGTERM the group, wait the other half, SIGKILL the group; reap. A
     /// zero grace kills the group first.
     pub async fn stop(&mut self, grace: Duration) -> std::io::Result<ExitStatus> {
+        // Its descendants while it still lives: if it exits within the grace period, they
+        // have another parent by the time the rest is killed.
+        let tree = self.tree();
         if grace.is_zero() {
             // No grace: killed before it can see its stdin close (and write anything more).
             self.kill_group();
@@ -188,14 +222,15 @@ impl Spawned {
                 tracing::warn!(pid = ?self.pgid, "agent did not stop within the grace period; killing its group");
             }
         }
-        // Whatever is left in the group (tools, MCP servers, a leader that ignored SIGTERM).
-        self.kill_group();
+        // Whatever is left in the group (tools, MCP servers, a leader that ignored SIGTERM),
+        // and what the agent started outside it.
+        self.end_all(tree);
         self.reap().await
     }
 
-    /// Kill the whole group now (before it is reaped).
+    /// Kill the whole group now (before it is reaped), and what the agent started outside it.
     pub fn kill_now(&self) {
-        self.kill_group();
+        self.end_all(Tree::default());
     }
 
     /// A future that resolves once the leader has exited (not reaped), owning what it needs —
@@ -226,9 +261,43 @@ impl Spawned {
     }
 
     async fn reap(&mut self) -> std::io::Result<ExitStatus> {
+        let pid = self.child.id();
         let status = self.child.wait().await;
         self.reaped = true;
+        if let Some(pid) = pid {
+            reap::unregister(pid);
+        }
         status
+    }
+
+    /// The leader's living descendants now (none once it is reaped).
+    fn tree(&self) -> Tree {
+        match self.pgid.filter(|_| !self.reaped) {
+            Some(pid) => Tree::of(pid.as_raw()),
+            None => Tree::default(),
+        }
+    }
+
+    /// Kill the group, the leader's descendants (now and in `earlier`), and every process
+    /// with this spawn's marker — what left the group (a tool in its own session, what it put
+    /// in the background, re-parented once the agent died). Before the leader is reaped.
+    fn end_all(&self, earlier: Tree) {
+        if self.reaped {
+            return;
+        }
+        let mut tree = self.tree();
+        tree.merge(earlier);
+        self.kill_group();
+        let killed = tree.kill();
+        let marked = reap::kill_marked(&self.spawn_id);
+        if !killed.is_empty() || !marked.is_empty() {
+            tracing::info!(
+                pid = ?self.pgid,
+                descendants = ?killed,
+                marked = ?marked,
+                "ended what the agent started outside its process group (descendants, and processes with its AGENTHOST_SPAWN_ID)"
+            );
+        }
     }
 
     fn kill_group(&self) {
@@ -244,13 +313,15 @@ impl Spawned {
 impl Drop for Spawned {
     fn drop(&mut self) {
         // Dropped without `stop` (a panic, a cancelled task): no orphans either way. Not yet
-        // reaped, so the group id is still this child's.
-        self.kill_group();
+        // reaped, so the group id is still this child's. (Its pid stays registered as owned:
+        // tokio reaps it, and the orphan reaper must never take it.)
+        self.end_all(Tree::default());
     }
 }
 
 /// Start an agent process under the policy above.
 pub fn spawn(spec: &SpawnSpec) -> Result<Spawned, AdapterError> {
+    let spawn_id = reap::next_spawn_id();
     let mut cmd = Command::new(&spec.program);
     cmd.args(&spec.args)
         .current_dir(&spec.cwd)
@@ -262,14 +333,18 @@ pub fn spawn(spec: &SpawnSpec) -> Result<Spawned, AdapterError> {
                 .filter(|(k, _)| !BLOCKED.contains(&k.as_str()))
                 .map(|(k, v)| (k, v)),
         )
-        .env("AGENTHOST_OWNED", "1")
+        .env(reap::OWNED_VAR, "1")
+        .env(reap::SPAWN_VAR, &spawn_id)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .process_group(0)
         .kill_on_drop(true);
     if let Some(session) = &spec.session_id {
-        cmd.env("AGENTHOST_SESSION_ID", session);
+        cmd.env(reap::SESSION_VAR, session);
+    }
+    if let Some(home) = &spec.home {
+        cmd.env(reap::HOME_VAR, home.as_str());
     }
     set_parent_death_signal(&mut cmd);
     if !spec.cwd.is_dir() {
@@ -281,7 +356,7 @@ pub fn spawn(spec: &SpawnSpec) -> Result<Spawned, AdapterError> {
             ),
         ));
     }
-    let mut child = cmd.spawn().map_err(|e| {
+    let mut child = reap::spawn_registered(&mut cmd).map_err(|e| {
         let category = if e.kind() == std::io::ErrorKind::NotFound {
             ErrorCategory::BinaryUnavailable
         } else {
@@ -313,7 +388,10 @@ pub fn spawn(spec: &SpawnSpec) -> Result<Spawned, AdapterError> {
             let mut chunk = [0u8; 8192];
             let mut line: Vec<u8> = Vec::new();
             let log = |line: &mut Vec<u8>| {
-                let text = String::from_utf8_lossy(line).into_owned();
+                // An agent may print its own key (an error quoting it, a request dump): it is
+                // redacted by shape before it reaches the log, or the tail that `agent_failed`
+                // messages quote (stored and published).
+                let text = crate::redact::redact(&String::from_utf8_lossy(line)).into_owned();
                 tracing::debug!(agent = %label, ?pid, "stderr: {text}");
                 if let Ok(mut tail) = tail.lock() {
                     if tail.len() == STDERR_TAIL_LINES {
@@ -348,6 +426,7 @@ pub fn spawn(spec: &SpawnSpec) -> Result<Spawned, AdapterError> {
         child,
         pgid,
         reaped: false,
+        spawn_id,
         stderr_tail,
         stderr_task,
     })
@@ -441,6 +520,7 @@ mod tests {
                 ("CLAUDECODE".into(), "1".into()),
             ],
             session_id: Some("sess-1".into()),
+            home: Some(HomeMarker::of(std::path::Path::new("/"))),
             label: "test".into(),
         }
     }
@@ -461,13 +541,16 @@ mod tests {
         assert_eq!(
             names,
             [
+                "AGENTHOST_HOME",
                 "AGENTHOST_OWNED",
                 "AGENTHOST_SESSION_ID",
+                "AGENTHOST_SPAWN_ID",
                 "MY_AGENT_FLAG",
                 "PATH"
             ]
         );
         assert!(out.contains("AGENTHOST_SESSION_ID=sess-1"));
+        assert!(out.contains("AGENTHOST_HOME=/\n"));
     }
 
     #[tokio::test]

@@ -5,7 +5,10 @@
 //!   `tokio::io::duplex` and served over the real socket alike.
 //! - Every request is bounded: at most [`Limits::max_request`] bytes and [`Limits::read_timeout`]
 //!   to arrive. Anything malformed gets a request-error reply, never a silent close.
-//! - At most [`MAX_CONNECTIONS`] requests are served at once; more wait in the kernel backlog.
+//! - At most [`MAX_CONNECTIONS`] connections are open at once (more wait in the kernel
+//!   backlog), and at most [`MAX_IN_FLIGHT`] requests are being handled: a connection takes a
+//!   handling slot only once its whole request line has arrived, so clients that connect and
+//!   say nothing (or trickle bytes) cannot keep a real request waiting. Each is timed out.
 //! - `interprocess` is imported here only.
 
 use std::io;
@@ -25,8 +28,10 @@ use tokio_util::task::TaskTracker;
 use crate::dispatch::Dispatcher;
 use crate::protocol::envelope::{Command, ErrorCode, MAX_REQUEST_BYTES, Reply, RequestError};
 
-/// Requests served concurrently.
-pub const MAX_CONNECTIONS: usize = 64;
+/// Connections open at once, most of them possibly idle until their read timeout.
+pub const MAX_CONNECTIONS: usize = 1024;
+/// Requests being handled at once (read completely, waiting for their reply).
+pub const MAX_IN_FLIGHT: usize = 64;
 
 /// Bounds on one request.
 #[derive(Debug, Clone, Copy)]
@@ -96,6 +101,7 @@ pub async fn serve(
     tracker: TaskTracker,
 ) {
     let permits = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let handling = Arc::new(Semaphore::new(MAX_IN_FLIGHT));
     loop {
         let permit = tokio::select! {
             _ = cancel.cancelled() => break,
@@ -117,8 +123,9 @@ pub async fn serve(
             },
         };
         let dispatcher = dispatcher.clone();
+        let handling = handling.clone();
         tracker.spawn(async move {
-            if let Err(e) = serve_connection(stream, &dispatcher, limits).await {
+            if let Err(e) = serve_limited(stream, &dispatcher, limits, &handling).await {
                 tracing::debug!(error = %e, "IPC connection ended with an error");
             }
             drop(permit);
@@ -138,8 +145,23 @@ pub async fn serve_connection<S>(
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
+    serve_limited(stream, dispatcher, limits, &Semaphore::new(MAX_IN_FLIGHT)).await
+}
+
+/// [`serve_connection`], taking a slot of `handling` only once the request line is read.
+async fn serve_limited<S>(
+    stream: S,
+    dispatcher: &Dispatcher,
+    limits: Limits,
+    handling: &Semaphore,
+) -> io::Result<()>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
     let (read, mut write) = tokio::io::split(stream);
-    let reply = match read_request(read, limits).await {
+    let request = read_request(read, limits).await;
+    let _slot = handling.acquire().await.ok();
+    let reply = match request {
         Ok(bytes) => match Command::parse_bytes(&bytes) {
             Ok(command) => {
                 tracing::debug!(command = command.name(), "IPC request");

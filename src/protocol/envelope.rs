@@ -355,7 +355,7 @@ pub const COMMANDS: &[CommandSpec] = &[
         name: "host.status",
         route: Route::Hybrid,
         params: "{}",
-        summary: "{running, pid, version, ipc_path, ws_port, started_at, sessions}",
+        summary: "{running, pid, version, ipc_path, ws_port, started_at, sessions, store: {state, error, since}}",
     },
     CommandSpec {
         name: "host.relay.set",

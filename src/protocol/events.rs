@@ -136,7 +136,77 @@ pub enum EventBody {
     ArtifactDelta(ArtifactDelta),
 }
 
+/// The start of `text`, at most `max` bytes, cut at a character boundary.
+fn head(text: &str, max: usize) -> &str {
+    let mut end = max.min(text.len());
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
+}
+
 impl EventBody {
+    /// This event cut to fit in `max` bytes of canonical JSON, for a block end whose text,
+    /// output or input is what makes it too large; `None` for any other kind (or if even an
+    /// empty text would not fit). `size` is the event's current JSON size.
+    pub fn truncated_to(&self, size: usize, max: usize) -> Option<EventBody> {
+        // The same share of the field as of the whole (escapes grow a text evenly), less room
+        // for the `truncated` object; halved on each try that still does not fit.
+        let keep = |len: usize, attempt: u32| -> usize {
+            let share = len as u128 * max.saturating_sub(1024) as u128 / size.max(1) as u128;
+            usize::try_from(share).unwrap_or(len) >> attempt
+        };
+        for attempt in 0..16 {
+            let fitted = match self {
+                EventBody::TextEnd(b) | EventBody::ThinkingEnd(b) => {
+                    let kept = head(&b.text, keep(b.text.len(), attempt));
+                    let end = BlockEnd {
+                        item_id: b.item_id.clone(),
+                        text: kept.to_owned(),
+                        truncated: Some(Truncated {
+                            full_bytes: b.text.len() as u64,
+                            kept_bytes: kept.len() as u64,
+                        }),
+                    };
+                    match self {
+                        EventBody::TextEnd(_) => EventBody::TextEnd(end),
+                        _ => EventBody::ThinkingEnd(end),
+                    }
+                }
+                EventBody::ToolExecEnd(t) => {
+                    let kept = head(&t.output, keep(t.output.len(), attempt));
+                    EventBody::ToolExecEnd(ToolExecEnd {
+                        output: kept.to_owned(),
+                        truncated: Some(Truncated {
+                            full_bytes: t.output.len() as u64,
+                            kept_bytes: kept.len() as u64,
+                        }),
+                        ..t.clone()
+                    })
+                }
+                EventBody::ToolCallEnd(t) => {
+                    let json = t.input.to_string();
+                    let kept = head(&json, keep(json.len(), attempt));
+                    EventBody::ToolCallEnd(ToolCallEnd {
+                        call_id: t.call_id.clone(),
+                        name: t.name.clone(),
+                        input: Value::String(kept.to_owned()),
+                        truncated: Some(Truncated {
+                            full_bytes: json.len() as u64,
+                            kept_bytes: kept.len() as u64,
+                        }),
+                    })
+                }
+                _ => return None,
+            };
+            let fits = serde_json::to_string(&fitted).is_ok_and(|j| j.len() + 256 < max);
+            if fits {
+                return Some(fitted);
+            }
+        }
+        None
+    }
+
     /// The single place that decides bracket vs delta. Exhaustive on purpose: a new kind must
     /// be classified here before it compiles.
     pub fn class(&self) -> EventClass {
@@ -262,8 +332,22 @@ pub struct BlockStart {
 pub struct BlockEnd {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub item_id: Option<String>,
-    /// The whole text of the block, so history needs no deltas.
+    /// The whole text of the block, so history needs no deltas (unless `truncated`).
     pub text: String,
+    /// Present when the block was too large for one event and `text` holds only its start.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub truncated: Option<Truncated>,
+}
+
+/// A block end too large for one event (the bus takes at most 4 MiB): its text, output or
+/// input was cut to fit, so the block is still closed and a renderer never waits for it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Truncated {
+    /// Bytes (UTF-8) of the whole original text, output or input JSON.
+    pub full_bytes: u64,
+    /// Bytes of it that the event holds.
+    pub kept_bytes: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
@@ -286,9 +370,11 @@ pub struct ToolCallStart {
 pub struct ToolCallEnd {
     pub call_id: String,
     pub name: String,
-    /// The complete tool input.
+    /// The complete tool input (when `truncated`: the start of its JSON text, as a string).
     #[serde(default)]
     pub input: Value,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub truncated: Option<Truncated>,
 }
 
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
@@ -325,6 +411,9 @@ pub struct ToolExecEnd {
     /// The exit code, for a command.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub exit_code: Option<i64>,
+    /// Present when the output was too large for one event and `output` holds only its start.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub truncated: Option<Truncated>,
 }
 
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
@@ -488,6 +577,58 @@ impl AnyEvent {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_block_end_over_the_limit_is_cut_to_fit_and_says_so() {
+        let max = 4 * 1024 * 1024;
+        // Control characters grow sixfold when escaped: the cut must still fit.
+        for filler in ["x", "\u{1}", "é"] {
+            let text = filler.repeat(5 * 1024 * 1024 / filler.len());
+            let body = EventBody::TextEnd(BlockEnd {
+                item_id: Some("i".into()),
+                text: text.clone(),
+                truncated: None,
+            });
+            let size = serde_json::to_string(&body).unwrap().len();
+            let EventBody::TextEnd(cut) = body.truncated_to(size, max).unwrap() else {
+                panic!("not a text.end");
+            };
+            assert!(
+                serde_json::to_string(&EventBody::TextEnd(cut.clone()))
+                    .unwrap()
+                    .len()
+                    < max
+            );
+            let t = cut.truncated.unwrap();
+            assert_eq!(t.full_bytes, text.len() as u64);
+            assert_eq!(t.kept_bytes, cut.text.len() as u64);
+            assert!(text.starts_with(&cut.text) && !cut.text.is_empty());
+        }
+        let input = serde_json::json!({"content": "y".repeat(5 * 1024 * 1024)});
+        let call = EventBody::ToolCallEnd(ToolCallEnd {
+            call_id: "c".into(),
+            name: "Write".into(),
+            input,
+            truncated: None,
+        });
+        let size = serde_json::to_string(&call).unwrap().len();
+        let EventBody::ToolCallEnd(cut) = call.truncated_to(size, max).unwrap() else {
+            panic!("not a tool.call.end");
+        };
+        assert!(
+            cut.input
+                .as_str()
+                .unwrap()
+                .starts_with("{\"content\":\"yyy")
+        );
+        assert!(cut.truncated.is_some());
+        // Kinds without a text to cut are not cut.
+        let user = EventBody::UserText(UserText {
+            text: "z".repeat(10),
+            client_msg_id: None,
+        });
+        assert!(user.truncated_to(5 * max, max).is_none());
+    }
+
     use super::*;
     use serde_json::json;
 
@@ -510,6 +651,7 @@ mod tests {
             }),
             EventBody::TextStart(BlockStart::default()),
             EventBody::TextEnd(BlockEnd {
+                truncated: None,
                 item_id: None,
                 text: "hello".into(),
             }),
@@ -520,12 +662,14 @@ mod tests {
                 name: "Bash".into(),
             }),
             EventBody::ToolCallEnd(ToolCallEnd {
+                truncated: None,
                 call_id: "t".into(),
                 name: "Bash".into(),
                 input: json!({"command": "ls"}),
             }),
             EventBody::ToolExecStart(ToolExecStart::default()),
             EventBody::ToolExecEnd(ToolExecEnd {
+                truncated: None,
                 call_id: "t".into(),
                 output: "a\nb".into(),
                 is_error: false,
@@ -607,6 +751,7 @@ mod tests {
             "s",
             None,
             EventBody::ToolExecEnd(ToolExecEnd {
+                truncated: None,
                 call_id: "c".into(),
                 output: "o".into(),
                 is_error: true,

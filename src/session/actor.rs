@@ -40,7 +40,7 @@ use super::agent::{
     AdapterError, AgentOutput, AgentSession, FileChanges, Launcher, Native, NativeFile,
 };
 use super::ownership::{OwnedPid, Tail, Verdict};
-use crate::bus::{Bus, BusError, Receipt};
+use crate::bus::{Bus, BusError, MAX_EVENT_BYTES, Receipt};
 pub use crate::protocol::envelope::PermissionDecision as Decision;
 use crate::protocol::events::{
     ErrorCategory, ErrorNotice, Event, EventBody, Notice, PermissionResolved, RunEnd, RunStart,
@@ -376,6 +376,15 @@ impl Actor {
                     kind = event.kind(),
                     "an agent event is over the size limit"
                 );
+                // A block end is cut to fit rather than left out: every `*.start` gets its
+                // `*.end`, marked `truncated` with the full size.
+                if let Some(fitted) = event.body.truncated_to(size, MAX_EVENT_BYTES) {
+                    let fitted = Event::new(&self.session_id, run_id.map(str::to_owned), fitted);
+                    match self.bus.publish(&fitted).await {
+                        Ok(receipt) => return Some(receipt),
+                        Err(e) => tracing::error!(error = %e, "publishing a cut event failed"),
+                    }
+                }
                 let notice = Event::new(
                     &self.session_id,
                     run_id.map(str::to_owned),

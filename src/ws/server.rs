@@ -37,8 +37,11 @@ use crate::protocol::wire::{MAX_FRAME_BYTES, SUBPROTOCOL, TOKEN_SUBPROTOCOL_PREF
 
 /// How long a client has to finish the HTTP upgrade, and then to send `Hello`.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-/// Connections that may be in the upgrade or `Hello` at once; more wait for a slot.
-const MAX_HANDSHAKES: usize = 64;
+/// Connections that may be in the upgrade or `Hello` at once; more wait for a slot. Large, so
+/// that clients which open a connection and never finish the upgrade (each timed out after
+/// [`HANDSHAKE_TIMEOUT`]) cannot make a real client wait: a slot costs one socket and a small
+/// task.
+const MAX_HANDSHAKES: usize = 1024;
 
 /// Loopback connections are pinged this often and dropped when silent for a minute (a
 /// desktop client that went to sleep, a half-open TCP connection).

@@ -167,6 +167,7 @@ pub fn text_end(session: &str, item: &str) -> Event {
         session,
         Some("r1".into()),
         EventBody::TextEnd(BlockEnd {
+            truncated: None,
             item_id: Some(item.into()),
             text: format!("text of {item}"),
         }),

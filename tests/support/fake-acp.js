@@ -6,6 +6,12 @@
 // - "new-on-resume": offers `session/resume`, and answers it with another session id.
 // - "junk-and-die": a prompt gets a few non-JSON lines, then the process exits 3 mid-turn.
 // - "hang-on-new": `session/new` is never answered.
+// - "huge-block": a prompt gets one text block of 5 MiB (over the host's 4 MiB event limit).
+// - "fail-new": `session/new` fails as claude-agent-acp does when its CLI dies: a bare
+//   "Internal error" message, the cause only in the error's `data`, and stderr lines before.
+// - "stream": a prompt gets a new 1 KiB text block every 5 ms until `session/cancel` (then
+//   it ends `cancelled`) or 4000 blocks; every prompt received is appended to
+//   $FAKE_ACP_PROMPTS (a file), so a test can see what reached the agent and when.
 // Replies: "echo: <text> [turns: N]".
 'use strict';
 const fs = require('fs');
@@ -24,6 +30,7 @@ const chunk = (sessionId, kind, text, messageId) =>
   update(sessionId, { sessionUpdate: kind, content: { type: 'text', text }, messageId });
 
 let counter = 0;
+let streaming = null;
 readline.createInterface({ input: process.stdin }).on('line', (line) => {
   let msg;
   try { msg = JSON.parse(line); } catch (e) { return; }
@@ -35,6 +42,12 @@ readline.createInterface({ input: process.stdin }).on('line', (line) => {
       agentInfo: { name: 'fake-acp', version: '0.0.1' }, authMethods: [] } });
   } else if (method === 'session/new' && mode === 'hang-on-new') {
     // Never answered.
+  } else if (method === 'session/new' && mode === 'fail-new') {
+    process.stderr.write('spawning the CLI with ANTHROPIC_API_KEY=sk-ant-api03-fakefakefakefakefakefake\n');
+    process.stderr.write('the CLI said: invalid configuration at line 3\n');
+    // The wrapper notices its CLI's exit a moment after the CLI's last words, as a real one.
+    setTimeout(() => send({ jsonrpc: '2.0', id, error: { code: -32603, message: 'Internal error',
+      data: { details: 'Claude Code process exited with code 1' } } }), 100);
   } else if (method === 'session/new') {
     const sessionId = 'fake-' + process.pid + '-' + (++counter);
     save(sessionId, []);
@@ -54,12 +67,36 @@ readline.createInterface({ input: process.stdin }).on('line', (line) => {
     const sessionId = 'fake-other-' + process.pid;
     save(sessionId, []);
     send({ jsonrpc: '2.0', id, result: { sessionId } });
+  } else if (method === 'session/cancel') {
+    if (streaming) streaming.cancel();
   } else if (method === 'session/prompt') {
     const sessionId = params.sessionId;
     const text = (params.prompt || []).map((p) => p.text || '').join('');
+    if (process.env.FAKE_ACP_PROMPTS) fs.appendFileSync(process.env.FAKE_ACP_PROMPTS, text + '\n');
+    if (mode === 'stream') {
+      let n = 0;
+      const end = (stopReason) => {
+        clearInterval(timer);
+        streaming = null;
+        send({ jsonrpc: '2.0', id, result: { stopReason } });
+      };
+      const timer = setInterval(() => {
+        n += 1;
+        chunk(sessionId, 'agent_message_chunk', `block ${n} ` + 'y'.repeat(1024), `${id}-${n}`);
+        if (n >= 4000) end('end_turn');
+      }, 5);
+      streaming = { cancel: () => end('cancelled') };
+      return;
+    }
     if (mode === 'junk-and-die') {
       process.stdout.write('this is not JSON\n{"half": \n');
       setTimeout(() => process.exit(3), 20);
+      return;
+    }
+    if (mode === 'huge-block') {
+      chunk(sessionId, 'agent_message_chunk', 'start ', 'huge');
+      chunk(sessionId, 'agent_message_chunk', 'x'.repeat(5 * 1024 * 1024), 'huge');
+      send({ jsonrpc: '2.0', id, result: { stopReason: 'end_turn' } });
       return;
     }
     const history = load(sessionId) || [];
