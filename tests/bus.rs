@@ -531,10 +531,11 @@ async fn recv_survives_being_cancelled_at_any_await() {
     close(host).await;
 }
 
-/// A failed group commit stops event appends: an event queued behind it is refused too, so a
-/// session's stream never has a hole (fail-stop), and subscribers see neither.
+/// A failed group commit degrades the store: an event queued behind it is refused too, so a
+/// session's stream never has a hole, and subscribers see neither. The store then recovers by
+/// itself (its probe write commits), and the next event is stored and delivered.
 #[tokio::test]
-async fn a_failed_commit_stops_appends_instead_of_leaving_a_gap() {
+async fn a_failed_commit_refuses_what_follows_then_recovers_without_a_gap() {
     let dir = tempfile::tempdir().unwrap();
     let host = open(dir.path()).await;
     let mut sub = subscribe(&host, SessionFilter::All, false, Replay::None).await;
@@ -557,13 +558,14 @@ async fn a_failed_commit_stops_appends_instead_of_leaving_a_gap() {
         })
         .await
         .unwrap();
+    let mut health = host.store.watch_health();
     let failing = host.bus.publish(&start("s", "x")).await.unwrap();
     let after = host.bus.publish(&end("s", "x")).await.unwrap();
     let err = failing.committed().await.unwrap_err().to_string();
     assert!(err.contains("disk says no"), "{err}");
     let err = after.committed().await.unwrap_err().to_string();
     assert!(
-        err.contains("stopped") || err.contains("disk says no"),
+        err.contains("cannot commit") || err.contains("disk says no"),
         "{err}"
     );
     let stored = host.store.history("s".into(), 0, 10).await.unwrap();
@@ -571,6 +573,34 @@ async fn a_failed_commit_stops_appends_instead_of_leaving_a_gap() {
         stored.len(),
         1,
         "only the event before the failure is stored"
+    );
+    // Recovered by itself: waited for on the health watch, bounded.
+    tokio::time::timeout(WAIT, async {
+        while !health.borrow_and_update().is_ok() {
+            health.changed().await.unwrap();
+        }
+    })
+    .await
+    .unwrap();
+    let later = end("s", "later");
+    let seq = host
+        .bus
+        .publish(&later)
+        .await
+        .unwrap()
+        .committed()
+        .await
+        .unwrap();
+    let got = recv(&mut sub).await;
+    assert_eq!(
+        key_of_json(&got.json),
+        key(&later),
+        "the subscriber saw nothing else"
+    );
+    assert_eq!(Some(got.sequence_id), seq);
+    assert_eq!(
+        host.store.history("s".into(), 0, 10).await.unwrap().len(),
+        2
     );
     close(host).await;
 }

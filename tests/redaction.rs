@@ -31,7 +31,6 @@ use common::agents::agent_env;
 use common::mock_model::MockModel;
 use common::world::{Family, TURN, in_netns};
 use serde_json::{Value, json};
-use tokio::io::{AsyncBufReadExt, BufReader};
 
 const BIN: &str = env!("CARGO_BIN_EXE_agent-host");
 const BOT_TOKEN: &str = "bot-token-the-relay-keeps";
@@ -196,30 +195,7 @@ impl Client {
 
 /// The reference relay, its own process.
 async fn start_relay(host_token: &str) -> (tokio::process::Child, String) {
-    let path = Path::new(BIN)
-        .parent()
-        .unwrap()
-        .join("examples")
-        .join("relay");
-    assert!(path.exists(), "{} not built", path.display());
-    let mut child = tokio::process::Command::new(path)
-        .args(["--listen", "127.0.0.1:0", "--host-token", host_token])
-        .args(["--bot-token", BOT_TOKEN])
-        .stdout(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    let line = tokio::time::timeout(WAIT, lines.next_line())
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
-    let url = line
-        .strip_prefix("relay listening on ")
-        .unwrap_or_else(|| panic!("{line}"))
-        .to_owned();
-    (child, url)
+    common::start_reference_relay("127.0.0.1:0", host_token, BOT_TOKEN).await
 }
 
 /// A registered agent's script: print the keys it was given to stderr, the way an agent

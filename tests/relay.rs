@@ -12,7 +12,6 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 
 use agent_host::protocol::wire::{CmdId, PROTOCOL_VERSION, pb};
 use agent_host::relay::{RelayState, RelayStatus};
@@ -20,11 +19,9 @@ use agent_host::ws::client::{self, ClientError};
 use common::world::{Family, Follower, TURN, World, in_netns, run_end};
 use common::{TestHost, WAIT};
 use serde_json::json;
-use tokio::io::{AsyncBufReadExt, BufReader};
 
 const HOST_TOKEN: &str = "host-token-for-tests";
 const BOT_TOKEN: &str = "bot-token-for-tests";
-const BIN: &str = env!("CARGO_BIN_EXE_agent-host");
 
 /// The reference relay, a separate process.
 struct Relay {
@@ -36,29 +33,7 @@ struct Relay {
 impl Relay {
     /// Start it on `listen` (`127.0.0.1:0` for any port).
     async fn start(listen: &str) -> Relay {
-        let path = Path::new(BIN)
-            .parent()
-            .unwrap()
-            .join("examples")
-            .join("relay");
-        assert!(path.exists(), "{} not built", path.display());
-        let mut child = tokio::process::Command::new(path)
-            .args(["--listen", listen, "--host-token", HOST_TOKEN])
-            .args(["--bot-token", BOT_TOKEN])
-            .stdout(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .unwrap();
-        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-        let line = tokio::time::timeout(WAIT, lines.next_line())
-            .await
-            .unwrap()
-            .unwrap()
-            .unwrap();
-        let url = line
-            .strip_prefix("relay listening on ")
-            .unwrap_or_else(|| panic!("{line}"))
-            .to_owned();
+        let (child, url) = common::start_reference_relay(listen, HOST_TOKEN, BOT_TOKEN).await;
         Relay { child, url }
     }
 

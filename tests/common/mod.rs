@@ -200,3 +200,37 @@ pub fn item_of(json: &str) -> String {
     let v: Value = serde_json::from_str(json).unwrap();
     v["itemId"].as_str().unwrap_or_default().to_owned()
 }
+
+/// The reference relay (`examples/relay.rs`), its own process, listening on `listen`
+/// (`127.0.0.1:0` for any port): the child and its `ws://127.0.0.1:PORT` URL.
+pub async fn start_reference_relay(
+    listen: &str,
+    host_token: &str,
+    bot_token: &str,
+) -> (tokio::process::Child, String) {
+    use tokio::io::AsyncBufReadExt;
+    let path = Path::new(env!("CARGO_BIN_EXE_agent-host"))
+        .parent()
+        .unwrap()
+        .join("examples")
+        .join("relay");
+    assert!(path.exists(), "{} not built", path.display());
+    let mut child = tokio::process::Command::new(path)
+        .args(["--listen", listen, "--host-token", host_token])
+        .args(["--bot-token", bot_token])
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let line = tokio::time::timeout(WAIT, lines.next_line())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    let url = line
+        .strip_prefix("relay listening on ")
+        .unwrap_or_else(|| panic!("{line}"))
+        .to_owned();
+    (child, url)
+}
