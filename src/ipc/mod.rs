@@ -160,11 +160,12 @@ where
 {
     let (read, mut write) = tokio::io::split(stream);
     let request = read_request(read, limits).await;
-    let _slot = handling.acquire().await.ok();
     let reply = match request {
         Ok(bytes) => match Command::parse_bytes(&bytes) {
             Ok(command) => {
                 tracing::debug!(command = command.name(), "IPC request");
+                // Held while the command runs, not while a slow client reads the reply.
+                let _slot = handling.acquire().await.ok();
                 dispatcher.handle(command).await
             }
             Err(e) => e.into_reply(),

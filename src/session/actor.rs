@@ -60,6 +60,8 @@ const STOP_GRACE: Duration = Duration::from_secs(2);
 /// writes its transcript lazily, within about 1.5 s of the turn's end, and once more at exit);
 /// only after it does the host watch the file for other writers.
 pub const SETTLE: Duration = Duration::from_secs(3);
+/// How soon a refused write is looked at again when the store's health already says `ok`.
+const OUTAGE_RETRY: Duration = Duration::from_millis(200);
 /// The longest prompt accepted.
 pub const MAX_PROMPT_BYTES: usize = 256 * 1024;
 
@@ -198,6 +200,13 @@ pub(super) struct Actor {
     outage: Option<String>,
     /// Runs the outage cut short, to close with `run.end` `interrupted` once it is over.
     unclosed: Vec<String>,
+    /// The store's outage count last seen: a higher one means an outage came and went.
+    outages_seen: u64,
+    /// A refused event was seen while the store's health said `ok` (its outage may already be
+    /// over): look again then.
+    outage_retry: Option<Instant>,
+    /// The native session id could not be saved during an outage: saved once it is over.
+    native_unsaved: bool,
 }
 
 async fn next_health(health: &mut tokio::sync::watch::Receiver<StoreHealth>) -> StoreHealth {
@@ -267,6 +276,9 @@ impl Actor {
             health: store.watch_health(),
             outage: None,
             unclosed: Vec::new(),
+            outages_seen: store.health().outages,
+            outage_retry: None,
+            native_unsaved: false,
             store,
             bus,
             launcher,
@@ -295,6 +307,12 @@ impl Actor {
             let idle = self.idle_deadline.filter(|_| self.agent.is_some());
             tokio::select! {
                 biased;
+                // First: an outage must be known before any more of a turn is handled.
+                health = next_health(&mut self.health) => self.on_health(health).await,
+                () = until(self.outage_retry) => {
+                    self.outage_retry = None;
+                    self.on_store_back().await;
+                }
                 output = next_output(&mut self.agent) => self.on_output(output).await,
                 msg = inbox.recv() => match msg {
                     Some(Msg::Stop { quiet, done }) => break Some((quiet, done)),
@@ -305,7 +323,6 @@ impl Actor {
                 () = until(idle) => self.on_idle().await,
                 () = until(self.watch_at) => self.start_watch().await,
                 () = next_change(&mut self.watch) => self.on_file_change().await,
-                health = next_health(&mut self.health) => self.on_health(health).await,
             }
         };
         let quiet = stop.as_ref().is_some_and(|(quiet, _)| *quiet);
@@ -405,13 +422,18 @@ impl Actor {
         None
     }
 
-    /// Whether an event the store refused means it cannot commit at all: remember the outage.
-    fn note_outage(&mut self) -> bool {
-        if let Some(why) = self.store.health().error {
-            self.outage.get_or_insert(why);
-            return true;
+    /// An event or row the store refused: nothing goes on as if it were durable. The outage is
+    /// remembered; if the store already says `ok` (it recovered before this was seen, or the
+    /// refusal had another cause) it is looked at again shortly, never in a tight loop.
+    fn note_outage(&mut self) {
+        let health = self.store.health();
+        let why = health
+            .error
+            .unwrap_or_else(|| "an event was not committed".to_owned());
+        self.outage.get_or_insert(why);
+        if health.state == "ok" && self.outage_retry.is_none() {
+            self.outage_retry = Some(Instant::now() + OUTAGE_RETRY);
         }
-        false
     }
 
     async fn warn(&self, run_id: Option<&str>, code: &str, message: String) {
@@ -474,7 +496,7 @@ impl Actor {
         };
         match self.store.insert_run(row).await {
             Err(e) => {
-                let _caller_gone = reply.send(Err(SessionError::Store(e)));
+                let _caller_gone = reply.send(Err(e.into()));
                 return;
             }
             Ok(RunInsert::Duplicate(existing)) => {
@@ -580,7 +602,8 @@ impl Actor {
             Some(receipt) => committed(receipt).await,
             None => false,
         };
-        if !(announced && started && saved.is_ok()) && self.note_outage() {
+        if !(announced && started && saved.is_ok()) {
+            self.note_outage();
             tracing::warn!(run_id = %item.run_id, "the store cannot commit: the prompt waits");
             item.announced = announced;
             self.queue.push_front(item);
@@ -599,9 +622,18 @@ impl Actor {
     // ---- store outages ----
 
     async fn on_health(&mut self, health: StoreHealth) {
-        match health.error {
-            Some(why) => self.on_store_down(why).await,
-            None => self.on_store_back().await,
+        if health.outages > self.outages_seen {
+            // Down (and perhaps up again already, between two looks): what ran meanwhile lost
+            // events either way.
+            self.outages_seen = health.outages;
+            let why = health
+                .error
+                .clone()
+                .unwrap_or_else(|| "a commit failed".to_owned());
+            self.on_store_down(why).await;
+        }
+        if health.error.is_none() {
+            self.on_store_back().await;
         }
     }
 
@@ -633,7 +665,27 @@ impl Actor {
         if self.outage.is_none() && self.unclosed.is_empty() {
             return;
         }
+        if !self.store.health().is_ok() {
+            // Not over yet: the health watch says when it is.
+            return;
+        }
         let why = self.outage.take().unwrap_or_default();
+        if self.native_unsaved
+            && let Some(native) = self.native.clone()
+        {
+            match self
+                .store
+                .set_native_session_id(self.session_id.clone(), native)
+                .await
+            {
+                Ok(()) => self.native_unsaved = false,
+                Err(e) => {
+                    tracing::error!(error = %e, "saving the native session id failed");
+                    self.note_outage();
+                    return;
+                }
+            }
+        }
         while let Some(run_id) = self.unclosed.first().cloned() {
             let end = RunEnd {
                 state: RunState::Interrupted,
@@ -643,6 +695,8 @@ impl Actor {
                      interrupted"
                 )),
             };
+            // Its permission requests go with it, before its end.
+            self.expire_permissions("the run ended").await;
             if !self
                 .publish_committed(Some(&run_id), EventBody::RunEnd(end))
                 .await
@@ -654,11 +708,17 @@ impl Actor {
             self.set_run_state(&run_id, "interrupted", None).await;
             self.unclosed.remove(0);
             tracing::info!(%run_id, "a run the store outage cut short is closed");
+            if self.current.is_none() {
+                self.turn_ended(RunState::Interrupted).await;
+            }
         }
         if self.current.is_none() {
             match self.queue.pop_front() {
                 Some(next) => Box::pin(self.dispatch(next)).await,
-                None => self.set_session_state("idle").await,
+                None => {
+                    self.set_session_state("idle").await;
+                    self.idle_deadline = self.launcher.idle_timeout().map(|t| Instant::now() + t);
+                }
             }
         }
     }
@@ -785,14 +845,17 @@ impl Actor {
     async fn fail_run(&mut self, e: AdapterError) {
         tracing::warn!(error = %e.message, category = ?e.category, "the run failed");
         let run_id = self.current.as_ref().map(|c| c.run_id.clone());
-        self.publish(
-            run_id.as_deref(),
-            EventBody::Error(ErrorNotice {
-                category: e.category,
-                message: e.message.clone(),
-            }),
-        )
-        .await;
+        // A run the store outage cut short publishes nothing more (its end comes later).
+        if !self.current.as_ref().is_some_and(|c| c.lost) {
+            self.publish(
+                run_id.as_deref(),
+                EventBody::Error(ErrorNotice {
+                    category: e.category,
+                    message: e.message.clone(),
+                }),
+            )
+            .await;
+        }
         self.end_run(RunEnd {
             state: RunState::Failed,
             category: Some(e.category),
@@ -808,7 +871,8 @@ impl Actor {
             return;
         };
         if current.lost || self.outage.is_some() {
-            // Cut short by a store outage: closed, visibly, once the store is back.
+            // Cut short by a store outage: closed, visibly, once the store is back (its
+            // permissions expire then, before its end).
             self.unclosed.push(current.run_id);
             if self.store.health().is_ok() {
                 Box::pin(self.on_store_back()).await;
@@ -835,8 +899,8 @@ impl Actor {
         if !self
             .publish_committed(Some(&current.run_id), EventBody::RunEnd(end))
             .await
-            && self.note_outage()
         {
+            self.note_outage();
             // The store failed at the very end: no row says this run ended until an event
             // does; the next prompt waits for the store.
             self.unclosed.push(current.run_id);
@@ -869,7 +933,8 @@ impl Actor {
             }
         };
         let run_id = self.current.as_ref().map(|c| c.run_id.clone());
-        if self.current.as_ref().is_some_and(|c| c.lost) && !matches!(body, EventBody::RunEnd(_)) {
+        let lost = self.current.as_ref().is_some_and(|c| c.lost);
+        if lost && !matches!(body, EventBody::RunEnd(_) | EventBody::SessionBound(_)) {
             // A run the store outage cut short: nothing more of it is published.
             tracing::debug!(kind = body.kind(), "dropped: the store cannot commit");
             return;
@@ -915,13 +980,17 @@ impl Actor {
                         )
                         .await
                     {
+                        // Saved once the store is back (if that is why).
                         tracing::error!(error = %e, "saving the native session id failed");
+                        self.native_unsaved = true;
                     }
                     self.native = Some(bound.native_session_id.clone());
                     self.native_changed();
                 }
-                self.publish(run_id.as_deref(), EventBody::SessionBound(bound))
-                    .await;
+                if !lost {
+                    self.publish(run_id.as_deref(), EventBody::SessionBound(bound))
+                        .await;
+                }
             }
             EventBody::PermissionRequest(request) => {
                 let row = PermissionRow {

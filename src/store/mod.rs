@@ -88,22 +88,28 @@ pub struct StoreHealth {
     pub error: Option<String>,
     /// When the current state began (ms since the epoch).
     pub since: i64,
+    /// Outages since the store opened. A watcher that finds this higher than it last saw
+    /// missed a whole outage (a watch keeps only the latest value: down and up again between
+    /// two looks read as one change to `ok`).
+    pub outages: u64,
 }
 
 impl StoreHealth {
-    fn ok() -> StoreHealth {
+    fn ok(outages: u64) -> StoreHealth {
         StoreHealth {
             state: "ok",
             error: None,
             since: now_ms(),
+            outages,
         }
     }
 
-    fn degraded(error: String) -> StoreHealth {
+    fn degraded(error: String, outages: u64) -> StoreHealth {
         StoreHealth {
             state: "degraded",
             error: Some(error),
             since: now_ms(),
+            outages,
         }
     }
 
@@ -220,9 +226,10 @@ const MAX_SEQ_SQL: &str =
     "SELECT coalesce((SELECT seq FROM sqlite_sequence WHERE name = 'messages'), 0)";
 
 type Job = Box<dyn FnOnce(&mut Connection) + Send>;
-/// A write job gets the connection, or the reason the store takes no writes now; it returns
-/// a storage failure it met (which degrades the store).
-type WriteJob = Box<dyn FnOnce(Result<&mut Connection, StoreError>) -> Option<String> + Send>;
+/// A write job gets the connection, or the reason the store takes no writes now, and a way
+/// to degrade the store, which it calls for a storage failure before it replies (whoever sees
+/// the refusal also sees the health say why).
+type WriteJob = Box<dyn FnOnce(Result<&mut Connection, StoreError>, &dyn Fn(String)) + Send>;
 
 enum WriteCmd {
     Append {
@@ -337,7 +344,7 @@ impl Store {
             path: path.to_owned(),
             source: Box::new(e),
         };
-        let (health_tx, health) = tokio::sync::watch::channel(StoreHealth::ok());
+        let (health_tx, health) = tokio::sync::watch::channel(StoreHealth::ok(0));
         let probes = writer_tx.clone();
         let writer = std::thread::Builder::new()
             .name("store-writer".into())
@@ -418,16 +425,14 @@ impl Store {
         F: FnOnce(&mut Connection) -> StoreResult<T> + Send + 'static,
     {
         let (tx, rx) = oneshot::channel();
-        let job: WriteJob = Box::new(move |conn| {
+        let job: WriteJob = Box::new(move |conn, degrade| {
             let mut result = conn.and_then(f);
-            let failure = result.as_ref().err().and_then(StoreError::storage_failure);
-            if let Some(why) = &failure {
-                // The store is about to be degraded for this: say so to the caller too.
-                result = Err(StoreError::Unavailable(why.clone()));
+            if let Some(why) = result.as_ref().err().and_then(StoreError::storage_failure) {
+                degrade(why.clone());
+                result = Err(StoreError::Unavailable(why));
             }
             // The caller may have gone away; the work is done either way.
             let _ignored = tx.send(result);
-            failure
         });
         self.writer
             .send(WriteCmd::Exec(job))
@@ -926,18 +931,22 @@ impl Health {
             return;
         }
         tracing::error!(error = %error, "the store cannot commit: degraded, writes are refused until a probe commits");
-        self.tx.send_replace(StoreHealth::degraded(error));
+        let outage = self.tx.borrow().outages + 1;
+        self.tx.send_replace(StoreHealth::degraded(error, outage));
         let probes = self.probes.clone();
-        let mut watch = self.tx.subscribe();
-        // Its own thread, so the writer never sleeps: it keeps answering (and refusing).
+        let watch = self.tx.subscribe();
+        // Its own thread, so the writer never sleeps: it keeps answering (and refusing). It
+        // probes for this outage only: one that ended is never probed for again.
         let spawned = std::thread::Builder::new()
             .name("store-probe".into())
             .spawn(move || {
                 for delay in probe_delays() {
                     std::thread::sleep(delay);
-                    if watch.borrow_and_update().is_ok()
-                        || probes.blocking_send(WriteCmd::Probe).is_err()
-                    {
+                    let over = {
+                        let now = watch.borrow();
+                        now.is_ok() || now.outages != outage
+                    };
+                    if over || probes.blocking_send(WriteCmd::Probe).is_err() {
                         return;
                     }
                 }
@@ -949,7 +958,8 @@ impl Health {
 
     fn recovered(&self) {
         tracing::info!("a probe write committed: the store is healthy again");
-        self.tx.send_replace(StoreHealth::ok());
+        let outages = self.tx.borrow().outages;
+        self.tx.send_replace(StoreHealth::ok(outages));
     }
 }
 
@@ -1017,23 +1027,19 @@ fn writer_loop(mut conn: Connection, mut rx: mpsc::Receiver<WriteCmd>, health: H
                 }
             }
             WriteCmd::Exec(job) => {
-                let failure = match down {
-                    Some(reason) => job(Err(StoreError::Unavailable(reason))),
-                    None => job(Ok(&mut conn)),
-                };
+                // A write that fails for lack of space or I/O degrades the store: the next
+                // commit would fail the same way.
+                let degrade = |reason: String| health.fail(reason);
+                match down {
+                    Some(reason) => job(Err(StoreError::Unavailable(reason)), &degrade),
+                    None => job(Ok(&mut conn), &degrade),
+                }
                 if !conn.is_autocommit() {
                     // A failed job left its transaction open: roll it back, or the next
                     // group would commit inside it.
                     if let Err(e) = conn.execute_batch("ROLLBACK") {
                         tracing::error!(error = %e, "rolling back a failed write failed");
                     }
-                }
-                // A write that failed for lack of space or I/O: the next commit would fail the
-                // same way.
-                if let Some(reason) = failure
-                    && health.degraded().is_none()
-                {
-                    health.fail(reason);
                 }
             }
             WriteCmd::Append { reply, .. } if down.is_some() => {
