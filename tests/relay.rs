@@ -603,3 +603,30 @@ async fn misbehaving_relays_leave_the_host_healthy_and_say_what_is_wrong() {
     relay_status(&host, |s| s.state == RelayState::Disabled).await;
     host.stop().await;
 }
+
+/// A `config.toml` relay that cannot work (plain `ws://` to a non-loopback address) is never
+/// dialed — no packet leaves for it — and `host.status` says why; a valid one set over IPC
+/// then takes over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_misconfigured_relay_is_not_dialed_and_says_why() {
+    let dir = tempfile::tempdir().unwrap();
+    write_relay_config(&dir.path().join("host"), "ws://203.0.113.1:9");
+    let host = bare_host(dir.path()).await;
+    let status = relay_status(&host, |s| s.state == RelayState::Misconfigured).await;
+    assert_eq!(status.retries, 0, "{status:?}");
+    let why = status.last_error.unwrap_or_default();
+    assert!(
+        why.contains("ws:// is allowed only to a loopback address"),
+        "{why}"
+    );
+    let relay = Relay::start("127.0.0.1:0").await;
+    let set = host
+        .ipc(
+            "host.relay.set",
+            json!({"url": format!("{}/host", relay.url), "token": HOST_TOKEN}),
+        )
+        .await;
+    assert_eq!(set.code, 0, "{}", set.to_line());
+    relay_status(&host, |s| s.state == RelayState::Connected).await;
+    host.stop().await;
+}
