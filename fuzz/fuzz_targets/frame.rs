@@ -1,0 +1,4 @@
+//! Fuzz target `frame`: see `agent_host::fuzzing::frame` for what it feeds and checks.
+#![no_main]
+
+libfuzzer_sys::fuzz_target!(|data: &[u8]| agent_host::fuzzing::frame(data));
