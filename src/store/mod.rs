@@ -327,7 +327,20 @@ impl Store {
         write_conn.pragma_update(None, "journal_size_limit", WAL_LIMIT_BYTES)?;
         let (poke, pokes) = std::sync::mpsc::sync_channel::<i32>(1);
         write_conn.wal_hook(Some(
-            move |_wal: &mut rusqlite::hooks::Wal, pages: std::os::raw::c_int| {
+            move |wal: &mut rusqlite::hooks::Wal, pages: std::os::raw::c_int| {
+                if pages >= WAL_HARD_PAGES {
+                    // The checkpoint thread fell behind (a slow disk's fsyncs): checkpoint here,
+                    // holding the write lock, so no new frame lands meanwhile and the next write
+                    // starts the WAL over. This is the only back-pressure on the writer.
+                    // Busy: the checkpoint thread is at it; the next commit looks again.
+                    match wal.checkpoint_v2(rusqlite::wal::CheckpointMode::PASSIVE) {
+                        Ok(_) => {}
+                        Err(rusqlite::Error::SqliteFailure(e, _))
+                            if e.code == rusqlite::ErrorCode::DatabaseBusy => {}
+                        Err(e) => tracing::warn!(error = %e, "WAL checkpoint in the writer failed"),
+                    }
+                    return Ok(());
+                }
                 // Full means a poke is pending; the checkpoint thread reads the WAL size itself.
                 let _pending = poke.try_send(pages);
                 Ok(())
@@ -831,6 +844,9 @@ fn reader_loop(mut conn: Connection, mut rx: mpsc::Receiver<ReadCmd>) {
 /// The WAL pages (4 KiB each) after which a checkpoint runs, whatever wrote them: a stream of
 /// events and thousands of small row updates alike.
 const CHECKPOINT_PAGES: i32 = 1000;
+/// The WAL pages at which the writer checkpoints itself instead of leaving it to the checkpoint
+/// thread (which keeps up on any ordinary disk): twice [`CHECKPOINT_PAGES`], 8 MiB.
+const WAL_HARD_PAGES: i32 = 2 * CHECKPOINT_PAGES;
 /// The WAL file is cut back to this after a checkpoint reset it.
 const WAL_LIMIT_BYTES: i64 = 8 * 1024 * 1024;
 /// A store that wrote and then went quiet this long is checkpointed and its WAL truncated.
