@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use agent_host::config::Config;
 use agent_host::protocol::events::{BlockEnd, Event, EventBody};
-use agent_host::protocol::wire::{CmdId, PROTOCOL_VERSION, pb};
+use agent_host::protocol::wire::{PROTOCOL_VERSION, pb};
 use agent_host::ws::client::{self, WsClient};
 use anyhow::Context;
 use serde_json::json;
@@ -170,17 +170,8 @@ async fn run(events: usize) -> anyhow::Result<()> {
     .await?;
     let (mut bot, _) = client::connect(&format!("{url}/bot"), BOT_TOKEN, hello()).await?;
     // The host has dialed in once this is answered.
-    bot.send(
-        CmdId::ListHistorySessionsReq,
-        &pb::ListHistorySessionsReq { limit: 1 },
-    )
-    .await?;
-    loop {
-        let frame = bot.next_frame().await?.context("closed")?;
-        if frame.cmd == CmdId::ListHistorySessionsResp {
-            break;
-        }
-    }
+    let listed = bot.request("session.list", json!({})).await?;
+    anyhow::ensure!(listed.is_ok(), "session.list: {}", listed.to_line());
     println!(
         "agent-host relay benchmark: {events} brackets, {} cores",
         std::thread::available_parallelism().map_or(1, |n| n.get())

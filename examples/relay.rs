@@ -275,7 +275,7 @@ async fn host_connection(
                 if let Some(pending) = s.pending.remove(&frame.request_id)
                     && let Some(bot) = s.bots.get(&pending.bot)
                 {
-                    let answer = frame.with_request_id(pending.bot_request_id);
+                    let answer = binary(frame.with_request_id(pending.bot_request_id));
                     let _ = bot.out.send(Message::Binary(answer));
                 }
             }
@@ -367,7 +367,7 @@ async fn bot_connection(
             Err((id, e)) => {
                 let _ = out.send(Message::Binary(wire::error_frame(
                     id,
-                    e.code(),
+                    agent_host::request::errors::wire_code(&e),
                     e.to_string(),
                 )));
                 continue;
@@ -392,15 +392,20 @@ async fn bot_connection(
                 // A request: forwarded under the relay's own id, kept until answered.
                 s.next_request += 1;
                 let id = s.next_request;
-                let forwarded = frame.with_request_id(id);
+                let forwarded = binary(frame.with_request_id(id));
                 let sent = match &s.host {
                     Some((_, host)) => host.send(Message::Binary(forwarded.clone())).is_ok(),
                     None => false,
                 };
-                let resendable = frame.cmd == CmdId::RelayMessageReq
-                    && frame
-                        .body::<pb::RelayMessageReq>()
-                        .is_ok_and(|r| !r.client_msg_id.is_empty());
+                // A prompt with an idempotency key may be sent again after a host reconnect:
+                // the host answers a repeat with the first run.
+                let resendable = frame.cmd == CmdId::Request
+                    && frame.body::<pb::Request>().is_ok_and(|r| {
+                        r.command == "session.send"
+                            && serde_json::from_str::<serde_json::Value>(&r.params_json).is_ok_and(
+                                |p| p.get("client_msg_id").is_some_and(|k| k.is_string()),
+                            )
+                    });
                 s.pending.insert(
                     id,
                     Pending {
@@ -422,4 +427,12 @@ async fn bot_connection(
     drop(out);
     let _ = writer.await;
     Ok(())
+}
+
+/// The bytes of a frame this relay passes on (it speaks only the protobuf codec).
+fn binary(message: wire::WireMessage) -> bytes::Bytes {
+    match message {
+        wire::WireMessage::Binary(bytes) => bytes,
+        wire::WireMessage::Text(text) => bytes::Bytes::from(text.into_bytes()),
+    }
 }

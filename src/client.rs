@@ -14,15 +14,14 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 
 use crate::adapter;
 use crate::config::Config;
-use crate::daemon::{self, DaemonError};
-use crate::dispatch::status_json;
-use crate::instance::{self, InstanceError};
+use crate::daemon;
+use crate::instance;
 use crate::ipc::{self, IpcError};
 use crate::protocol::envelope::{
     Command, ErrorCode, MAX_REQUEST_BYTES, Reply, RequestError, Route,
 };
 use crate::protocol::strict_json;
-use crate::store::StoreError;
+use crate::request::status_json;
 
 /// How long the CLI waits for the host to answer one request.
 const IPC_TIMEOUT: Duration = Duration::from_secs(30);
@@ -147,21 +146,7 @@ async fn local(command: Command, config: &Config) -> Reply {
             "version": crate::VERSION,
             "schema_version": crate::store::SCHEMA_VERSION,
         })),
-        Command::AgentList => {
-            let base_env = adapter::spawn::filter_env(config.env.iter().cloned());
-            // Probed at once: each may take up to its timeout.
-            let (defs, bad) = adapter::launch::agent_defs(config);
-            let probes = defs.iter().map(|(agent_type, def)| {
-                let base_env = &base_env;
-                async move { adapter::probe(agent_type, def, base_env).await }
-            });
-            let agents = futures_util::future::join_all(probes).await;
-            let invalid: Vec<Value> = bad
-                .into_iter()
-                .map(|b| json!({"agent_type": b.agent_type, "reason": b.reason}))
-                .collect();
-            Reply::ok(json!({"agents": agents, "invalid": invalid}))
-        }
+        Command::AgentList => Reply::ok(adapter::agents_report(config).await),
         Command::HostStart(_) => start_detached(config).await,
         other => Reply::error(
             ErrorCode::Internal,
@@ -200,6 +185,8 @@ async fn from_lock_file(command: Command, config: &Config) -> Reply {
     };
     let info = instance::read_lock_info(&lock_path);
     match (command, held) {
+        // No host to ask: the agents as this binary and config see them.
+        (Command::AgentList, _) => local(Command::AgentList, config).await,
         (Command::HostStatus, false) => Reply::ok(json!({"running": false})),
         (Command::HostShutdown, false) => Reply::ok(json!({"stopped": false, "running": false})),
         (Command::HostStatus, true) => {
@@ -260,19 +247,7 @@ async fn wait_stopped(config: &Config, reply: Reply) -> Reply {
 }
 
 fn ipc_failure(e: IpcError, config: &Config) -> Reply {
-    match e {
-        IpcError::Connect { .. } => Reply::error(
-            ErrorCode::HostNotRunning,
-            format!(
-                "no host answers on {}; start one with `agent-host host.start`",
-                config.ipc_path().display()
-            ),
-            Value::Null,
-        ),
-        IpcError::Timeout(_) | IpcError::BadReply(_) | IpcError::Io(_) | IpcError::Bind { .. } => {
-            Reply::error(ErrorCode::HostUnresponsive, e.to_string(), Value::Null)
-        }
-    }
+    crate::request::errors::ipc_failure(e, &config.ipc_path())
 }
 
 /// `host.start` without `foreground`: spawn this binary as a detached foreground host and
@@ -400,32 +375,7 @@ pub async fn run_foreground(
     let _announced = announcer.await;
     match result {
         Ok(()) => Reply::ok(json!({"stopped": true})),
-        Err(DaemonError::Instance(InstanceError::AlreadyRunning { pid })) => Reply::error(
-            ErrorCode::AlreadyRunning,
-            match pid {
-                Some(pid) => format!("a host is already running (pid {pid})"),
-                None => "a host is already running".to_owned(),
-            },
-            json!({"pid": pid}),
-        ),
-        Err(DaemonError::Config(e)) => {
-            Reply::error(ErrorCode::HomeUnusable, e.to_string(), Value::Null)
-        }
-        Err(DaemonError::Store(e @ StoreError::Corrupt { .. })) => {
-            let path = match &e {
-                StoreError::Corrupt { path, .. } => path.display().to_string(),
-                _ => String::new(),
-            };
-            Reply::error(
-                ErrorCode::StoreCorrupt,
-                e.to_string(),
-                json!({"path": path}),
-            )
-        }
-        Err(DaemonError::Store(e)) => {
-            Reply::error(ErrorCode::StoreFailed, e.to_string(), Value::Null)
-        }
-        Err(e) => start_failed(e.to_string()),
+        Err(e) => crate::request::errors::start_error(e),
     }
 }
 

@@ -15,6 +15,8 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+pub use crate::protocol::scope::Scope;
+
 /// Why the configuration could not be built.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -76,7 +78,7 @@ pub struct RelayConfig {
     pub token: String,
     /// What requests coming through the relay may do.
     #[serde(default)]
-    pub scope: RelayScope,
+    pub scope: Scope,
     /// Timing, in milliseconds; the defaults suit a real network.
     #[serde(default)]
     pub timing: RelayTiming,
@@ -90,29 +92,6 @@ impl std::fmt::Debug for RelayConfig {
             .field("scope", &self.scope)
             .field("timing", &self.timing)
             .finish()
-    }
-}
-
-/// What the relay token grants. Defaults: every session, prompts and cancels yes, permission
-/// answers and session creation no.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize, serde::Serialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct RelayScope {
-    /// Session ids the relay may see and drive; absent: all.
-    pub sessions: Option<Vec<String>>,
-    pub prompt: bool,
-    pub permissions: bool,
-    pub create_sessions: bool,
-}
-
-impl Default for RelayScope {
-    fn default() -> Self {
-        RelayScope {
-            sessions: None,
-            prompt: true,
-            permissions: false,
-            create_sessions: false,
-        }
     }
 }
 

@@ -20,15 +20,16 @@ use crate::adapter::AgentSettings;
 use crate::adapter::reap;
 use crate::bus::{Bus, BusError};
 use crate::config::{Config, ConfigError};
-use crate::dispatch::Dispatcher;
 use crate::instance::{InstanceError, InstanceLock, LockInfo};
 use crate::ipc::{self, IpcError};
+use crate::link::Link;
 use crate::relay;
+use crate::request::Handler;
 use crate::session::SessionManager;
 use crate::store::{Store, StoreError};
-use crate::ws::link::Link;
+use crate::subscribers::{GrantStore, Subscribers};
+use crate::ws;
 use crate::ws::server::WsContext;
-use crate::ws::{self, GrantStore, Subscribers};
 
 /// What a started host reports to whoever started it.
 #[derive(Clone)]
@@ -140,12 +141,23 @@ async fn serve(
     info.ws_port = Some(ws_port);
     lock.update(info).map_err(DaemonError::Lock)?;
     let grants = Arc::new(GrantStore::new(config.clock.clone()));
-    let subscribers = Subscribers::new(store.clone(), sessions.clone(), grants.clone(), ws_port);
-    let link = Link {
+    let subscribers = Subscribers::new(
+        store.clone(),
+        bus.clone(),
+        sessions.clone(),
         grants,
-        bus: bus.clone(),
-        sessions: sessions.clone(),
-        store: store.clone(),
+        ws_port,
+    );
+    // The one request layer every transport serves.
+    let handler = Handler::new(
+        sessions.clone(),
+        subscribers,
+        lock.info().clone(),
+        Arc::new(config.clone()),
+        root.clone(),
+    );
+    let link = Link {
+        handler: handler.clone(),
     };
     let ws_ctx = Arc::new(WsContext {
         link: link.clone(),
@@ -164,16 +176,10 @@ async fn serve(
     // The relay client dials out (if configured); its connection is a transport like the
     // others and closes with them.
     let relay = relay::client::spawn(link, config.relay.clone(), root.child_token(), &tracker);
-    let dispatcher = Dispatcher::new(
-        sessions.clone(),
-        subscribers,
-        lock.info().clone(),
-        root.clone(),
-    )
-    .with_relay(relay.clone());
+    handler.set_relay(Arc::new(relay.clone()));
     let ipc_task = tokio::spawn(ipc::serve(
         listener,
-        dispatcher,
+        handler,
         ipc::Limits {
             read_timeout: config.ipc_read_timeout,
             ..ipc::Limits::default()

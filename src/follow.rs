@@ -19,6 +19,7 @@ use serde_json::{Value, json};
 use crate::config::Config;
 use crate::ipc;
 use crate::protocol::envelope::{ErrorCode, Reply};
+use crate::protocol::replies::Grant;
 use crate::protocol::wire::{CmdId, PROTOCOL_VERSION, pb};
 use crate::ws::client::{self, ClientError, WsClient};
 
@@ -60,14 +61,17 @@ pub async fn run(
     if !added.is_ok() {
         return added;
     }
-    let Some(subscriber_id) = added.data["subscriber_id"].as_str().map(str::to_owned) else {
-        return Reply::error(
-            ErrorCode::Internal,
-            "subscriber.add returned no id",
-            Value::Null,
-        );
+    let mut grant: Grant = match added.data_as() {
+        Ok(grant) => grant,
+        Err(e) => {
+            return Reply::error(
+                ErrorCode::Internal,
+                format!("subscriber.add answered no grant: {e}"),
+                Value::Null,
+            );
+        }
     };
-    let mut grant = added.data;
+    let subscriber_id = grant.subscriber_id.clone();
     let mut renderer = Renderer::default();
     let mut cursor: Option<i64> = None;
     let stop = stop_signal();
@@ -100,7 +104,16 @@ pub async fn run(
                 )
                 .await;
                 match fresh.error_code() {
-                    None if fresh.is_ok() => grant = fresh.data,
+                    None if fresh.is_ok() => match fresh.data_as() {
+                        Ok(fresh) => grant = fresh,
+                        Err(e) => {
+                            break Reply::error(
+                                ErrorCode::Internal,
+                                format!("subscriber.grant answered no grant: {e}"),
+                                Value::Null,
+                            );
+                        }
+                    },
                     Some(ErrorCode::SubscriberNotFound) => break fresh,
                     _ => {} // the host is not back yet: keep trying
                 }
@@ -141,21 +154,14 @@ async fn ipc_call(config: &Config, command: &str, params: Value) -> Reply {
 }
 
 async fn follow_once(
-    grant: &Value,
+    grant: &Grant,
     cursor: &mut Option<i64>,
     options: &FollowOptions,
     renderer: &mut Renderer,
     out: &mut (dyn Write + Send),
     backoff: &mut ExponentialBackoff,
 ) -> Ended {
-    let (Some(endpoint), Some(token)) = (grant["ws_endpoint"].as_str(), grant["ws_token"].as_str())
-    else {
-        return Ended::Fatal(Reply::error(
-            ErrorCode::Internal,
-            "the grant has no endpoint or token",
-            Value::Null,
-        ));
-    };
+    let (endpoint, token) = (grant.ws_endpoint.as_str(), grant.ws_token.as_str());
     let hello = pb::Hello {
         client_name: "agent-host follow".to_owned(),
         cursor: *cursor,
@@ -163,12 +169,17 @@ async fn follow_once(
     };
     let mut ws: WsClient = match client::connect(endpoint, token, hello).await {
         Ok((ws, _resp)) => ws,
-        Err(ClientError::HelloFailed(reason)) if reason.starts_with("subscriber_not_found") => {
-            return Ended::Fatal(Reply::error(
-                ErrorCode::SubscriberNotFound,
-                reason,
-                Value::Null,
-            ));
+        Err(ClientError::HelloRefused {
+            code,
+            name,
+            message,
+        }) if name == "subscriber_not_found" => {
+            // The host's own answer, passed on as it gave it.
+            return Ended::Fatal(Reply {
+                code,
+                message,
+                data: serde_json::json!({"error": name}),
+            });
         }
         Err(e) => return Ended::Lost(e.to_string()),
     };

@@ -69,13 +69,57 @@ pub fn envelope(data: &[u8]) {
     }
 }
 
+/// One WebSocket message through the frame decoders: as a binary (protobuf) message, and — when
+/// it is UTF-8 — as a text (JSON codec) message.
+pub fn frame(data: &[u8]) {
+    binary_frame(data);
+    if let Ok(text) = std::str::from_utf8(data) {
+        json_frame(text);
+    }
+}
+
+/// A JSON-codec text message: refused with a frame-level code, or decoded into a frame that
+/// keeps its cmd and id when passed on, and whose body, if it decodes, re-encodes to itself.
+fn json_frame(text: &str) {
+    let decoded = match wire::decode_json(text) {
+        Ok(decoded) => decoded,
+        Err((_, refused)) => {
+            let code = crate::request::errors::wire_code(&refused);
+            assert!(
+                matches!(code, ErrorCode::InvalidFrame | ErrorCode::UnknownCmd),
+                "a JSON frame refused with {code:?}"
+            );
+            return;
+        }
+    };
+    let wire::WireMessage::Text(moved) = decoded.with_request_id(decoded.request_id ^ 1) else {
+        panic!("a JSON frame passed on as binary");
+    };
+    let moved = wire::decode_json(&moved)
+        .unwrap_or_else(|e| panic!("a re-encoded JSON frame does not decode: {e:?}"));
+    assert_eq!(moved.cmd, decoded.cmd);
+    assert_eq!(moved.request_id, decoded.request_id ^ 1);
+    if let Ok(request) = decoded.body::<pb::Request>() {
+        let wire::WireMessage::Text(again) =
+            wire::encode_as(wire::Codec::Json, decoded.cmd, 1, &request)
+        else {
+            panic!("the JSON codec wrote binary");
+        };
+        let back: pb::Request = wire::decode_json(&again)
+            .unwrap_or_else(|e| panic!("{e:?}"))
+            .body()
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(back, request);
+    }
+}
+
 /// One WebSocket binary message through the frame decoder, then its body through the message
 /// type its `cmd` names.
-pub fn frame(data: &[u8]) {
+fn binary_frame(data: &[u8]) {
     let decoded = match wire::decode(data) {
         Ok(decoded) => decoded,
         Err((request_id, refused)) => {
-            let code = refused.code();
+            let code = crate::request::errors::wire_code(&refused);
             assert!(
                 matches!(code, ErrorCode::InvalidFrame | ErrorCode::UnknownCmd),
                 "a frame refused with {code:?}"
@@ -92,7 +136,10 @@ pub fn frame(data: &[u8]) {
         }
     };
     // Passing a frame on under another id (the relay does) keeps everything else.
-    let moved = wire::decode(&decoded.with_request_id(decoded.request_id ^ 1))
+    let wire::WireMessage::Binary(moved) = decoded.with_request_id(decoded.request_id ^ 1) else {
+        panic!("a binary frame passed on as text");
+    };
+    let moved = wire::decode(&moved)
         .unwrap_or_else(|e| panic!("a re-encoded frame does not decode: {e:?}"));
     assert_eq!(moved.cmd, decoded.cmd);
     assert_eq!(moved.request_id, decoded.request_id ^ 1);
@@ -102,32 +149,18 @@ pub fn frame(data: &[u8]) {
         CmdId::HelloResp => body_round_trip::<pb::HelloResp>(&decoded),
         CmdId::EventPush => body_round_trip::<pb::EventPush>(&decoded),
         CmdId::Ack => body_round_trip::<pb::Ack>(&decoded),
-        CmdId::RelayMessageReq => body_round_trip::<pb::RelayMessageReq>(&decoded),
-        CmdId::NewRoundResp => body_round_trip::<pb::NewRoundResp>(&decoded),
-        CmdId::CancelRunReq => body_round_trip::<pb::CancelRunReq>(&decoded),
-        CmdId::CancelRunResp => body_round_trip::<pb::CancelRunResp>(&decoded),
-        CmdId::PermissionDecisionReq => body_round_trip::<pb::PermissionDecisionReq>(&decoded),
-        CmdId::PermissionDecisionResp => body_round_trip::<pb::PermissionDecisionResp>(&decoded),
-        CmdId::ListHistorySessionsReq => body_round_trip::<pb::ListHistorySessionsReq>(&decoded),
-        CmdId::ListHistorySessionsResp => {
-            body_round_trip::<pb::ListHistorySessionsResp>(&decoded);
-        }
-        CmdId::ListSessionRunsReq => body_round_trip::<pb::ListSessionRunsReq>(&decoded),
-        CmdId::ListSessionRunsResp => body_round_trip::<pb::ListSessionRunsResp>(&decoded),
-        CmdId::GetSessionHistoryReq => body_round_trip::<pb::GetSessionHistoryReq>(&decoded),
-        CmdId::GetSessionHistoryResp => body_round_trip::<pb::GetSessionHistoryResp>(&decoded),
         CmdId::Ping => body_round_trip::<pb::Ping>(&decoded),
         CmdId::Pong => body_round_trip::<pb::Pong>(&decoded),
         CmdId::ErrorResp => body_round_trip::<pb::ErrorResp>(&decoded),
-        CmdId::CreateSessionReq => body_round_trip::<pb::CreateSessionReq>(&decoded),
-        CmdId::CreateSessionResp => body_round_trip::<pb::CreateSessionResp>(&decoded),
+        CmdId::Request => body_round_trip::<pb::Request>(&decoded),
+        CmdId::Reply => body_round_trip::<pb::Reply>(&decoded),
     }
 }
 
 /// A body that decodes encodes to a frame whose body decodes to the same message.
 fn body_round_trip<M>(decoded: &wire::Decoded)
 where
-    M: prost::Message + Default + PartialEq + std::fmt::Debug,
+    M: wire::WireBody + PartialEq + std::fmt::Debug,
 {
     let Ok(body) = decoded.body::<M>() else {
         return;

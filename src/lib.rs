@@ -8,15 +8,20 @@
 //! - [`bus`] — persist-then-publish pipeline, subscriber queues, replay and catch-up.
 //! - [`session`] — sessions (and, with the adapters, one actor per live session).
 //! - [`adapter`] — the agent contract, the one spawn policy, binary probing.
-//! - [`dispatch`] — typed command → reply inside the host; module errors → wire codes.
-//! - [`ipc`] — the Unix-socket transport; [`ws`] — the loopback WebSocket transport.
+//! - [`request`] — the one request layer: typed command + caller → reply for every transport;
+//!   the scope rule; module errors → wire codes.
+//! - [`subscribers`] — subscriber rows, grant tokens and the registry of connections;
+//!   [`link`] — one wire connection (Hello, replay, events, acks, requests), whichever side
+//!   dialed.
+//! - [`ipc`] — the Unix-socket transport; [`ws`] — the loopback WebSocket transport;
+//!   [`relay`] — the outbound relay connection.
 //! - [`watch`] — file watching (`notify`), handed to the session layer through its `Launcher`.
 //! - [`instance`], [`config`] — the lock file and where things live; [`redact`] — secrets by
 //!   shape out of text agents write (their stderr).
 //! - [`daemon`] — wiring and ordered shutdown; [`run`] is its entry point.
 //! - [`client`] — the CLI's routing: local, IPC or hybrid; [`follow`] — the terminal follower.
 //!
-//! `docs/architecture.md` has the picture; `../shared/design.md` the contracts.
+//! `docs/architecture.md` has the picture.
 
 pub mod adapter;
 pub mod bus;
@@ -24,19 +29,21 @@ pub mod client;
 pub mod clock;
 pub mod config;
 pub mod daemon;
-pub mod dispatch;
 pub mod follow;
 /// For the fuzz targets in `fuzz/` and the corpus replay test; not an API.
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod instance;
 pub mod ipc;
+pub mod link;
 pub mod logging;
 pub mod protocol;
 pub mod redact;
 pub mod relay;
+pub mod request;
 pub mod session;
 pub mod store;
+pub mod subscribers;
 pub mod watch;
 pub mod ws;
 

@@ -13,7 +13,6 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use agent_host::protocol::wire::{CmdId, pb};
 use common::agents::{agent_env, ensure_claude, ensure_claude_acp, ensure_qwen};
 use common::mock_model::MockModel;
 use common::world::{Family, Follower, TURN, follow, in_netns, run_end, run_end_of, text_of_run};
@@ -148,17 +147,13 @@ fn bracket_kinds(f: &Follower, run: &str) -> Vec<String> {
 }
 
 async fn decide(f: &mut Follower, session: &str, request_id: &str, decision: &str) {
-    let reply = f
-        .request(
-            CmdId::PermissionDecisionReq,
-            &pb::PermissionDecisionReq {
-                session_id: session.to_owned(),
-                request_id: request_id.to_owned(),
-                decision: decision.to_owned(),
-            },
+    let receipt = f
+        .ok(
+            "permission.respond",
+            json!({"session_id": session, "request_id": request_id, "decision": decision}),
         )
         .await;
-    assert_eq!(reply.cmd, CmdId::PermissionDecisionResp, "{reply:?}");
+    assert_eq!(receipt["decision"], decision, "{receipt}");
 }
 
 /// Acceptance 1, the scenario each real ACP agent goes through: two turns with history,
@@ -321,11 +316,26 @@ fn an_acp_turn_cancels_and_the_session_resumes_after_a_restart() {
         assert_eq!(row["native_session_id"], native, "{row}");
         // The store holds the earlier turns once: a resume published nothing of them again,
         // and the new run has one prompt.
+        // Everything stored since belongs to the new run, but for the run-less
+        // `session.state` brackets the session's state changes publish once no run is current
+        // (its return to `idle` after the new run).
         let after = history(&world, &session).await;
+        let last_before = before.last().unwrap()["sequence_id"].as_i64().unwrap();
         let (old, new): (Vec<Value>, Vec<Value>) = after
             .into_iter()
-            .partition(|e| e["run_id"] != resumed.as_str());
-        assert_eq!(old, before, "earlier turns were published again");
+            .partition(|e| e["sequence_id"].as_i64().unwrap() <= last_before);
+        assert_eq!(old, before, "earlier turns changed in the store");
+        let strays: Vec<&Value> = new
+            .iter()
+            .filter(|e| {
+                e["run_id"] != resumed.as_str()
+                    && !(e["kind"] == "session.state" && e["run_id"].is_null())
+            })
+            .collect();
+        assert!(
+            strays.is_empty(),
+            "earlier turns were published again: {strays:?}"
+        );
         let prompts = new.iter().filter(|e| e["kind"] == "user.text").count();
         assert_eq!(prompts, 1, "{new:?}");
         world.host.unwrap().stop().await;

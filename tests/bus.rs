@@ -389,6 +389,7 @@ async fn replay_modes_and_cursor_survive_a_restart() {
             deltas_dropped: 0,
             created_at_ms: 0,
             updated_at_ms: 0,
+            scope: None,
         })
         .await
         .unwrap();

@@ -14,7 +14,6 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use agent_host::protocol::wire::{CmdId, pb};
 use common::TestHost;
 use common::agents::group_alive;
 use common::world::{Family, TURN, World, in_netns, run_end, run_end_of, text_of_run};
@@ -129,17 +128,13 @@ fn permissions_are_answered_once_from_any_client() {
         assert_eq!(request.run_id, approved);
         assert_eq!(request.event["tool"], "Bash");
         let request_id = request.event["requestId"].as_str().unwrap().to_owned();
-        let reply = ws
-            .request(
-                CmdId::PermissionDecisionReq,
-                &pb::PermissionDecisionReq {
-                    session_id: session.clone(),
-                    request_id: request_id.clone(),
-                    decision: "allow".into(),
-                },
+        let receipt = ws
+            .ok(
+                "permission.respond",
+                json!({"session_id": session, "request_id": request_id, "decision": "allow"}),
             )
             .await;
-        assert_eq!(reply.cmd, CmdId::PermissionDecisionResp, "{reply:?}");
+        assert_eq!(receipt["decision"], "allow", "{receipt}");
         let end = run_end(&mut ws, &approved, TURN).await;
         assert_eq!(end["state"], "completed");
         let resolved = ws
@@ -210,20 +205,15 @@ fn permissions_are_answered_once_from_any_client() {
         );
         // The WebSocket side answering late.
         let late = ws
-            .request(
-                CmdId::PermissionDecisionReq,
-                &pb::PermissionDecisionReq {
-                    session_id: session.clone(),
-                    request_id,
-                    decision: "allow".into(),
-                },
+            .refused(
+                "permission.respond",
+                json!({"session_id": session, "request_id": request_id, "decision": "allow"}),
+                3005,
+                "already_resolved",
             )
             .await;
-        assert_eq!(late.cmd, CmdId::ErrorResp);
-        assert_eq!(
-            late.body::<pb::ErrorResp>().unwrap().name,
-            "already_resolved"
-        );
+        assert_eq!(late.data["decision"], "deny", "{}", late.to_line());
+        assert_eq!(late.data["by"], "ipc", "{}", late.to_line());
         // An id nobody asked about.
         let unknown = world
             .host()
@@ -257,19 +247,16 @@ fn cancel_ends_the_turn_and_the_session_goes_on() {
 
         let slow = world.streaming(&mut ws, &session, "stream").await;
         let asked = Instant::now();
-        let reply = ws
-            .request(
-                CmdId::CancelRunReq,
-                &pb::CancelRunReq {
-                    session_id: session.clone(),
-                    run_id: slow.clone(),
-                },
+        let cancel = ws
+            .ok(
+                "session.cancel",
+                json!({"session_id": session, "run_id": slow}),
             )
             .await;
-        let cancel: pb::CancelRunResp = reply.body().unwrap();
         assert_eq!(
-            (cancel.run_id.as_str(), cancel.state.as_str()),
-            (slow.as_str(), "cancelling")
+            (cancel["run_id"].as_str(), cancel["state"].as_str()),
+            (Some(slow.as_str()), Some("cancelling")),
+            "{cancel}"
         );
         let end = run_end(&mut ws, &slow, Duration::from_secs(2)).await;
         eprintln!("cancelled in {:?}", asked.elapsed());

@@ -14,7 +14,6 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use agent_host::protocol::wire::{CmdId, pb};
 use common::agents::group_alive;
 use common::world::{Family, TURN, World, in_netns, run_end, run_end_of, text_of_run};
 use serde_json::{Value, json};
@@ -103,17 +102,13 @@ fn codex_approvals_from_any_client() {
         let request = ws.until_kind("permission.request", TURN).await;
         assert_eq!(request.run_id, accepted);
         let request_id = request.event["requestId"].as_str().unwrap().to_owned();
-        let reply = ws
-            .request(
-                CmdId::PermissionDecisionReq,
-                &pb::PermissionDecisionReq {
-                    session_id: session.clone(),
-                    request_id: request_id.clone(),
-                    decision: "allow".into(),
-                },
+        let receipt = ws
+            .ok(
+                "permission.respond",
+                json!({"session_id": session, "request_id": request_id, "decision": "allow"}),
             )
             .await;
-        assert_eq!(reply.cmd, CmdId::PermissionDecisionResp, "{reply:?}");
+        assert_eq!(receipt["decision"], "allow", "{receipt}");
         assert_eq!(
             run_end(&mut ws, &accepted, TURN).await["state"],
             "completed"

@@ -24,7 +24,7 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 
-use agent_host::protocol::wire::{CmdId, Decoded, PROTOCOL_VERSION, pb};
+use agent_host::protocol::wire::{self, CmdId, Decoded, PROTOCOL_VERSION, WireMessage, pb};
 use agent_host::ws::client::{self, WsClient};
 use common::WAIT;
 use common::agents::agent_env;
@@ -146,8 +146,12 @@ impl Client {
             })
             .unwrap()
             .expect("connection closed");
-        // The frame as it came (protobuf keeps strings as their UTF-8 bytes).
-        let bytes = frame.with_request_id(frame.request_id);
+        // The frame as it came (protobuf keeps strings as their UTF-8 bytes, and a `Reply`'s
+        // data is JSON text inside it).
+        let bytes = match frame.with_request_id(frame.request_id) {
+            WireMessage::Binary(bytes) => bytes.to_vec(),
+            WireMessage::Text(text) => text.into_bytes(),
+        };
         replies.keep(format!("{} frame {:?}", self.what, frame.cmd), &bytes, None);
         if let Some(push) = client::event_of(&frame) {
             self.events
@@ -177,17 +181,21 @@ impl Client {
         }
     }
 
-    async fn request<M: prost::Message>(
-        &mut self,
-        replies: &mut Replies,
-        cmd: CmdId,
-        body: &M,
-    ) -> Decoded {
-        let id = self.ws.send(cmd, body).await.unwrap();
+    /// One envelope command as a `Request` frame; every frame until its `Reply` is kept (the
+    /// reply among them, as it came). The command must succeed: its data.
+    async fn ok(&mut self, replies: &mut Replies, command: &str, params: Value) -> Value {
+        let id = self
+            .ws
+            .send(CmdId::Request, &wire::request(command, &params))
+            .await
+            .unwrap();
         loop {
             let frame = self.next(replies).await;
             if frame.cmd != CmdId::EventPush && frame.request_id == id {
-                return frame;
+                assert_eq!(frame.cmd, CmdId::Reply, "{}: {frame:?}", self.what);
+                let reply: pb::Reply = frame.body().unwrap();
+                assert_eq!(reply.code, 0, "{command}: {reply:?}");
+                return serde_json::from_str(&reply.data_json).unwrap();
             }
         }
     }
@@ -401,25 +409,16 @@ fn no_secret_reaches_logs_the_store_or_a_reply() {
         .await;
         let mut bot = Client::connect(&format!("{relay_url}/bot"), BOT_TOKEN, "bot").await;
         // Answered once the host has dialed in (the relay holds it until then).
-        bot.request(
-            &mut replies,
-            CmdId::ListHistorySessionsReq,
-            &pb::ListHistorySessionsReq { limit: 0 },
-        )
-        .await;
+        bot.ok(&mut replies, "session.list", json!({})).await;
         let answer = bot
-            .request(
+            .ok(
                 &mut replies,
-                CmdId::RelayMessageReq,
-                &pb::RelayMessageReq {
-                    session_id: session.clone(),
-                    text: "and through the relay".into(),
-                    client_msg_id: "bot-1".into(),
-                },
+                "session.send",
+                json!({"session_id": session, "text": "and through the relay",
+                       "client_msg_id": "bot-1"}),
             )
             .await;
-        assert_eq!(answer.cmd, CmdId::NewRoundResp, "{answer:?}");
-        let relayed = answer.body::<pb::NewRoundResp>().unwrap().run_id;
+        let relayed = answer["run_id"].as_str().unwrap().to_owned();
         let end = bot.run_end(&mut replies, &relayed).await;
         assert_eq!(end["state"], "completed", "{end}");
         local.run_end(&mut replies, &relayed).await;
@@ -486,26 +485,29 @@ fn no_secret_reaches_logs_the_store_or_a_reply() {
         ] {
             host.ok(&mut replies, command, params, None).await;
         }
-        local
-            .request(
-                &mut replies,
-                CmdId::GetSessionHistoryReq,
-                &pb::GetSessionHistoryReq {
-                    session_id: session.clone(),
-                    after_seq: 0,
-                    limit: 0,
-                },
-            )
-            .await;
-        local
-            .request(
-                &mut replies,
-                CmdId::ListSessionRunsReq,
-                &pb::ListSessionRunsReq {
-                    session_id: session.clone(),
-                },
-            )
-            .await;
+        // The same over the WebSocket, loopback and relayed (what the runs listing read back
+        // is in session.get and the history's run events now).
+        for client in [&mut local, &mut bot] {
+            let history = client
+                .ok(
+                    &mut replies,
+                    "session.history",
+                    json!({"session_id": session, "limit": 5000}),
+                )
+                .await;
+            assert!(
+                history["events"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .any(|e| e["kind"] == "run.end" && e["run_id"] == relayed.as_str()),
+                "{history}"
+            );
+            client
+                .ok(&mut replies, "session.get", json!({"session_id": session}))
+                .await;
+            client.ok(&mut replies, "session.list", json!({})).await;
+        }
         let while_running = check_files(&home, &canaries, "while running");
 
         let grants = Canaries(vec![

@@ -13,6 +13,7 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
+use agent_host::protocol::envelope::Reply;
 use agent_host::protocol::wire::{CmdId, PROTOCOL_VERSION, pb};
 use agent_host::relay::{RelayState, RelayStatus};
 use agent_host::ws::client::{self, ClientError};
@@ -113,17 +114,27 @@ async fn ack_all(bot: &mut Follower) {
     }
 }
 
-fn prompt(session: &str, text: &str, key: &str) -> pb::RelayMessageReq {
-    pb::RelayMessageReq {
-        session_id: session.to_owned(),
-        text: text.to_owned(),
-        client_msg_id: key.to_owned(),
-    }
+/// The params of a keyed `session.send`.
+fn prompt(session: &str, text: &str, key: &str) -> serde_json::Value {
+    json!({"session_id": session, "text": text, "client_msg_id": key})
 }
 
-fn run_id_of(frame: &agent_host::protocol::wire::Decoded) -> String {
-    assert_eq!(frame.cmd, CmdId::NewRoundResp, "{frame:?}");
-    frame.body::<pb::NewRoundResp>().unwrap().run_id
+/// The run id of a `session.send` reply that succeeded, and whether it was a repeat of the
+/// key.
+fn run_id_of(reply: &Reply) -> (String, bool) {
+    assert_eq!(reply.code, 0, "{}", reply.to_line());
+    let run = reply.data["run_id"].as_str().unwrap().to_owned();
+    (run, reply.data["duplicate"].as_bool().unwrap())
+}
+
+/// The ids of the sessions a `session.list` reply holds.
+fn session_ids(listed: &serde_json::Value) -> Vec<String> {
+    listed["sessions"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{listed}"))
+        .iter()
+        .map(|s| s["session_id"].as_str().unwrap().to_owned())
+        .collect()
 }
 
 /// Brackets of a session as (sequence id, canonical JSON), from a follower.
@@ -160,18 +171,8 @@ fn a_bot_prompt_runs_on_the_host_and_streams_back_through_the_relay() {
             .await;
         let mut bot = relay.bot(None).await;
         // Answered once the host has dialed in (the relay holds it until then).
-        let listed = bot
-            .request(
-                CmdId::ListHistorySessionsReq,
-                &pb::ListHistorySessionsReq { limit: 0 },
-            )
-            .await;
-        let sessions = listed
-            .body::<pb::ListHistorySessionsResp>()
-            .unwrap()
-            .sessions;
-        assert_eq!(sessions.len(), 1);
-        assert_eq!(sessions[0].session_id, session);
+        let listed = bot.ok("session.list", json!({})).await;
+        assert_eq!(session_ids(&listed), [session.as_str()]);
         let status = world.host().ok("host.status", json!({})).await;
         assert_eq!(status["relay"]["state"], "connected", "{status}");
         assert!(!status.to_string().contains(HOST_TOKEN), "the token shows");
@@ -183,11 +184,12 @@ fn a_bot_prompt_runs_on_the_host_and_streams_back_through_the_relay() {
 
         let answer = bot
             .request(
-                CmdId::RelayMessageReq,
-                &prompt(&session, "hello through the relay", "bot-1"),
+                "session.send",
+                prompt(&session, "hello through the relay", "bot-1"),
             )
             .await;
-        let run = run_id_of(&answer);
+        let (run, duplicate) = run_id_of(&answer);
+        assert!(!duplicate, "{}", answer.to_line());
         let end = run_end(&mut bot, &run, TURN).await;
         assert_eq!(end["state"], "completed");
         run_end(&mut local, &run, TURN).await;
@@ -241,11 +243,12 @@ fn a_relay_restart_mid_stream_loses_nothing_and_a_retried_prompt_runs_once() {
         // Before: a slow turn, sent with a key.
         let first = bot
             .request(
-                CmdId::RelayMessageReq,
-                &prompt(&session, "SLOW through the relay", "key-1"),
+                "session.send",
+                prompt(&session, "SLOW through the relay", "key-1"),
             )
             .await;
-        let run = run_id_of(&first);
+        let (run, duplicate) = run_id_of(&first);
+        assert!(!duplicate, "{}", first.to_line());
         bot.until("a text bracket of the slow run", TURN, |s| {
             s.run_id == run && s.kind() == "text.start"
         })
@@ -261,13 +264,13 @@ fn a_relay_restart_mid_stream_loses_nothing_and_a_retried_prompt_runs_once() {
         // During the reconnect: the same key again — held by the relay until the host is back.
         let during = again
             .request(
-                CmdId::RelayMessageReq,
-                &prompt(&session, "SLOW through the relay", "key-1"),
+                "session.send",
+                prompt(&session, "SLOW through the relay", "key-1"),
             )
             .await;
         assert_eq!(
             run_id_of(&during),
-            run,
+            (run.clone(), true),
             "a retried prompt started a second run"
         );
         let status = relay_status(world.host(), |s| s.state == RelayState::Connected).await;
@@ -284,37 +287,41 @@ fn a_relay_restart_mid_stream_loses_nothing_and_a_retried_prompt_runs_once() {
         // After: the same key once more, then after a host restart (config.toml's relay).
         let after = again
             .request(
-                CmdId::RelayMessageReq,
-                &prompt(&session, "SLOW through the relay", "key-1"),
+                "session.send",
+                prompt(&session, "SLOW through the relay", "key-1"),
             )
             .await;
-        assert_eq!(run_id_of(&after), run);
+        assert_eq!(run_id_of(&after), (run.clone(), true));
         world.restart().await;
         relay_status(world.host(), |s| s.state == RelayState::Connected).await;
         let restarted = again
             .request(
-                CmdId::RelayMessageReq,
-                &prompt(&session, "SLOW through the relay", "key-1"),
+                "session.send",
+                prompt(&session, "SLOW through the relay", "key-1"),
             )
             .await;
-        assert_eq!(run_id_of(&restarted), run);
-        let runs = world
-            .host()
-            .ok("session.get", json!({"session_id": session}))
-            .await;
-        let listed = again
-            .request(
-                CmdId::ListSessionRunsReq,
-                &pb::ListSessionRunsReq {
-                    session_id: session.clone(),
-                },
+        assert_eq!(run_id_of(&restarted), (run.clone(), true));
+        // One run in all, the key's: its history (read through the relay) has one prompt and
+        // one run, and that prompt carries the key.
+        let history = again
+            .ok(
+                "session.history",
+                json!({"session_id": session, "limit": 5000}),
             )
-            .await
-            .body::<pb::ListSessionRunsResp>()
-            .unwrap()
-            .runs;
-        assert_eq!(listed.len(), 1, "{listed:?} / {runs}");
-        assert_eq!(listed[0].client_msg_id, "key-1");
+            .await;
+        assert_eq!(history["has_more"], false, "{history}");
+        let events = history["events"].as_array().unwrap();
+        let of_kind = |kind: &str| -> Vec<&serde_json::Value> {
+            events.iter().filter(|e| e["kind"] == kind).collect()
+        };
+        let starts = of_kind("run.start");
+        assert_eq!(starts.len(), 1, "{history}");
+        assert_eq!(starts[0]["run_id"], run.as_str());
+        assert_eq!(of_kind("run.end").len(), 1, "{history}");
+        let prompts = of_kind("user.text");
+        assert_eq!(prompts.len(), 1, "{history}");
+        assert_eq!(prompts[0]["run_id"], run.as_str());
+        assert_eq!(prompts[0]["event"]["clientMsgId"], "key-1");
         world.host.take().unwrap().stop().await;
         relay.kill().await;
     });
@@ -380,68 +387,49 @@ async fn out_of_scope_requests_are_refused_and_wrong_tokens_get_nothing() {
     )
     .await;
     let mut bot = relay.bot(None).await;
-    let listed = bot
-        .request(
-            CmdId::ListHistorySessionsReq,
-            &pb::ListHistorySessionsReq { limit: 0 },
+    let listed = bot.ok("session.list", json!({})).await;
+    assert_eq!(session_ids(&listed), [mine.as_str()]);
+    // Each refusal is the command's reply, code 1015, as over IPC.
+    bot.refused(
+        "session.send",
+        prompt(&other, "hi", "k"),
+        1015,
+        "out_of_scope",
+    )
+    .await;
+    bot.refused(
+        "session.history",
+        json!({"session_id": other}),
+        1015,
+        "out_of_scope",
+    )
+    .await;
+    bot.refused(
+        "session.get",
+        json!({"session_id": other}),
+        1015,
+        "out_of_scope",
+    )
+    .await;
+    let err = bot
+        .refused(
+            "permission.respond",
+            json!({"session_id": mine, "request_id": "r1", "decision": "allow"}),
+            1015,
+            "out_of_scope",
         )
-        .await
-        .body::<pb::ListHistorySessionsResp>()
-        .unwrap()
-        .sessions;
-    assert_eq!(
-        listed
-            .iter()
-            .map(|s| s.session_id.as_str())
-            .collect::<Vec<_>>(),
-        [mine.as_str()]
-    );
-    let refusal = |frame: agent_host::protocol::wire::Decoded| {
-        assert_eq!(frame.cmd, CmdId::ErrorResp, "{frame:?}");
-        frame.body::<pb::ErrorResp>().unwrap()
-    };
-    let err = refusal(
-        bot.request(CmdId::RelayMessageReq, &prompt(&other, "hi", "k"))
-            .await,
-    );
-    assert_eq!((err.code, err.name.as_str()), (1015, "out_of_scope"));
-    let err = refusal(
-        bot.request(
-            CmdId::GetSessionHistoryReq,
-            &pb::GetSessionHistoryReq {
-                session_id: other.clone(),
-                after_seq: 0,
-                limit: 0,
-            },
-        )
-        .await,
-    );
-    assert_eq!(err.name, "out_of_scope");
-    let err = refusal(
-        bot.request(
-            CmdId::PermissionDecisionReq,
-            &pb::PermissionDecisionReq {
-                session_id: mine.clone(),
-                request_id: "r1".into(),
-                decision: "allow".into(),
-            },
-        )
-        .await,
-    );
-    assert_eq!(err.name, "out_of_scope");
+        .await;
     assert!(err.message.contains("permission"), "{}", err.message);
-    let err = refusal(
-        bot.request(
-            CmdId::CreateSessionReq,
-            &pb::CreateSessionReq {
-                agent_type: "claude".into(),
-                cwd: work.display().to_string(),
-                title: String::new(),
-            },
-        )
-        .await,
-    );
-    assert_eq!(err.name, "out_of_scope");
+    bot.refused(
+        "session.create",
+        json!({"agent_type": "claude", "cwd": work.display().to_string()}),
+        1015,
+        "out_of_scope",
+    )
+    .await;
+    // In scope, the same connection is served.
+    let history = bot.ok("session.history", json!({"session_id": mine})).await;
+    assert_eq!(history["session_id"], mine.as_str(), "{history}");
 
     // Events: the other session's never come through; this one's do.
     let hidden = host.bracket(&common::text_end(&other, "secret")).await;

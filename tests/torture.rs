@@ -31,7 +31,7 @@ use std::time::Duration;
 
 use agent_host::ipc::IpcError;
 use agent_host::protocol::envelope::Reply;
-use agent_host::protocol::wire::{CmdId, Decoded, PROTOCOL_VERSION, pb};
+use agent_host::protocol::wire::{self, CmdId, Decoded, PROTOCOL_VERSION, WireBody, pb};
 use agent_host::ws::client::{self, WsClient};
 use common::WAIT;
 use common::agents::exit_of;
@@ -352,12 +352,7 @@ impl Subscriber {
     }
 
     /// On a taken connection: send a request and wait for its answer, recording pushes.
-    async fn request<M: prost::Message>(
-        &mut self,
-        ws: &mut WsClient,
-        cmd: CmdId,
-        body: &M,
-    ) -> Decoded {
+    async fn request<M: WireBody>(&mut self, ws: &mut WsClient, cmd: CmdId, body: &M) -> Decoded {
         let id = ws.send(cmd, body).await.unwrap();
         loop {
             let frame = timeout(WAIT, ws.next_frame())
@@ -813,23 +808,37 @@ async fn sigkill_at_random_moments_loses_duplicates_and_splits_nothing() {
             sub.got.push(Got::of_push(push));
         }
     }
-    let runs = sub
+    // The same history read over the WebSocket (`session.history` in `Request` frames) is the
+    // one IPC gave, bracket for bracket.
+    let over_ws = ws_history(&mut sub, &mut ws, &session).await;
+    assert_eq!(over_ws, history, "the WebSocket and IPC histories differ");
+    // And the run rows (`session.runs`, over the WebSocket too), for the keys of runs that
+    // never started (their events carry no key).
+    let frame = sub
         .request(
             &mut ws,
-            CmdId::ListSessionRunsReq,
-            &pb::ListSessionRunsReq {
-                session_id: session.clone(),
-            },
+            CmdId::Request,
+            &wire::request("session.runs", &json!({"session_id": session})),
         )
-        .await
-        .body::<pb::ListSessionRunsResp>()
-        .unwrap()
-        .runs;
+        .await;
+    let reply: pb::Reply = frame.body().unwrap();
+    assert_eq!(reply.code, 0, "session.runs: {reply:?}");
+    let rows: Value = serde_json::from_str(&reply.data_json).unwrap();
+    let rows = rows["runs"].as_array().unwrap().clone();
+    // Nothing is left running or waiting.
+    let row = ok(&home, "session.get", json!({"session_id": session})).await;
+    assert!(
+        row["live"].is_null()
+            || (row["live"]["run_id"].is_null()
+                && row["live"]["queued"].as_array().is_some_and(Vec::is_empty)),
+        "a run is left at the end: {row}"
+    );
     ws.close().await;
     host.shutdown().await;
 
     check_delivery(&sub.got, &history);
-    let states = check_runs(&history, &runs, &driver);
+    let (states, runs) = check_runs(&history, &driver);
+    check_run_rows(&rows, &history, &driver);
     eprintln!(
         "torture: {trials} trials in {:?} (seed {seed}): {} brackets over {} connections, {} \
          runs {states:?}; {} brackets sent again from a stored cursor; {} sends lost their reply ({} of them had reached the store), {} \
@@ -837,7 +846,7 @@ async fn sigkill_at_random_moments_loses_duplicates_and_splits_nothing() {
         began.elapsed(),
         history.len(),
         sub.connections,
-        runs.len(),
+        runs,
         sub.redelivered,
         driver.lost_total,
         driver.lost_inserted,
@@ -880,6 +889,77 @@ async fn history(home: &Path, session: &str) -> Vec<Got> {
         }));
         after = page["next_after_seq"].as_i64().unwrap();
     }
+}
+
+/// The session's whole history over a taken connection, paged (pushes that come meanwhile are
+/// recorded).
+async fn ws_history(sub: &mut Subscriber, ws: &mut WsClient, session: &str) -> Vec<Got> {
+    let mut out = Vec::new();
+    let mut after = 0;
+    loop {
+        let params = json!({"session_id": session, "after_seq": after, "limit": 5000});
+        let frame = sub
+            .request(
+                ws,
+                CmdId::Request,
+                &wire::request("session.history", &params),
+            )
+            .await;
+        assert_eq!(frame.cmd, CmdId::Reply, "{frame:?}");
+        let reply: pb::Reply = frame.body().unwrap();
+        assert_eq!(reply.code, 0, "session.history: {reply:?}");
+        let page: Value = serde_json::from_str(&reply.data_json).unwrap();
+        let events = page["events"].as_array().unwrap();
+        if events.is_empty() {
+            return out;
+        }
+        out.extend(events.iter().map(|e| Got {
+            seq: e["sequence_id"].as_i64().unwrap(),
+            message_id: e["message_id"].as_str().unwrap().to_owned(),
+            run_id: e["run_id"].as_str().unwrap_or_default().to_owned(),
+            event: e["event"].clone(),
+        }));
+        after = page["next_after_seq"].as_i64().unwrap();
+    }
+}
+
+/// The run rows: none left queued or running, each has events, each `client_msg_id` is one
+/// run — the one its sends were answered with, started or not — and rows and events name the
+/// same runs.
+fn check_run_rows(rows: &[Value], history: &[Got], driver: &Driver) {
+    let with_events: HashSet<&str> = history
+        .iter()
+        .filter(|g| !g.run_id.is_empty())
+        .map(|g| g.run_id.as_str())
+        .collect();
+    let mut by_key: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+    for row in rows {
+        let run = row["run_id"].as_str().unwrap();
+        let state = row["state"].as_str().unwrap();
+        assert!(
+            !matches!(state, "queued" | "running"),
+            "run {run} left {state}"
+        );
+        assert!(with_events.contains(run), "run {run} has no events");
+        by_key
+            .entry(row["client_msg_id"].as_str().unwrap_or_default())
+            .or_default()
+            .push(run);
+    }
+    for (key, found) in &by_key {
+        assert_eq!(found.len(), 1, "client_msg_id {key} has runs {found:?}");
+    }
+    for (key, run) in &driver.runs {
+        let found = by_key
+            .get(key.as_str())
+            .unwrap_or_else(|| panic!("{key} has no run row"));
+        assert_eq!(found[0], run.as_str(), "{key} answered with another run");
+    }
+    assert_eq!(
+        with_events.len(),
+        rows.len(),
+        "runs in the events and in the rows differ"
+    );
 }
 
 /// What the subscriber was sent, over all its connections, is the session's history: in
@@ -931,14 +1011,16 @@ fn check_delivery(got: &[Got], history: &[Got]) {
 
 /// Every run that started has one `run.start` and one `run.end` after it; a prompt that never
 /// started has no `run.end` and one `followup_*` warning; every `client_msg_id` is one run, the
-/// one its sends were answered with. Returns how many runs ended in each state.
-fn check_runs(history: &[Got], runs: &[pb::RunInfo], driver: &Driver) -> BTreeMap<String, usize> {
+/// one its sends were answered with (read from the `user.text` each started run begins with:
+/// the host keeps no runs listing on the wire). Returns how many runs ended in each state, and
+/// how many runs there were.
+fn check_runs(history: &[Got], driver: &Driver) -> (BTreeMap<String, usize>, usize) {
     #[derive(Default)]
     struct Seen<'a> {
         starts: Vec<i64>,
         ends: Vec<&'a Got>,
         retired: usize,
-        user_texts: usize,
+        user_texts: Vec<&'a Got>,
     }
     let mut of_run: BTreeMap<&str, Seen> = BTreeMap::new();
     for g in history.iter().filter(|g| !g.run_id.is_empty()) {
@@ -946,17 +1028,19 @@ fn check_runs(history: &[Got], runs: &[pb::RunInfo], driver: &Driver) -> BTreeMa
         match g.kind() {
             "run.start" => seen.starts.push(g.seq),
             "run.end" => seen.ends.push(g),
-            "user.text" => seen.user_texts += 1,
+            "user.text" => seen.user_texts.push(g),
             _ if g.is_terminal() => seen.retired += 1,
             _ => {}
         }
     }
     let mut states: BTreeMap<String, usize> = BTreeMap::new();
+    // client_msg_id → the runs whose prompt carries it.
+    let mut by_key: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
     for (run, seen) in &of_run {
         assert!(
-            seen.user_texts <= 1,
+            seen.user_texts.len() <= 1,
             "run {run}: {} user.text",
-            seen.user_texts
+            seen.user_texts.len()
         );
         match seen.starts.as_slice() {
             [start] => {
@@ -971,6 +1055,14 @@ fn check_runs(history: &[Got], runs: &[pb::RunInfo], driver: &Driver) -> BTreeMa
                     end.event
                 );
                 *states.entry(state.to_owned()).or_default() += 1;
+                let [prompt] = seen.user_texts.as_slice() else {
+                    panic!("run {run} started without its user.text");
+                };
+                assert!(prompt.seq < *start, "run {run}: run.start before user.text");
+                let key = prompt.event["clientMsgId"].as_str().unwrap_or_else(|| {
+                    panic!("run {run}: a prompt without its key: {}", prompt.event)
+                });
+                by_key.entry(key).or_default().push(run);
             }
             [] => {
                 assert!(seen.ends.is_empty(), "run {run}: run.end without run.start");
@@ -983,43 +1075,33 @@ fn check_runs(history: &[Got], runs: &[pb::RunInfo], driver: &Driver) -> BTreeMa
             more => panic!("run {run}: {} run.start", more.len()),
         }
     }
-    let mut by_key: BTreeMap<&str, Vec<&pb::RunInfo>> = BTreeMap::new();
-    for run in runs {
-        assert!(
-            !matches!(run.state.as_str(), "queued" | "running"),
-            "run {} left {}",
-            run.run_id,
-            run.state
-        );
-        assert!(
-            of_run.contains_key(run.run_id.as_str()),
-            "run {} has no events",
-            run.run_id
-        );
-        by_key
-            .entry(run.client_msg_id.as_str())
-            .or_default()
-            .push(run);
-    }
     for (key, found) in &by_key {
         assert_eq!(
             found.len(),
             1,
-            "client_msg_id {key} has {} runs",
+            "client_msg_id {key} has {} runs: {found:?}",
             found.len()
         );
     }
     for (key, run) in &driver.runs {
-        let found = by_key
-            .get(key.as_str())
-            .unwrap_or_else(|| panic!("{key} has no run"));
-        assert_eq!(&found[0].run_id, run, "{key} answered with another run");
+        let seen = of_run
+            .get(run.as_str())
+            .unwrap_or_else(|| panic!("{key}: run {run} has no events"));
+        if !seen.starts.is_empty() {
+            assert_eq!(
+                by_key.get(key.as_str()).map(Vec::as_slice),
+                Some([run.as_str()].as_slice()),
+                "{key} answered with another run"
+            );
+        }
     }
+    let asked: HashSet<&str> = driver.runs.values().map(String::as_str).collect();
     assert_eq!(
-        of_run.len(),
-        runs.len(),
-        "runs in the events and in the rows differ"
+        asked.len(),
+        driver.runs.len(),
+        "two keys answered with one run"
     );
-    assert_eq!(runs.len(), driver.runs.len(), "runs nobody asked for");
-    states
+    let unasked: Vec<&&str> = of_run.keys().filter(|r| !asked.contains(**r)).collect();
+    assert!(unasked.is_empty(), "runs nobody asked for: {unasked:?}");
+    (states, of_run.len())
 }

@@ -13,7 +13,7 @@ mod common;
 use std::collections::HashSet;
 use std::time::Duration;
 
-use agent_host::protocol::wire::{CmdId, PROTOCOL_VERSION, pb};
+use agent_host::protocol::wire::{CmdId, Codec, PROTOCOL_VERSION, pb};
 use agent_host::ws::client::{self, ClientError, WsClient};
 use common::{TestHost, WAIT, item_of, text_delta, text_end, text_start};
 use futures_util::{SinkExt, StreamExt};
@@ -70,6 +70,16 @@ async fn next_push(ws: &mut WsClient) -> pb::EventPush {
             return push;
         }
     }
+}
+
+/// One envelope command over the connection that must succeed: its reply's data.
+async fn ok(ws: &mut WsClient, command: &str, params: Value) -> Value {
+    let reply = tokio::time::timeout(WAIT, ws.request(command, params))
+        .await
+        .unwrap_or_else(|_| panic!("no reply to {command}"))
+        .unwrap();
+    assert_eq!(reply.code, 0, "{command}: {}", reply.to_line());
+    reply.data
 }
 
 /// The next non-push frame (a response or an error).
@@ -415,39 +425,86 @@ async fn hostile_frames_get_an_error_or_a_close_and_nobody_else_notices() {
     let reply = next_reply(&mut ws).await;
     assert_eq!(reply.request_id, 42);
     assert_eq!(error_of(reply).code, 1012);
+    // The numbers of the retired per-command frames (5 to 16, 20, 21) are unknown now.
+    for retired in (5..=16).chain([20, 21]) {
+        let request_id = 100 + u64::try_from(retired).unwrap();
+        ws.send_raw(Message::Binary(
+            client::raw_frame(retired, request_id, vec![]).into(),
+        ))
+        .await
+        .unwrap();
+        let reply = next_reply(&mut ws).await;
+        assert_eq!(reply.request_id, request_id, "cmd {retired}");
+        let err = error_of(reply);
+        assert_eq!(
+            (err.code, err.name.as_str()),
+            (1012, "unknown_cmd"),
+            "cmd {retired}"
+        );
+    }
     // A known cmd whose body does not decode.
     ws.send_raw(Message::Binary(
-        client::raw_frame(CmdId::RelayMessageReq as i32, 5, vec![0xff; 3]).into(),
+        client::raw_frame(CmdId::Request as i32, 5, vec![0xff; 3]).into(),
     ))
     .await
     .unwrap();
-    assert_eq!(error_of(next_reply(&mut ws).await).name, "invalid_frame");
+    let reply = next_reply(&mut ws).await;
+    assert_eq!(reply.request_id, 5);
+    assert_eq!(error_of(reply).name, "invalid_frame");
     // A text message.
     ws.send_raw(Message::Text("hello?".into())).await.unwrap();
     assert_eq!(error_of(next_reply(&mut ws).await).name, "invalid_frame");
-    // A frame only the server sends.
+    // Frames only the server sends.
     ws.send(CmdId::EventPush, &pb::EventPush::default())
         .await
         .unwrap();
     assert_eq!(error_of(next_reply(&mut ws).await).name, "unknown_cmd");
+    ws.send(CmdId::Reply, &pb::Reply::default()).await.unwrap();
+    assert_eq!(error_of(next_reply(&mut ws).await).name, "unknown_cmd");
     // Requests still work on the same connection: a prompt to a session that does not exist
-    // is refused with its own code (never a fake run).
-    let id = ws
-        .send(
-            CmdId::RelayMessageReq,
-            &pb::RelayMessageReq {
-                session_id: "no-such-session".into(),
-                text: "hi".into(),
-                client_msg_id: "c1".into(),
-            },
-        )
+    // is refused with its own code in its reply (never a fake run).
+    let reply = tokio::time::timeout(
+        WAIT,
+        ws.request(
+            "session.send",
+            json!({"session_id": "no-such-session", "text": "hi", "client_msg_id": "c1"}),
+        ),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    assert_eq!(
+        (reply.code, reply.data["error"].as_str()),
+        (3001, Some("session_not_found")),
+        "{}",
+        reply.to_line()
+    );
+    assert!(
+        reply.message.contains("no-such-session"),
+        "{}",
+        reply.message
+    );
+    // An unknown command, and one not served over the wire, are refused the same way.
+    let reply = tokio::time::timeout(WAIT, ws.request("session.nope", json!({})))
         .await
+        .unwrap()
         .unwrap();
-    let reply = next_reply(&mut ws).await;
-    assert_eq!(reply.request_id, id);
-    let err = error_of(reply);
-    assert_eq!((err.code, err.name.as_str()), (3001, "session_not_found"));
-    assert!(err.message.contains("no-such-session"), "{}", err.message);
+    assert_eq!(
+        (reply.code, reply.data["error"].as_str()),
+        (1004, Some("unknown_command")),
+        "{}",
+        reply.to_line()
+    );
+    let reply = tokio::time::timeout(WAIT, ws.request("subscriber.list", json!({})))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (reply.code, reply.data["error"].as_str()),
+        (1010, Some("wrong_route")),
+        "{}",
+        reply.to_line()
+    );
     ws.send(CmdId::Ping, &pb::Ping { nonce: 99 }).await.unwrap();
     let pong = next_reply(&mut ws).await;
     assert_eq!(pong.cmd, CmdId::Pong);
@@ -510,39 +567,54 @@ async fn requests_over_the_socket_answer_from_the_store() {
     }
     let (_, endpoint, token) = grant(&host, json!({"type": "local", "replay_mode": "none"})).await;
     let mut ws = connect(&endpoint, &token, None).await;
-    ws.send(
-        CmdId::ListHistorySessionsReq,
-        &pb::ListHistorySessionsReq { limit: 0 },
+    let list = ok(&mut ws, "session.list", json!({})).await;
+    let sessions = list["sessions"].as_array().unwrap();
+    assert_eq!(sessions.len(), 1, "{list}");
+    assert_eq!(sessions[0]["session_id"], session.as_str());
+    let history = json!({"session_id": session, "after_seq": 0, "limit": 2});
+    let page = ok(&mut ws, "session.history", history.clone()).await;
+    let events = page["events"].as_array().unwrap();
+    assert_eq!(events.len(), 2, "{page}");
+    assert_eq!(page["count"], 2);
+    assert_eq!(page["has_more"], true);
+    assert_eq!(page["next_after_seq"], events[1]["sequence_id"]);
+    assert_eq!(events[1]["kind"], "text.end");
+    assert_eq!(events[1]["event"]["itemId"], "h1");
+    // The rest, from the cursor the page gave.
+    let rest = ok(
+        &mut ws,
+        "session.history",
+        json!({"session_id": session, "after_seq": page["next_after_seq"]}),
+    )
+    .await;
+    let rest_events = rest["events"].as_array().unwrap();
+    assert_eq!(rest_events.len(), 1, "{rest}");
+    assert_eq!(rest_events[0]["event"]["itemId"], "h2");
+    assert_eq!(rest["has_more"], false);
+    let missing = tokio::time::timeout(
+        WAIT,
+        ws.request("session.get", json!({"session_id": "nope"})),
     )
     .await
+    .unwrap()
     .unwrap();
-    let list: pb::ListHistorySessionsResp = next_reply(&mut ws).await.body().unwrap();
-    assert_eq!(list.sessions.len(), 1);
-    assert_eq!(list.sessions[0].session_id, session);
-    ws.send(
-        CmdId::GetSessionHistoryReq,
-        &pb::GetSessionHistoryReq {
-            session_id: session.clone(),
-            after_seq: 0,
-            limit: 2,
-        },
+    assert_eq!(
+        (missing.code, missing.data["error"].as_str()),
+        (3001, Some("session_not_found")),
+        "{}",
+        missing.to_line()
+    );
+    // The JSON codec carries the same command and the same answer.
+    let hello_json = hello(None);
+    let (mut json_ws, _) = tokio::time::timeout(
+        WAIT,
+        client::connect_with(&endpoint, &token, hello_json, Codec::Json),
     )
     .await
+    .unwrap()
     .unwrap();
-    let page: pb::GetSessionHistoryResp = next_reply(&mut ws).await.body().unwrap();
-    assert_eq!(page.events.len(), 2);
-    assert!(page.has_more);
-    assert_eq!(item_of(&page.events[1].event_json), "h1");
-    ws.send(
-        CmdId::ListSessionRunsReq,
-        &pb::ListSessionRunsReq {
-            session_id: "nope".into(),
-        },
-    )
-    .await
-    .unwrap();
-    let err: pb::ErrorResp = next_reply(&mut ws).await.body().unwrap();
-    assert_eq!(err.name, "session_not_found");
+    assert_eq!(ok(&mut json_ws, "session.history", history).await, page);
+    json_ws.close().await;
     // Removing the subscriber closes its connection.
     let list = host.ok("subscriber.list", json!({})).await;
     let id = list["subscribers"][0]["subscriber_id"]

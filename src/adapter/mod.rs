@@ -15,6 +15,23 @@ pub mod claude;
 pub mod claude_process;
 pub mod codex;
 pub mod codex_process;
+/// `agent.list`: each agent family and registered agent, probed at once (each may take up to
+/// its timeout), and the registered agents whose configuration is invalid.
+pub async fn agents_report(config: &crate::config::Config) -> serde_json::Value {
+    let base_env = spawn::filter_env(config.env.iter().cloned());
+    let (defs, bad) = launch::agent_defs(config);
+    let probes = defs.iter().map(|(agent_type, def)| {
+        let base_env = &base_env;
+        async move { probe(agent_type, def, base_env).await }
+    });
+    let agents = futures_util::future::join_all(probes).await;
+    let invalid: Vec<serde_json::Value> = bad
+        .into_iter()
+        .map(|b| serde_json::json!({"agent_type": b.agent_type, "reason": b.reason}))
+        .collect();
+    serde_json::json!({"agents": agents, "invalid": invalid})
+}
+
 #[cfg(test)]
 mod conformance;
 #[cfg(test)]

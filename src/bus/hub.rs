@@ -314,6 +314,7 @@ mod tests {
                 is_delta,
                 json: "{}".into(),
                 frame: std::sync::OnceLock::new(),
+                json_frame: std::sync::OnceLock::new(),
             },
             kind,
             created_at: 0,

@@ -34,7 +34,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 
 use crate::protocol::events::Event;
-use crate::protocol::wire::{self, pb};
+use crate::protocol::wire::{self, CmdId, pb};
 use crate::store::{SessionFilter, Store, StoreError, StoredEvent, now_ms};
 
 pub use subscription::Subscription;
@@ -85,23 +85,45 @@ pub struct Delivery {
     /// The encoded `EventPush` frame, built by the first transport that needs it and then
     /// shared by every other one.
     pub frame: OnceLock<Bytes>,
+    /// The same frame in the JSON codec, built likewise.
+    pub json_frame: OnceLock<String>,
 }
 
 impl Delivery {
     /// The `EventPush` wire frame of this event, encoded once.
     pub fn push_frame(&self) -> Bytes {
         self.frame
-            .get_or_init(|| {
-                wire::event_push_frame(&pb::EventPush {
-                    sequence_id: self.sequence_id,
-                    message_id: self.message_id.to_string(),
-                    session_id: self.session_id.to_string(),
-                    run_id: self.run_id.as_deref().unwrap_or_default().to_owned(),
-                    is_delta: self.is_delta,
-                    event_json: self.json.to_string(),
-                })
-            })
+            .get_or_init(|| wire::event_push_frame(&self.push()))
             .clone()
+    }
+
+    /// The `EventPush` of this event in a connection's codec, encoded once per codec.
+    pub fn push_message(&self, codec: wire::Codec) -> wire::WireMessage {
+        match codec {
+            wire::Codec::Protobuf => wire::WireMessage::Binary(self.push_frame()),
+            wire::Codec::Json => wire::WireMessage::Text(
+                self.json_frame
+                    .get_or_init(|| {
+                        match wire::encode_as(wire::Codec::Json, CmdId::EventPush, 0, &self.push())
+                        {
+                            wire::WireMessage::Text(text) => text,
+                            wire::WireMessage::Binary(_) => String::new(),
+                        }
+                    })
+                    .clone(),
+            ),
+        }
+    }
+
+    fn push(&self) -> pb::EventPush {
+        pb::EventPush {
+            sequence_id: self.sequence_id,
+            message_id: self.message_id.to_string(),
+            session_id: self.session_id.to_string(),
+            run_id: self.run_id.as_deref().unwrap_or_default().to_owned(),
+            is_delta: self.is_delta,
+            event_json: self.json.to_string(),
+        }
     }
 
     /// The wire form of a stored bracket (history pages carry these).
@@ -126,6 +148,7 @@ impl Delivery {
             is_delta: false,
             json: e.payload.into(),
             frame: OnceLock::new(),
+            json_frame: OnceLock::new(),
         }
     }
 }
@@ -279,6 +302,7 @@ impl Bus {
                 is_delta,
                 json,
                 frame: OnceLock::new(),
+                json_frame: OnceLock::new(),
             },
             kind: event.kind(),
             created_at: now_ms(),

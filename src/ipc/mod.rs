@@ -25,8 +25,8 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::dispatch::Dispatcher;
 use crate::protocol::envelope::{Command, ErrorCode, MAX_REQUEST_BYTES, Reply, RequestError};
+use crate::request::{Caller, Handler};
 
 /// Connections open at once, most of them possibly idle until their read timeout.
 pub const MAX_CONNECTIONS: usize = 1024;
@@ -95,7 +95,7 @@ pub fn bind(path: &Path) -> Result<Listener, IpcError> {
 /// Accept until `cancel`, serving each connection on `tracker`.
 pub async fn serve(
     listener: Listener,
-    dispatcher: Dispatcher,
+    dispatcher: Handler,
     limits: Limits,
     cancel: CancellationToken,
     tracker: TaskTracker,
@@ -137,11 +137,7 @@ pub async fn serve(
 }
 
 /// Serve one request on one connection: read a line, dispatch, write a line.
-pub async fn serve_connection<S>(
-    stream: S,
-    dispatcher: &Dispatcher,
-    limits: Limits,
-) -> io::Result<()>
+pub async fn serve_connection<S>(stream: S, dispatcher: &Handler, limits: Limits) -> io::Result<()>
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
@@ -151,7 +147,7 @@ where
 /// [`serve_connection`], taking a slot of `handling` only once the request line is read.
 async fn serve_limited<S>(
     stream: S,
-    dispatcher: &Dispatcher,
+    dispatcher: &Handler,
     limits: Limits,
     handling: &Semaphore,
 ) -> io::Result<()>
@@ -166,7 +162,7 @@ where
                 tracing::debug!(command = command.name(), "IPC request");
                 // Held while the command runs, not while a slow client reads the reply.
                 let _slot = handling.acquire().await.ok();
-                dispatcher.handle(command).await
+                dispatcher.handle(&Caller::ipc(), command).await
             }
             Err(e) => e.into_reply(),
         },
@@ -306,9 +302,24 @@ mod tests {
             bus.clone(),
             std::sync::Arc::new(crate::session::NoAgents),
         );
-        let grants = std::sync::Arc::new(crate::ws::GrantStore::new(crate::clock::Clock::system()));
-        let subscribers = crate::ws::Subscribers::new(store.clone(), sessions.clone(), grants, 1);
-        let dispatcher = Dispatcher::new(sessions, subscribers, info, CancellationToken::new());
+        let grants = std::sync::Arc::new(crate::subscribers::GrantStore::new(
+            crate::clock::Clock::system(),
+        ));
+        let subscribers = crate::subscribers::Subscribers::new(
+            store.clone(),
+            bus.clone(),
+            sessions.clone(),
+            grants,
+            1,
+        );
+        let config = std::sync::Arc::new(crate::config::Config::with_home("/nonexistent").unwrap());
+        let dispatcher = Handler::new(
+            sessions,
+            subscribers,
+            info,
+            config,
+            CancellationToken::new(),
+        );
         for (request, code) in [
             (&b"{\"command\":\"session.list\"}\n"[..], 0),
             (&b"{\"command\":\"session.lst\"}\n"[..], 1004),

@@ -273,6 +273,11 @@ impl Reply {
         self.code == 0
     }
 
+    /// The data of a successful reply as its typed struct ([`super::replies`]).
+    pub fn data_as<T: DeserializeOwned>(&self) -> Result<T, serde_json::Error> {
+        T::deserialize(&self.data)
+    }
+
     /// The error code, if this is a known error reply.
     pub fn error_code(&self) -> Option<ErrorCode> {
         ErrorCode::from_number(self.code)
@@ -340,6 +345,9 @@ pub struct CommandSpec {
     /// The params, as a short signature.
     pub params: &'static str,
     pub summary: &'static str,
+    /// Served over the wire too (the loopback WebSocket and the relay), with the same params,
+    /// reply data and codes.
+    pub wire: bool,
 }
 
 /// The command table: every command, its route, its params. Keep in step with
@@ -350,120 +358,168 @@ pub const COMMANDS: &[CommandSpec] = &[
         route: Route::Local,
         params: "{foreground?: bool}",
         summary: "start the host; detaches unless foreground, returns once it answers on IPC",
+        wire: false,
     },
     CommandSpec {
         name: "host.status",
         route: Route::Hybrid,
         params: "{}",
         summary: "{running, pid, version, ipc_path, ws_port, started_at, sessions, store: {state, error, since}}",
+        wire: true,
     },
     CommandSpec {
         name: "host.relay.set",
         route: Route::Ipc,
         params: "{url?: string, token?: string, scope?: {sessions?, prompt?, permissions?, create_sessions?}, timing?: {…}}",
         summary: "dial this relay from now on (no url: none); not saved — config.toml's [relay] is what a restart uses",
+        wire: false,
     },
     CommandSpec {
         name: "host.shutdown",
         route: Route::Hybrid,
         params: "{}",
         summary: "stop the host gracefully and wait until its lock is released",
+        wire: false,
     },
     CommandSpec {
         name: "version",
         route: Route::Local,
         params: "{}",
         summary: "this binary's version and the store schema version",
+        wire: false,
     },
     CommandSpec {
         name: "agent.list",
-        route: Route::Local,
+        route: Route::Hybrid,
         params: "{}",
         summary: "each agent family: binary, version, capabilities, usable or why not",
+        wire: true,
     },
     CommandSpec {
         name: "session.create",
         route: Route::Ipc,
         params: "{agent_type: string, cwd: string, title?: string}",
         summary: "create a session; returns {session_id}",
+        wire: true,
     },
     CommandSpec {
         name: "session.list",
         route: Route::Ipc,
-        params: "{}",
-        summary: "every session, newest first",
+        params: "{limit?: int (default 50, max 200), cursor?: string, state?: \"idle\"|\"running\"|\"waiting\", agent_type?: string, cwd?: string}",
+        summary: "a page of sessions, newest activity first, each with its title, state, last activity and a preview of its last message: {sessions, next_cursor} (null at the end)",
+        wire: true,
     },
     CommandSpec {
         name: "session.get",
         route: Route::Ipc,
         params: "{session_id: string}",
         summary: "one session's row, and `live` {agent_pid, run_id, queued} once it has run (null before)",
+        wire: true,
     },
     CommandSpec {
         name: "session.delete",
         route: Route::Ipc,
         params: "{session_id: string}",
         summary: "delete a session and its stored events",
+        wire: true,
     },
     CommandSpec {
         name: "session.fork",
         route: Route::Ipc,
         params: "{session_id: string, title?: string}",
         summary: "a new session continuing this one's conversation in a fork of its agent session: {session_id, parent_session_id}",
+        wire: true,
     },
     CommandSpec {
         name: "session.import",
         route: Route::Ipc,
         params: "{agent_type: string, native_session_id: string, cwd: string, title?: string}",
         summary: "bring a session started outside the host under it; its first prompt continues it in a fork",
+        wire: true,
     },
     CommandSpec {
         name: "session.send",
         route: Route::Ipc,
         params: "{session_id: string, text: string, client_msg_id?: string}",
         summary: "send a prompt; returns {run_id, queued, duplicate} at once (a busy session queues up to 3, dropping the oldest)",
+        wire: true,
     },
     CommandSpec {
         name: "session.cancel",
         route: Route::Ipc,
         params: "{session_id: string, run_id?: string}",
         summary: "interrupt the running turn, or take a queued run out of the queue: {run_id, state}",
+        wire: true,
+    },
+    CommandSpec {
+        name: "session.activate",
+        route: Route::Ipc,
+        params: "{session_id: string}",
+        summary: "start or resume the session's agent now, so the first prompt does not wait for it: {session_id, agent_pid, already}",
+        wire: true,
+    },
+    CommandSpec {
+        name: "session.rename",
+        route: Route::Ipc,
+        params: "{session_id: string, title: string}",
+        summary: "set a session's title: {session}",
+        wire: true,
+    },
+    CommandSpec {
+        name: "session.runs",
+        route: Route::Ipc,
+        params: "{session_id: string}",
+        summary: "every run of the session, oldest first: {runs: [{run_id, state, client_msg_id, error_category, created_at_ms, ended_at_ms}]}",
+        wire: true,
+    },
+    CommandSpec {
+        name: "permission.list",
+        route: Route::Ipc,
+        params: "{session_id?: string}",
+        summary: "the pending permission requests (of one session, or all) with their options: {permissions}",
+        wire: true,
     },
     CommandSpec {
         name: "permission.respond",
         route: Route::Ipc,
         params: "{session_id: string, request_id: string, decision: \"allow\"|\"deny\", message?: string}",
         summary: "answer a pending permission request; the first answer wins, later ones get already_resolved",
+        wire: true,
     },
     CommandSpec {
         name: "subscriber.add",
         route: Route::Ipc,
-        params: "{type: \"local\", session_id?: string, forward_deltas?: bool, replay_mode?: \"none\"|\"since_cursor\"|\"max_count\", max_count?: int}",
+        params: "{type: \"local\", session_id?: string, forward_deltas?: bool, replay_mode?: \"none\"|\"since_cursor\"|\"max_count\", max_count?: int, sessions?: [string], prompt?: bool, permissions?: bool, create_sessions?: bool}",
         summary: "create a durable subscriber and a WebSocket grant: {subscriber_id, ws_endpoint, ws_token, token_ttl_s}",
+        wire: false,
     },
     CommandSpec {
         name: "subscriber.grant",
         route: Route::Ipc,
         params: "{subscriber_id: string}",
         summary: "a fresh WebSocket grant for an existing subscriber (after a host restart or TTL)",
+        wire: true,
     },
     CommandSpec {
         name: "subscriber.list",
         route: Route::Ipc,
         params: "{}",
         summary: "every subscriber with its cursor, whether connected, and deltas dropped",
+        wire: false,
     },
     CommandSpec {
         name: "subscriber.remove",
         route: Route::Ipc,
         params: "{subscriber_id: string}",
         summary: "delete a subscriber, void its grants and close its connections",
+        wire: false,
     },
     CommandSpec {
         name: "session.history",
         route: Route::Ipc,
         params: "{session_id: string, after_seq?: int, limit?: int (default 200, max 5000)}",
         summary: "bracket events after a cursor, each with its sequence_id",
+        wire: true,
     },
 ];
 
@@ -491,6 +547,35 @@ pub struct SessionCreateParams {
 #[serde(deny_unknown_fields)]
 pub struct SessionIdParams {
     pub session_id: String,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SessionListParams {
+    #[serde(default)]
+    pub limit: Option<u32>,
+    #[serde(default)]
+    pub cursor: Option<String>,
+    #[serde(default)]
+    pub state: Option<super::states::SessionState>,
+    #[serde(default)]
+    pub agent_type: Option<String>,
+    #[serde(default)]
+    pub cwd: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SessionRenameParams {
+    pub session_id: String,
+    pub title: String,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PermissionListParams {
+    #[serde(default)]
+    pub session_id: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -622,6 +707,28 @@ pub struct SubscriberAddParams {
     pub replay_mode: ReplayMode,
     #[serde(default)]
     pub max_count: Option<u32>,
+    /// What the grant may do; see [`super::scope::ScopeParams::resolve`].
+    #[serde(default)]
+    pub sessions: Option<Vec<String>>,
+    #[serde(default)]
+    pub prompt: Option<bool>,
+    #[serde(default)]
+    pub permissions: Option<bool>,
+    #[serde(default)]
+    pub create_sessions: Option<bool>,
+}
+
+impl SubscriberAddParams {
+    /// The scope the grant gets.
+    pub fn scope(&self) -> super::scope::Scope {
+        super::scope::ScopeParams {
+            sessions: self.sessions.clone(),
+            prompt: self.prompt,
+            permissions: self.permissions,
+            create_sessions: self.create_sessions,
+        }
+        .resolve(self.session_id.as_deref())
+    }
 }
 
 /// `host.relay.set`. `scope` and `timing` are checked by the host against its config types.
@@ -665,8 +772,12 @@ pub enum Command {
     Version,
     AgentList,
     SessionCreate(SessionCreateParams),
-    SessionList,
+    SessionList(SessionListParams),
     SessionGet(SessionIdParams),
+    SessionActivate(SessionIdParams),
+    SessionRuns(SessionIdParams),
+    SessionRename(SessionRenameParams),
+    PermissionList(PermissionListParams),
     SessionDelete(SessionIdParams),
     SessionHistory(SessionHistoryParams),
     SessionFork(SessionForkParams),
@@ -768,7 +879,11 @@ impl Command {
             "version" => typed::<EmptyParams>(name, params).map(|_| Command::Version)?,
             "agent.list" => typed::<EmptyParams>(name, params).map(|_| Command::AgentList)?,
             "session.create" => Command::SessionCreate(typed(name, params)?),
-            "session.list" => typed::<EmptyParams>(name, params).map(|_| Command::SessionList)?,
+            "session.list" => Command::SessionList(typed(name, params)?),
+            "session.activate" => Command::SessionActivate(typed(name, params)?),
+            "session.runs" => Command::SessionRuns(typed(name, params)?),
+            "session.rename" => Command::SessionRename(typed(name, params)?),
+            "permission.list" => Command::PermissionList(typed(name, params)?),
             "session.get" => Command::SessionGet(typed(name, params)?),
             "session.delete" => Command::SessionDelete(typed(name, params)?),
             "session.history" => Command::SessionHistory(typed(name, params)?),
@@ -803,7 +918,11 @@ impl Command {
             Command::Version => "version",
             Command::AgentList => "agent.list",
             Command::SessionCreate(_) => "session.create",
-            Command::SessionList => "session.list",
+            Command::SessionList(_) => "session.list",
+            Command::SessionActivate(_) => "session.activate",
+            Command::SessionRuns(_) => "session.runs",
+            Command::SessionRename(_) => "session.rename",
+            Command::PermissionList(_) => "permission.list",
             Command::SessionGet(_) => "session.get",
             Command::SessionDelete(_) => "session.delete",
             Command::SessionHistory(_) => "session.history",
@@ -868,10 +987,12 @@ mod tests {
         for spec in COMMANDS {
             let params = match spec.name {
                 "session.create" => json!({"agent_type": "claude", "cwd": "/"}),
-                "session.get" | "session.delete" | "session.history" | "session.cancel" => {
+                "session.get" | "session.delete" | "session.history" | "session.cancel"
+                | "session.activate" | "session.runs" => {
                     json!({"session_id": "x"})
                 }
                 "session.send" => json!({"session_id": "x", "text": "hi"}),
+                "session.rename" => json!({"session_id": "x", "title": "t"}),
                 "session.fork" => json!({"session_id": "x"}),
                 "session.import" => {
                     json!({"agent_type": "claude", "native_session_id": "n", "cwd": "/"})
@@ -955,12 +1076,15 @@ mod tests {
 
     fn commands_markdown() -> String {
         let mut out = String::from(DOC_HEAD);
-        out.push_str("| command | route | params | what it does |\n| --- | --- | --- | --- |\n");
+        out.push_str(
+            "| command | route | wire | params | what it does |\n| --- | --- | --- | --- | --- |\n",
+        );
         for s in COMMANDS {
             out.push_str(&format!(
-                "| `{}` | {} | `{}` | {} |\n",
+                "| `{}` | {} | {} | `{}` | {} |\n",
                 s.name,
                 s.route.name(),
+                if s.wire { "yes" } else { "—" },
                 s.params,
                 s.summary
             ));
@@ -1021,8 +1145,17 @@ holds the lock but does not answer; `host.shutdown` then sends SIGTERM to the pi
 `host.shutdown` returns once the host has released its lock, so a `host.start` right after it
 succeeds; with no host running it answers code 0 with `stopped: false`.
 
+**wire**: served over the loopback WebSocket and the relay too, as a `REQUEST` frame with the
+same params, reply data and codes (`docs/protocol.md`); the others answer `wrong_route` there.
+A wire connection is held to its scope (`out_of_scope` outside it); `subscriber.grant` over the
+wire renews only the connection's own subscriber's grant.
+
 A relative `cwd` given to `session.create` on the command line is resolved against the
 shell's working directory before it is sent; over IPC a `cwd` must be absolute.
+
+`subscriber.add` scope: without `session_id` or `sessions` the grant may do everything; with
+them it may read, prompt and answer permissions for those sessions only and create none;
+`prompt`, `permissions` and `create_sessions` given explicitly win over those defaults.
 
 `subscriber.add` replay modes: `none` — only events from the moment of connecting;
 `since_cursor` — every bracket after the subscriber's stored cursor; `max_count` (default,

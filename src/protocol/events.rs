@@ -99,7 +99,8 @@ pub enum EventBody {
     /// The agent asks a human to allow or deny something.
     #[serde(rename = "permission.request")]
     PermissionRequest(PermissionRequest),
-    /// A permission request was answered (by a client, a policy, or a timeout).
+    /// A permission request stopped being pending: a client answered it, the agent withdrew it,
+    /// or the host expired it.
     #[serde(rename = "permission.resolved")]
     PermissionResolved(PermissionResolved),
     /// Token usage reported by the agent, usually once per run.
@@ -111,6 +112,10 @@ pub enum EventBody {
     /// This session was forked from another (design §8).
     #[serde(rename = "session.forked")]
     SessionForked(SessionForked),
+    /// The session's state changed (`idle`, `running`, `waiting` for a person), so a client can
+    /// badge it without polling.
+    #[serde(rename = "session.state")]
+    SessionState(SessionStateChange),
     /// Something the user should see that did not stop the run.
     #[serde(rename = "warning")]
     Warning(Notice),
@@ -227,6 +232,7 @@ impl EventBody {
             | EventBody::Usage(_)
             | EventBody::SessionBound(_)
             | EventBody::SessionForked(_)
+            | EventBody::SessionState(_)
             | EventBody::Warning(_)
             | EventBody::Error(_) => EventClass::Bracket,
             EventBody::TextDelta(_)
@@ -256,6 +262,7 @@ impl EventBody {
             EventBody::Usage(_) => "usage",
             EventBody::SessionBound(_) => "session.bound",
             EventBody::SessionForked(_) => "session.forked",
+            EventBody::SessionState(_) => "session.state",
             EventBody::Warning(_) => "warning",
             EventBody::Error(_) => "error",
             EventBody::TextDelta(_) => "text.delta",
@@ -303,7 +310,8 @@ pub struct RunStart {
 #[serde(rename_all = "camelCase")]
 pub struct RunEnd {
     pub state: RunState,
-    /// Present when `state` is not `completed`.
+    /// Present when `state` is `failed` or `cancelled` (an `interrupted` run has none: the
+    /// host, not the agent, ended it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub category: Option<ErrorCategory>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -434,7 +442,8 @@ pub struct PermissionResolved {
     pub request_id: String,
     /// The option chosen, e.g. `allow`, `deny`.
     pub decision: String,
-    /// Who decided: a subscriber id, `policy`, or `timeout`.
+    /// Who resolved it: the answering subscriber's id (`ipc` for the terminal, `relay` for the
+    /// relay), `agent` (withdrawn) or `host` (expired).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub by: Option<String>,
 }
@@ -456,6 +465,13 @@ pub struct Usage {
 #[serde(rename_all = "camelCase")]
 pub struct SessionBound {
     pub native_session_id: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SessionStateChange {
+    pub state: super::states::SessionState,
+    pub previous: super::states::SessionState,
 }
 
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
@@ -537,6 +553,7 @@ pub const KNOWN_KINDS: &[&str] = &[
     "usage",
     "session.bound",
     "session.forked",
+    "session.state",
     "warning",
     "error",
     "text.delta",
@@ -692,6 +709,10 @@ mod tests {
                 native_session_id: "n".into(),
             }),
             EventBody::SessionForked(SessionForked::default()),
+            EventBody::SessionState(SessionStateChange {
+                state: crate::protocol::states::SessionState::Waiting,
+                previous: crate::protocol::states::SessionState::Running,
+            }),
             EventBody::Warning(Notice::default()),
             EventBody::Error(ErrorNotice {
                 category: ErrorCategory::AgentFailed,

@@ -2,7 +2,11 @@
 //! canonical events. No I/O and no tokio here; `protocol` depends on nothing else in the crate.
 
 pub mod envelope;
+pub mod event_reference;
 pub mod events;
+pub mod replies;
+pub mod scope;
+pub mod states;
 pub mod strict_json;
 pub mod wire;
 

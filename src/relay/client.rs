@@ -15,8 +15,7 @@
 //! this task a reconnect; local subscribers and sessions do not notice. `host.status` says
 //! what went wrong (`last_error`), never the token.
 
-use std::collections::HashSet;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use backon::{BackoffBuilder, ExponentialBackoff, ExponentialBuilder};
@@ -31,10 +30,13 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::{RelayHandle, RelayState, RelayStatus, SUBSCRIBER_ID};
-use crate::config::{RelayConfig, RelayScope, RelayTiming};
+use crate::config::{RelayConfig, RelayTiming, Scope};
+use crate::link::{self, Keepalive, Link, Peer};
+use crate::protocol::wire::Codec;
 use crate::protocol::wire::MAX_FRAME_BYTES;
-use crate::store::{Store, SubscriberRow, now_ms};
-use crate::ws::link::{self, Keepalive, Link, Scope};
+use crate::request::{Access, Via};
+use crate::store::{SubscriberRow, now_ms};
+use crate::subscribers::Subscribers;
 
 /// Why a dial failed.
 #[derive(Debug, thiserror::Error)]
@@ -89,16 +91,8 @@ fn backoff_of(timing: &RelayTiming) -> ExponentialBackoff {
 }
 
 /// The token's scope as the connection enforces it.
-pub fn scope_of(scope: &RelayScope) -> Scope {
-    Scope {
-        sessions: scope
-            .sessions
-            .as_ref()
-            .map(|ids| Arc::new(Mutex::new(ids.iter().cloned().collect::<HashSet<_>>()))),
-        prompt: scope.prompt,
-        permissions: scope.permissions,
-        create_sessions: scope.create_sessions,
-    }
+pub fn scope_of(scope: &Scope) -> Arc<Access> {
+    Access::new(scope.clone())
 }
 
 async fn run(
@@ -148,7 +142,7 @@ async fn run(
         let mut retries: u32 = 0;
         // One scope per configuration: sessions created through the relay stay in it across
         // reconnects.
-        let scope = scope_of(&cfg.scope);
+        let access = scope_of(&cfg.scope);
         set(RelayState::Connecting, &|s| {
             s.url = Some(cfg.url.clone());
             s.retries = 0;
@@ -163,7 +157,7 @@ async fn run(
                     if changed.is_err() { return }
                     continue 'configs;
                 }
-                dialed = dial(&link.store, &cfg) => dialed,
+                dialed = dial(link.handler.subscribers(), &cfg) => dialed,
             };
             let failure = match dialed {
                 Ok(ws) => {
@@ -179,7 +173,11 @@ async fn run(
                         ws,
                         &link,
                         SUBSCRIBER_ID,
-                        &scope,
+                        Peer {
+                            via: Via::Relay,
+                            codec: Codec::Protobuf,
+                            access: Some(access.clone()),
+                        },
                         Some(keepalive),
                         conn_cancel.clone(),
                         None,
@@ -282,9 +280,9 @@ fn request_of(
 }
 
 /// Dial the relay: check the URL, make sure of the subscriber row, connect within the timeout.
-async fn dial(store: &Store, cfg: &RelayConfig) -> Result<RelayWs, DialError> {
+async fn dial(subscribers: &Subscribers, cfg: &RelayConfig) -> Result<RelayWs, DialError> {
     let request = request_of(cfg)?;
-    ensure_subscriber(store).await?;
+    ensure_subscriber(subscribers).await?;
     let config = WebSocketConfig::default()
         .max_message_size(Some(MAX_FRAME_BYTES))
         .max_frame_size(Some(MAX_FRAME_BYTES));
@@ -308,16 +306,7 @@ async fn dial(store: &Store, cfg: &RelayConfig) -> Result<RelayWs, DialError> {
 
 /// The relay's subscriber row: created on first use (events with deltas, `max_count` replay
 /// when the relay brings no cursor), kept afterwards with its cursor.
-async fn ensure_subscriber(store: &Store) -> Result<(), DialError> {
-    let err = |e: crate::store::StoreError| DialError::Store(e.to_string());
-    if store
-        .get_subscriber(SUBSCRIBER_ID.to_owned())
-        .await
-        .map_err(err)?
-        .is_some()
-    {
-        return Ok(());
-    }
+async fn ensure_subscriber(subscribers: &Subscribers) -> Result<(), DialError> {
     let now = now_ms();
     let row = SubscriberRow {
         subscriber_id: SUBSCRIBER_ID.to_owned(),
@@ -332,8 +321,13 @@ async fn ensure_subscriber(store: &Store) -> Result<(), DialError> {
         deltas_dropped: 0,
         created_at_ms: now,
         updated_at_ms: now,
+        // The relay's scope is its token's, from the configuration, not this row's.
+        scope: None,
     };
-    store.insert_subscriber(row).await.map_err(err)
+    subscribers
+        .ensure(row)
+        .await
+        .map_err(|e| DialError::Store(e.to_string()))
 }
 
 #[cfg(test)]
@@ -352,16 +346,17 @@ mod tests {
 
     #[test]
     fn the_scope_of_a_token_is_what_its_config_declares() {
-        let all = scope_of(&RelayScope::default());
-        assert!(all.has_session("any") && all.prompt && !all.permissions);
-        let some = scope_of(&RelayScope {
+        let all = scope_of(&Scope::default());
+        assert!(all.has_session("any") && all.scope().prompt && !all.scope().permissions);
+        let some = scope_of(&Scope {
             sessions: Some(vec!["s1".to_owned()]),
             prompt: false,
             permissions: true,
             create_sessions: false,
         });
         assert!(some.has_session("s1") && !some.has_session("s2"));
-        assert!(!some.prompt && some.permissions && !some.create_sessions);
+        let rights = some.scope();
+        assert!(!rights.prompt && rights.permissions && !rights.create_sessions);
     }
 
     #[test]
@@ -369,7 +364,7 @@ mod tests {
         let cfg = RelayConfig {
             url: "wss://relay.example/host".to_owned(),
             token: "sekrit-token".to_owned(),
-            scope: RelayScope::default(),
+            scope: Scope::default(),
             timing: RelayTiming::default(),
         };
         assert!(!format!("{cfg:?}").contains("sekrit"));

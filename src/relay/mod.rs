@@ -93,3 +93,17 @@ impl RelayHandle {
         self.config.send_replace(config);
     }
 }
+
+impl crate::request::RelayControl for RelayHandle {
+    fn status(&self) -> serde_json::Value {
+        serde_json::to_value(RelayHandle::status(self)).unwrap_or(serde_json::Value::Null)
+    }
+
+    fn set(&self, config: Option<RelayConfig>) {
+        RelayHandle::set(self, config);
+    }
+
+    fn check(&self, config: &RelayConfig) -> Result<(), String> {
+        client::check(config).map_err(|e| e.to_string())
+    }
+}

@@ -17,6 +17,12 @@
 //! - permission answers are decided in the store (first answer wins), then passed to the
 //!   agent and published as `permission.resolved` with who answered.
 //! - when the agent process goes, its pending permission requests are expired.
+//! - the session's state (`idle`, `running`, `waiting` while a permission request is pending)
+//!   is this actor's to change: each change is written to the row, then published as one
+//!   committed `session.state` bracket (`Actor::sync_state`). `run.start` comes before
+//!   `running`, `run.end` before `idle`.
+//! - `activate` opens the agent without a prompt (the same open, ownership check and fork
+//!   decision as a first prompt), so the first prompt does not wait for the CLI to start.
 //! - nothing reaches the agent before its `user.text` and `run.start` are committed. When the
 //!   store cannot commit (its health turns `degraded`), the running turn is interrupted and
 //!   nothing more of it is published; queued prompts wait. Once the store is back, the cut
@@ -25,12 +31,12 @@
 
 mod files;
 
-use std::collections::{HashSet, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
@@ -44,8 +50,9 @@ use crate::bus::{Bus, BusError, MAX_EVENT_BYTES, Receipt};
 pub use crate::protocol::envelope::PermissionDecision as Decision;
 use crate::protocol::events::{
     ErrorCategory, ErrorNotice, Event, EventBody, Notice, PermissionResolved, RunEnd, RunStart,
-    RunState, UserText,
+    RunState, SessionStateChange, UserText,
 };
+use crate::protocol::states::{PermissionState, RunStatus, SessionState};
 use crate::store::{
     PermissionRow, Resolve, RunInsert, RunRow, SessionRow, Store, StoreError, StoreHealth, now_ms,
 };
@@ -91,6 +98,16 @@ pub struct PermissionReceipt {
     pub decision: &'static str,
 }
 
+/// The answer to `activate`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ActivateReceipt {
+    pub session_id: String,
+    /// The agent process (and process group) id, when the adapter runs one.
+    pub agent_pid: Option<u32>,
+    /// The agent was open already (or a run is opening it): nothing was started.
+    pub already: bool,
+}
+
 /// What a live session is doing, for `session.get`.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct LiveStatus {
@@ -123,8 +140,16 @@ pub(super) enum Msg {
         by: String,
         reply: Reply<PermissionReceipt>,
     },
+    /// Open the agent now, without a prompt.
+    Activate {
+        reply: Reply<ActivateReceipt>,
+    },
     Status {
         reply: oneshot::Sender<LiveStatus>,
+    },
+    /// The choices each pending permission request offers, by request id.
+    PendingOptions {
+        reply: oneshot::Sender<HashMap<String, Vec<String>>>,
     },
     /// Stop the agent and end the task. `quiet`: publish nothing (the session is being
     /// deleted).
@@ -207,6 +232,11 @@ pub(super) struct Actor {
     outage_retry: Option<Instant>,
     /// The native session id could not be saved during an outage: saved once it is over.
     native_unsaved: bool,
+    /// The session state last published (and written to the row).
+    state: SessionState,
+    /// The permission requests saved as pending and not answered yet: their offered choices,
+    /// by request id. Non-empty during a run: the session is `waiting`.
+    pending: HashMap<String, Vec<String>>,
 }
 
 async fn next_health(health: &mut tokio::sync::watch::Receiver<StoreHealth>) -> StoreHealth {
@@ -244,15 +274,6 @@ async fn until(deadline: Option<Instant>) {
     }
 }
 
-fn run_state_name(state: RunState) -> &'static str {
-    match state {
-        RunState::Completed => "completed",
-        RunState::Failed => "failed",
-        RunState::Cancelled => "cancelled",
-        RunState::Interrupted => "interrupted",
-    }
-}
-
 fn category_name(category: Option<ErrorCategory>) -> Option<String> {
     category.and_then(|c| {
         serde_json::to_value(c)
@@ -279,6 +300,8 @@ impl Actor {
             outages_seen: store.health().outages,
             outage_retry: None,
             native_unsaved: false,
+            state: SessionState::parse(&row.state).unwrap_or_default(),
+            pending: HashMap::new(),
             store,
             bus,
             launcher,
@@ -324,6 +347,9 @@ impl Actor {
                 () = until(self.watch_at) => self.start_watch().await,
                 () = next_change(&mut self.watch) => self.on_file_change().await,
             }
+            // Whatever happened, the published state follows (each handler syncs where the
+            // order of its events needs it; this catches the rest).
+            self.sync_state().await;
         };
         let quiet = stop.as_ref().is_some_and(|(quiet, _)| *quiet);
         self.stop(quiet).await;
@@ -352,6 +378,13 @@ impl Actor {
             } => {
                 let answer = self.on_permission(request_id, decision, message, by).await;
                 let _caller_gone = reply.send(answer);
+            }
+            Msg::Activate { reply } => {
+                let answer = self.on_activate().await;
+                let _caller_gone = reply.send(answer);
+            }
+            Msg::PendingOptions { reply } => {
+                let _caller_gone = reply.send(self.pending.clone());
             }
             Msg::Status { reply } => {
                 let _caller_gone = reply.send(LiveStatus {
@@ -427,11 +460,12 @@ impl Actor {
     /// refusal had another cause) it is looked at again shortly, never in a tight loop.
     fn note_outage(&mut self) {
         let health = self.store.health();
+        let ok = health.is_ok();
         let why = health
             .error
             .unwrap_or_else(|| "an event was not committed".to_owned());
         self.outage.get_or_insert(why);
-        if health.state == "ok" && self.outage_retry.is_none() {
+        if ok && self.outage_retry.is_none() {
             self.outage_retry = Some(Instant::now() + OUTAGE_RETRY);
         }
     }
@@ -445,7 +479,7 @@ impl Actor {
     }
 
     /// A prompt that will never run: its warning (committed), then its row.
-    async fn retire_queued(&self, run_id: &str, state: &'static str, code: &str, message: String) {
+    async fn retire_queued(&self, run_id: &str, state: RunStatus, code: &str, message: String) {
         let body = EventBody::Warning(Notice {
             code: code.to_owned(),
             message,
@@ -456,7 +490,7 @@ impl Actor {
         }
     }
 
-    async fn set_run_state(&self, run_id: &str, state: &'static str, category: Option<String>) {
+    async fn set_run_state(&self, run_id: &str, state: RunStatus, category: Option<String>) {
         if let Err(e) = self
             .store
             .set_run_state(run_id.to_owned(), state, category)
@@ -466,13 +500,57 @@ impl Actor {
         }
     }
 
-    async fn set_session_state(&self, state: &'static str) {
-        if let Err(e) = self
+    async fn set_session_state(&self, state: SessionState) -> bool {
+        match self
             .store
             .set_session_state(self.session_id.clone(), state)
             .await
         {
-            tracing::error!(error = %e, "saving the session state failed");
+            Ok(()) => true,
+            Err(e) => {
+                tracing::error!(error = %e, "saving the session state failed");
+                false
+            }
+        }
+    }
+
+    /// The state the session is in now: `idle` with no run, `waiting` while a run has a
+    /// pending permission request, `running` otherwise. A prompt waiting at the queue's head
+    /// (between two runs, or for the store) keeps it busy.
+    fn wanted_state(&self) -> SessionState {
+        if self.current.is_none() && self.queue.is_empty() {
+            SessionState::Idle
+        } else if self.current.is_some() && !self.pending.is_empty() {
+            SessionState::Waiting
+        } else {
+            SessionState::Running
+        }
+    }
+
+    /// Bring the published state in line with [`Self::wanted_state`]: on a change, the row
+    /// first, then one committed `session.state` bracket (inside a run, with its id). Nothing
+    /// while the store cannot commit: the change is published once it can. A change that was
+    /// not committed is tried again at the next sync.
+    pub(super) async fn sync_state(&mut self) {
+        if self.outage.is_some() || self.current.as_ref().is_some_and(|c| c.lost) {
+            return;
+        }
+        let state = self.wanted_state();
+        let previous = self.state;
+        if state == previous {
+            return;
+        }
+        if !self.set_session_state(state).await {
+            self.note_outage();
+            return;
+        }
+        let run_id = self.current.as_ref().map(|c| c.run_id.clone());
+        let body = EventBody::SessionState(SessionStateChange { state, previous });
+        if self.publish_committed(run_id.as_deref(), body).await {
+            tracing::debug!(%previous, %state, "session state");
+            self.state = state;
+        } else {
+            self.note_outage();
         }
     }
 
@@ -488,7 +566,7 @@ impl Actor {
         let row = RunRow {
             run_id: run_id.clone(),
             session_id: self.session_id.clone(),
-            state: "queued".to_owned(),
+            state: RunStatus::Queued.as_str().to_owned(),
             client_msg_id: client_msg_id.clone(),
             error_category: None,
             created_at_ms: now_ms(),
@@ -502,7 +580,7 @@ impl Actor {
             Ok(RunInsert::Duplicate(existing)) => {
                 tracing::info!(run_id = %existing.run_id, "a retried prompt: same run");
                 let _caller_gone = reply.send(Ok(SendReceipt {
-                    queued: existing.state == "queued",
+                    queued: existing.status() == Some(RunStatus::Queued),
                     run_id: existing.run_id,
                     duplicate: true,
                 }));
@@ -533,7 +611,7 @@ impl Actor {
                 tracing::info!(run_id = %dropped.run_id, "follow-up queue full: dropped the oldest");
                 self.retire_queued(
                     &dropped.run_id,
-                    "dropped",
+                    RunStatus::Dropped,
                     "followup_dropped",
                     format!(
                         "more than {MAX_QUEUE} prompts were waiting; the oldest one was dropped \
@@ -616,6 +694,8 @@ impl Actor {
             retried_fresh: false,
             lost: false,
         });
+        // After its `run.start`, before anything the agent says.
+        self.sync_state().await;
         self.start_turn().await;
     }
 
@@ -705,7 +785,8 @@ impl Actor {
                 self.note_outage();
                 return;
             }
-            self.set_run_state(&run_id, "interrupted", None).await;
+            self.set_run_state(&run_id, RunStatus::Interrupted, None)
+                .await;
             self.unclosed.remove(0);
             tracing::info!(%run_id, "a run the store outage cut short is closed");
             if self.current.is_none() {
@@ -716,7 +797,7 @@ impl Actor {
             match self.queue.pop_front() {
                 Some(next) => Box::pin(self.dispatch(next)).await,
                 None => {
-                    self.set_session_state("idle").await;
+                    self.sync_state().await;
                     self.idle_deadline = self.launcher.idle_timeout().map(|t| Instant::now() + t);
                 }
             }
@@ -733,6 +814,33 @@ impl Actor {
         else {
             return;
         };
+        for attempt in 0..2 {
+            if let Err(e) = self.ready_agent().await {
+                self.fail_run(e).await;
+                return;
+            }
+            let Some(agent) = self.agent.as_ref() else {
+                return;
+            };
+            match agent.send(&text, &run_id).await {
+                Ok(()) => return,
+                Err(e) if attempt == 0 => {
+                    // The process went away while idle and its exit is not seen yet: a new one.
+                    tracing::info!(error = %e, "the agent was gone; opening it again");
+                    self.drop_agent().await;
+                }
+                Err(e) => {
+                    self.fail_run(e).await;
+                    return;
+                }
+            }
+        }
+    }
+
+    /// An agent a prompt may go to: the live child if it may be continued, else a newly opened
+    /// one (a fork when someone else wrote or holds the session). What a first prompt and
+    /// `activate` share.
+    async fn ready_agent(&mut self) -> Result<(), AdapterError> {
         // A child whose file someone else wrote is not continued: closed, and a fork.
         if let Some(why) = self.drifted.take() {
             // Someone may also still hold it: say so too.
@@ -760,29 +868,35 @@ impl Actor {
             self.resuming = false;
             self.fork_reason = Some(why);
         }
-        for attempt in 0..2 {
-            if self.agent.is_none()
-                && let Err(e) = self.open_agent().await
-            {
-                self.fail_run(e).await;
-                return;
-            }
-            let Some(agent) = self.agent.as_ref() else {
-                return;
-            };
-            match agent.send(&text, &run_id).await {
-                Ok(()) => return,
-                Err(e) if attempt == 0 => {
-                    // The process went away while idle and its exit is not seen yet: a new one.
-                    tracing::info!(error = %e, "the agent was gone; opening it again");
-                    self.drop_agent().await;
-                }
-                Err(e) => {
-                    self.fail_run(e).await;
-                    return;
-                }
+        if self.agent.is_none() {
+            self.open_agent().await?;
+        }
+        Ok(())
+    }
+
+    /// Open the agent now, without a prompt, so the first one does not wait for the CLI to
+    /// start. An agent already open (or being opened by a run) is left as it is.
+    async fn on_activate(&mut self) -> Result<ActivateReceipt, SessionError> {
+        let already = self.agent.is_some() || self.current.is_some();
+        if !already {
+            self.ready_agent().await.map_err(|e| {
+                tracing::warn!(error = %e.message, category = ?e.category, "activation failed");
+                SessionError::AgentUnavailable(format!(
+                    "{} ({})",
+                    e.message,
+                    category_name(Some(e.category)).unwrap_or_default()
+                ))
+            })?;
+            // Unused, it is closed like any idle agent.
+            if self.queue.is_empty() {
+                self.idle_deadline = self.launcher.idle_timeout().map(|t| Instant::now() + t);
             }
         }
+        Ok(ActivateReceipt {
+            session_id: self.session_id.clone(),
+            agent_pid: self.agent.as_ref().and_then(AgentSession::pid),
+            already,
+        })
     }
 
     async fn open_agent(&mut self) -> Result<(), AdapterError> {
@@ -885,13 +999,13 @@ impl Actor {
             end.category = Some(ErrorCategory::Cancelled);
         }
         self.expire_permissions("the run ended").await;
-        let state = run_state_name(end.state);
+        let state = RunStatus::from(end.state);
         let category = category_name(end.category);
-        let next = self.queue.pop_front();
-        if next.is_none() {
+        if self.queue.is_empty() {
             // Before the `run.end`: whoever sees it reads the session idle. (A crash right
-            // after leaves it `running`; recovery resets that.)
-            self.set_session_state("idle").await;
+            // after leaves it `running`; recovery resets that.) Its `session.state` follows
+            // the `run.end`.
+            self.set_session_state(SessionState::Idle).await;
             self.idle_deadline = self.launcher.idle_timeout().map(|t| Instant::now() + t);
         }
         let ended = end.state;
@@ -904,14 +1018,13 @@ impl Actor {
             // The store failed at the very end: no row says this run ended until an event
             // does; the next prompt waits for the store.
             self.unclosed.push(current.run_id);
-            if let Some(next) = next {
-                self.queue.push_front(next);
-            }
             return;
         }
         self.set_run_state(&current.run_id, state, category).await;
+        // `idle`, or `running` on (from `waiting`) when a follow-up is next.
+        self.sync_state().await;
         self.turn_ended(ended).await;
-        if let Some(next) = next {
+        if let Some(next) = self.queue.pop_front() {
             Box::pin(self.dispatch(next)).await;
         }
     }
@@ -999,17 +1112,23 @@ impl Actor {
                     run_id: run_id.clone(),
                     tool: request.tool.clone(),
                     input: request.input.to_string(),
-                    state: "pending".to_owned(),
+                    state: PermissionState::Pending,
                     decision: None,
                     resolved_by: None,
                     created_at_ms: now_ms(),
                     resolved_at_ms: None,
                 };
-                if let Err(e) = self.store.insert_permission(row).await {
-                    tracing::error!(error = %e, "saving a permission request failed");
+                match self.store.insert_permission(row).await {
+                    Ok(()) => {
+                        self.pending
+                            .insert(request.request_id.clone(), request.options.clone());
+                    }
+                    Err(e) => tracing::error!(error = %e, "saving a permission request failed"),
                 }
                 self.publish(run_id.as_deref(), EventBody::PermissionRequest(request))
                     .await;
+                // `waiting`, after the request it waits for.
+                self.sync_state().await;
             }
             EventBody::PermissionResolved(resolved) => {
                 // The agent withdrew its own request.
@@ -1025,10 +1144,15 @@ impl Actor {
                     .await
                 {
                     Ok(Resolve::Resolved(_)) => {
+                        self.pending.remove(&resolved.request_id);
                         self.publish(run_id.as_deref(), EventBody::PermissionResolved(resolved))
                             .await;
+                        self.sync_state().await;
                     }
-                    Ok(_) => {}
+                    Ok(_) => {
+                        // Answered before, or never saved: not pending either way.
+                        self.pending.remove(&resolved.request_id);
+                    }
                     Err(e) => tracing::error!(error = %e, "saving a withdrawn permission failed"),
                 }
             }
@@ -1069,7 +1193,7 @@ impl Actor {
         {
             self.retire_queued(
                 &item.run_id,
-                "cancelled",
+                RunStatus::Cancelled,
                 "followup_cancelled",
                 "this queued prompt was cancelled before it ran".to_owned(),
             )
@@ -1159,6 +1283,7 @@ impl Actor {
         let row = match resolution {
             Resolve::NotFound => return Err(SessionError::PermissionNotFound(request_id)),
             Resolve::Already(row) => {
+                self.pending.remove(&request_id);
                 return Err(SessionError::AlreadyResolved {
                     request_id,
                     decision: row.decision.unwrap_or_default(),
@@ -1167,6 +1292,7 @@ impl Actor {
             }
             Resolve::Resolved(row) => row,
         };
+        self.pending.remove(&request_id);
         let input = serde_json::from_str::<Value>(&row.input).unwrap_or(Value::Null);
         if let Some(agent) = self.agent.as_ref()
             && let Err(e) = agent
@@ -1189,6 +1315,8 @@ impl Actor {
             }),
         )
         .await;
+        // `running` again once the last request is answered.
+        self.sync_state().await;
         Ok(PermissionReceipt {
             request_id,
             decision: decision.as_str(),
@@ -1196,7 +1324,7 @@ impl Actor {
     }
 
     /// Resolve every pending request of this session as `expired` by the host.
-    async fn expire_permissions(&self, why: &str) {
+    async fn expire_permissions(&mut self, why: &str) {
         let pending = match self
             .store
             .pending_permissions(Some(self.session_id.clone()))
@@ -1210,6 +1338,7 @@ impl Actor {
         };
         for row in pending {
             tracing::info!(request_id = %row.request_id, why, "permission request expired");
+            self.pending.remove(&row.request_id);
             expire_permission(&self.store, &self.bus, row).await;
         }
     }
@@ -1219,11 +1348,12 @@ impl Actor {
     async fn stop(&mut self, quiet: bool) {
         for item in std::mem::take(&mut self.queue) {
             if quiet {
-                self.set_run_state(&item.run_id, "dropped", None).await;
+                self.set_run_state(&item.run_id, RunStatus::Dropped, None)
+                    .await;
             } else {
                 self.retire_queued(
                     &item.run_id,
-                    "dropped",
+                    RunStatus::Dropped,
                     "followup_dropped",
                     "the host stopped before this prompt ran".to_owned(),
                 )
@@ -1244,7 +1374,7 @@ impl Actor {
             return;
         }
         self.expire_permissions("the host stopped").await;
-        self.set_session_state("idle").await;
+        self.set_session_state(SessionState::Idle).await;
         if let Some(current) = self.current.take() {
             self.publish_committed(
                 Some(&current.run_id),
@@ -1255,9 +1385,11 @@ impl Actor {
                 }),
             )
             .await;
-            self.set_run_state(&current.run_id, "interrupted", None)
+            self.set_run_state(&current.run_id, RunStatus::Interrupted, None)
                 .await;
         }
+        // After the run's `run.end`.
+        self.sync_state().await;
     }
 
     /// Interrupt the running turn and pass on what the agent says until it ends (or the grace

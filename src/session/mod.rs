@@ -1,14 +1,19 @@
 //! Sessions: creation, lookup, deletion, history, and runs.
 //!
-//! A session is its row plus its events. Once a prompt is sent to it, a session actor
-//! ([`actor`]) owns its live agent process, its runs, its follow-up queue and its pending
-//! permission requests; the [`SessionManager`] starts actors lazily and routes commands to
-//! them. Every event of a session is published through the [`Bus`], never written to the store
-//! directly. At start, [`SessionManager::recover`] closes what a stopped host left open.
+//! A session is its row plus its events. Once a prompt is sent to it (or it is activated), a
+//! session actor ([`actor`]) owns its live agent process, its runs, its follow-up queue, its
+//! pending permission requests and its state (`idle`, `running`, `waiting`: each change
+//! published as a `session.state` bracket); the [`SessionManager`] starts actors lazily and
+//! routes commands to them. Every event of a session is published through the [`Bus`], never
+//! written to the store directly. At start, [`SessionManager::recover`] closes what a stopped
+//! host left open.
 
 pub mod actor;
 pub mod agent;
+mod listing;
 pub mod ownership;
+#[cfg(test)]
+mod scripted_tests;
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -20,13 +25,16 @@ use tokio::task::JoinHandle;
 use tracing::Instrument;
 
 pub use actor::{
-    CancelReceipt, Decision, LiveStatus, MAX_PROMPT_BYTES, MAX_QUEUE, PermissionReceipt,
-    SendReceipt,
+    ActivateReceipt, CancelReceipt, Decision, LiveStatus, MAX_PROMPT_BYTES, MAX_QUEUE,
+    PermissionReceipt, SendReceipt,
 };
 pub use agent::{Launcher, NativeFile, NoAgents};
 
 use crate::bus::Bus;
-use crate::protocol::events::{Event, EventBody, Notice, RunEnd, RunState, SessionForked};
+use crate::protocol::events::{
+    Event, EventBody, Notice, RunEnd, RunState, SessionForked, SessionStateChange,
+};
+use crate::protocol::states::{PermissionState, RunStatus, SessionState};
 use crate::store::{SessionRow, Store, StoreError, StoredEvent, now_ms};
 
 /// The adapter families this build knows the names of (design §9). A session of any of these
@@ -110,6 +118,21 @@ pub struct NewSession {
     pub agent_type: String,
     pub cwd: String,
     pub title: Option<String>,
+}
+
+/// A permission request waiting for an answer, as `permission.list` shows it.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct PendingPermission {
+    pub session_id: String,
+    pub request_id: String,
+    /// The run that asked (none for a request outside a run).
+    pub run_id: Option<String>,
+    pub tool: String,
+    /// The tool input the agent asks to run with.
+    pub input: serde_json::Value,
+    /// The choices the agent offers (those of its `permission.request`).
+    pub options: Vec<String>,
+    pub created_at_ms: i64,
 }
 
 /// Agent families whose native sessions can be forked (and so imported).
@@ -279,6 +302,17 @@ impl SessionManager {
         .await
     }
 
+    /// Start (or resume) the session's agent now, without a prompt, so the first prompt does not
+    /// wait for the CLI to start: the open (ownership check and fork decision included) a first
+    /// prompt would do. An agent already open is answered at once (`already`). An agent that
+    /// cannot start fails as the first prompt's run would, here as `AgentUnavailable`.
+    pub async fn activate(&self, session_id: &str) -> Result<ActivateReceipt, SessionError> {
+        // Opening may publish (a fork's warning, `session.bound`) and save the native id.
+        self.writable()?;
+        self.ask(session_id, |reply| actor::Msg::Activate { reply })
+            .await
+    }
+
     /// Cancel the running turn, or take a queued run (by id) out of the queue.
     pub async fn cancel(
         &self,
@@ -318,7 +352,7 @@ impl SessionManager {
             {
                 None => Err(SessionError::PermissionNotFound(request_id)),
                 Some(row) => {
-                    if row.state == "pending" {
+                    if row.state == PermissionState::Pending {
                         // No agent holds it any more: it expires now, visibly.
                         actor::expire_permission(&self.store, &self.bus, row.clone()).await;
                     }
@@ -352,11 +386,77 @@ impl SessionManager {
         answer.await.ok()
     }
 
+    /// The pending permission requests of one session, or of all, oldest first. The store
+    /// says which are pending; their choices come from the session's actor (which holds them
+    /// while its agent waits), else from the request's event in the log.
+    pub async fn pending_permissions(
+        &self,
+        session_id: Option<&str>,
+    ) -> Result<Vec<PendingPermission>, SessionError> {
+        if let Some(id) = session_id {
+            self.get(id).await?;
+        }
+        let rows = self
+            .store
+            .pending_permissions(session_id.map(str::to_owned))
+            .await?;
+        let mut offered: HashMap<String, HashMap<String, Vec<String>>> = HashMap::new();
+        let mut pending = Vec::with_capacity(rows.len());
+        for row in rows {
+            if !offered.contains_key(&row.session_id) {
+                let live = self.live_options(&row.session_id).await.unwrap_or_default();
+                offered.insert(row.session_id.clone(), live);
+            }
+            let live = offered
+                .get(&row.session_id)
+                .and_then(|by_request| by_request.get(&row.request_id))
+                .cloned();
+            let options = match live {
+                Some(options) => options,
+                None => self
+                    .store
+                    .permission_options(row.session_id.clone(), row.request_id.clone())
+                    .await?
+                    .unwrap_or_default(),
+            };
+            // Saved from a JSON value, so it parses; anything else is shown as the text it is.
+            let input = serde_json::from_str(&row.input)
+                .unwrap_or_else(|_| serde_json::Value::String(row.input.clone()));
+            pending.push(PendingPermission {
+                session_id: row.session_id,
+                request_id: row.request_id,
+                run_id: row.run_id,
+                tool: row.tool,
+                input,
+                options,
+                created_at_ms: row.created_at_ms,
+            });
+        }
+        Ok(pending)
+    }
+
+    /// The choices of a live session's pending requests, by request id; `None` when no actor
+    /// runs for it (none is started for the question).
+    async fn live_options(&self, session_id: &str) -> Option<HashMap<String, Vec<String>>> {
+        let inbox = self
+            .lock_actors()
+            .by_session
+            .get(session_id)
+            .map(|h| h.inbox.clone())?;
+        let (reply, answer) = oneshot::channel();
+        inbox
+            .send(actor::Msg::PendingOptions { reply })
+            .await
+            .ok()?;
+        answer.await.ok()
+    }
+
     /// Close what a host that stopped (or crashed) left open, each visibly: pending permission
     /// requests expire; a run the event log shows started but not ended ends `interrupted`; a
     /// prompt that never started is dropped. The event log decides, not the row: a terminal
     /// event is committed before its row, so a crash in between leaves a row to fix and no
-    /// event to repeat. Sessions still marked `running` go back to `idle`.
+    /// event to repeat. Sessions still marked `running` or `waiting` go back to `idle`, each
+    /// with its `session.state`.
     pub async fn recover(&self) -> Result<(), SessionError> {
         for row in self.store.pending_permissions(None).await? {
             actor::expire_permission(&self.store, &self.bus, row).await;
@@ -367,7 +467,7 @@ impl SessionManager {
                 .run_lifecycle(run.session_id.clone(), run.run_id.clone())
                 .await?;
             let (state, publish) = recovered(&lifecycle);
-            tracing::info!(run_id = %run.run_id, state, "closing a run the last host left open");
+            tracing::info!(run_id = %run.run_id, %state, "closing a run the last host left open");
             if let Some(body) = publish {
                 let event = Event::new(&run.session_id, Some(run.run_id.clone()), body);
                 match self.bus.publish(&event).await {
@@ -381,7 +481,23 @@ impl SessionManager {
             }
             self.store.set_run_state(run.run_id, state, None).await?;
         }
-        self.store.reset_running_sessions().await?;
+        for (session_id, previous) in self.store.reset_busy_sessions().await? {
+            let body = EventBody::SessionState(SessionStateChange {
+                state: SessionState::Idle,
+                previous,
+            });
+            let event = Event::new(&session_id, None, body);
+            match self.bus.publish(&event).await {
+                Ok(receipt) => {
+                    if let Err(e) = receipt.committed().await {
+                        tracing::error!(error = %e, "a recovered session state was not committed");
+                    }
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, "publishing a recovered session state failed")
+                }
+            }
+        }
         Ok(())
     }
 
@@ -453,14 +569,8 @@ impl SessionManager {
                 new.agent_type, e.message
             )));
         }
-        if new
-            .title
-            .as_ref()
-            .is_some_and(|t| t.len() > MAX_TITLE_BYTES)
-        {
-            return Err(SessionError::InvalidParams(format!(
-                "title is longer than {MAX_TITLE_BYTES} bytes"
-            )));
+        if let Some(title) = &new.title {
+            title_fits(title)?;
         }
         let cwd = new.cwd.clone();
         let cwd = tokio::task::spawn_blocking(move || canonical_dir(&cwd))
@@ -474,7 +584,7 @@ impl SessionManager {
             cwd,
             parent_session_id: None,
             title: new.title,
-            state: "idle".to_owned(),
+            state: SessionState::Idle.as_str().to_owned(),
             created_at_ms: now,
             updated_at_ms: now,
             fork_of: None,
@@ -573,6 +683,29 @@ impl SessionManager {
         Ok(row)
     }
 
+    /// Give the session a new title (trimmed; not empty, at most [`MAX_TITLE_BYTES`]).
+    pub async fn rename(
+        &self,
+        session_id: &str,
+        title: String,
+    ) -> Result<SessionRow, SessionError> {
+        let title = title.trim();
+        if title.is_empty() {
+            return Err(SessionError::InvalidParams("title is empty".to_owned()));
+        }
+        title_fits(title)?;
+        self.writable()?;
+        if !self
+            .store
+            .set_session_title(session_id.to_owned(), title.to_owned())
+            .await?
+        {
+            return Err(SessionError::NotFound(session_id.to_owned()));
+        }
+        tracing::info!(session_id, "session renamed");
+        self.get(session_id).await
+    }
+
     pub async fn get(&self, session_id: &str) -> Result<SessionRow, SessionError> {
         self.store
             .get_session(session_id.to_owned())
@@ -630,11 +763,18 @@ impl SessionManager {
         events.truncate(keep);
         Ok(events)
     }
+
+    /// Every run of a session, oldest first: its state and the `client_msg_id` it was sent
+    /// with (a client unsure whether a prompt was taken looks it up here).
+    pub async fn runs(&self, session_id: &str) -> Result<Vec<crate::store::RunRow>, SessionError> {
+        self.get(session_id).await?;
+        Ok(self.store.list_runs(session_id.to_owned()).await?)
+    }
 }
 
 /// What the event log of an unfinished run says: the state its row should get, and the event
 /// to publish when the log has no terminal one yet.
-fn recovered(lifecycle: &[(String, String)]) -> (&'static str, Option<EventBody>) {
+fn recovered(lifecycle: &[(String, String)]) -> (RunStatus, Option<EventBody>) {
     let payload_of = |kind: &str| {
         lifecycle
             .iter()
@@ -642,12 +782,8 @@ fn recovered(lifecycle: &[(String, String)]) -> (&'static str, Option<EventBody>
             .and_then(|(_, p)| serde_json::from_str::<serde_json::Value>(p).ok())
     };
     if let Some(end) = payload_of("run.end") {
-        let state = match end["state"].as_str() {
-            Some("completed") => "completed",
-            Some("failed") => "failed",
-            Some("cancelled") => "cancelled",
-            _ => "interrupted",
-        };
+        let state = serde_json::from_value::<RunState>(end["state"].clone())
+            .map_or(RunStatus::Interrupted, RunStatus::from);
         return (state, None);
     }
     let retired = lifecycle.iter().find_map(|(k, p)| {
@@ -658,15 +794,15 @@ fn recovered(lifecycle: &[(String, String)]) -> (&'static str, Option<EventBody>
     });
     if let Some(code) = retired {
         let state = if code == "followup_cancelled" {
-            "cancelled"
+            RunStatus::Cancelled
         } else {
-            "dropped"
+            RunStatus::Dropped
         };
         return (state, None);
     }
     if payload_of("run.start").is_some() {
         return (
-            "interrupted",
+            RunStatus::Interrupted,
             Some(EventBody::RunEnd(RunEnd {
                 state: RunState::Interrupted,
                 category: None,
@@ -675,12 +811,21 @@ fn recovered(lifecycle: &[(String, String)]) -> (&'static str, Option<EventBody>
         );
     }
     (
-        "dropped",
+        RunStatus::Dropped,
         Some(EventBody::Warning(Notice {
             code: "followup_dropped".to_owned(),
             message: "the host stopped before this prompt ran".to_owned(),
         })),
     )
+}
+
+fn title_fits(title: &str) -> Result<(), SessionError> {
+    if title.len() > MAX_TITLE_BYTES {
+        return Err(SessionError::InvalidParams(format!(
+            "title is longer than {MAX_TITLE_BYTES} bytes"
+        )));
+    }
+    Ok(())
 }
 
 fn canonical_dir(cwd: &str) -> Result<String, SessionError> {
@@ -776,7 +921,7 @@ mod tests {
                 run_id: Some("r1-running".into()),
                 tool: "Bash".into(),
                 input: "{}".into(),
-                state: "pending".into(),
+                state: PermissionState::Pending,
                 decision: None,
                 resolved_by: None,
                 created_at_ms: now_ms(),

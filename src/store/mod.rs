@@ -22,6 +22,7 @@
 
 mod runs;
 mod schema;
+mod sessions;
 
 use std::fs::OpenOptions;
 use std::os::unix::fs::OpenOptionsExt;
@@ -36,6 +37,10 @@ use tokio::sync::{mpsc, oneshot};
 
 pub use runs::{PermissionRow, Resolve, RunInsert, StoredBaseline};
 pub use schema::SCHEMA_VERSION;
+pub use sessions::{
+    DEFAULT_SESSION_PAGE, MAX_SESSION_PAGE, PREVIEW_CHARS, SessionListRow, SessionPage,
+    SessionQuery,
+};
 
 /// Store failures. Callers map these to `store_failed` at the edge.
 #[derive(Debug, thiserror::Error)]
@@ -61,6 +66,10 @@ pub enum StoreError {
          recover it with `sqlite3 {path} .recover`) and start again"
     )]
     Corrupt { path: PathBuf, detail: String },
+    /// A `session.list` cursor this store did not hand out (the caller's fault: invalid
+    /// params at the edge).
+    #[error("malformed cursor: {0}")]
+    BadCursor(String),
 }
 
 impl StoreError {
@@ -210,6 +219,9 @@ pub struct SubscriberRow {
     pub deltas_dropped: i64,
     pub created_at_ms: i64,
     pub updated_at_ms: i64,
+    /// What the subscriber may see, as JSON; the store keeps it without reading it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scope: Option<String>,
 }
 
 /// One page of catch-up: the rows, and the largest `sequence_id` in the whole table at the
@@ -490,8 +502,8 @@ impl Store {
         self.write(move |conn| {
             conn.execute(
                 "INSERT INTO sessions (id, agent_type, native_session_id, cwd, parent_session_id, \
-                 title, state, created_at, updated_at, config) \
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
+                 title, state, created_at, updated_at, config, last_activity_at) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
                 params![
                     row.session_id,
                     row.agent_type,
@@ -504,7 +516,8 @@ impl Store {
                     row.updated_at_ms,
                     row.fork_of
                         .as_ref()
-                        .map(|f| serde_json::json!({"fork_of": f}).to_string())
+                        .map(|f| serde_json::json!({"fork_of": f}).to_string()),
+                    row.created_at_ms.max(row.updated_at_ms)
                 ],
             )?;
             Ok(())
@@ -684,8 +697,8 @@ impl Store {
         self.write(move |conn| {
             conn.execute(
                 "INSERT INTO subscribers (id, type, session_id, forward_deltas, replay_mode, \
-                 max_count, most_recent_sequence_id, deltas_dropped, created_at, updated_at) \
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
+                 max_count, most_recent_sequence_id, deltas_dropped, created_at, updated_at, \
+                 scope) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
                 params![
                     row.subscriber_id,
                     row.kind,
@@ -696,7 +709,8 @@ impl Store {
                     row.most_recent_sequence_id,
                     row.deltas_dropped,
                     row.created_at_ms,
-                    row.updated_at_ms
+                    row.updated_at_ms,
+                    row.scope
                 ],
             )?;
             Ok(())
@@ -818,7 +832,8 @@ fn event_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<StoredEvent> {
 }
 
 const SUBSCRIBER_SELECT: &str = "SELECT id, type, session_id, forward_deltas, replay_mode, \
-     max_count, most_recent_sequence_id, deltas_dropped, created_at, updated_at FROM subscribers";
+     max_count, most_recent_sequence_id, deltas_dropped, created_at, updated_at, scope \
+     FROM subscribers";
 
 fn subscriber_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<SubscriberRow> {
     Ok(SubscriberRow {
@@ -832,6 +847,7 @@ fn subscriber_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<SubscriberRow>
         deltas_dropped: r.get(7)?,
         created_at_ms: r.get(8)?,
         updated_at_ms: r.get(9)?,
+        scope: r.get(10)?,
     })
 }
 
@@ -1114,6 +1130,8 @@ fn commit_group(conn: &mut Connection, group: Vec<(Vec<NewEvent>, AppendReply)>,
                 all.push(seqs);
             }
         }
+        // The list's activity order and previews commit with the events they follow from.
+        sessions::touch_sessions(&tx, group.iter().flat_map(|(events, _)| events))?;
         tx.commit()?;
         Ok(all)
     })();
@@ -1318,6 +1336,7 @@ mod tests {
                     deltas_dropped: 0,
                     created_at_ms: 1,
                     updated_at_ms: 1,
+                    scope: None,
                 })
                 .await
                 .unwrap();
@@ -1392,6 +1411,7 @@ mod tests {
             deltas_dropped: 0,
             created_at_ms: 1,
             updated_at_ms: 1,
+            scope: Some(r#"{"sessions":["a"]}"#.into()),
         };
         store.insert_subscriber(row).await.unwrap();
         let update = |seq| CursorUpdate {
@@ -1404,6 +1424,7 @@ mod tests {
         let got = store.get_subscriber("s".into()).await.unwrap().unwrap();
         assert_eq!(got.most_recent_sequence_id, 9);
         assert_eq!(got.deltas_dropped, 2);
+        assert_eq!(got.scope.as_deref(), Some(r#"{"sessions":["a"]}"#));
         drop(store);
         threads.shutdown().await;
     }

@@ -6,6 +6,7 @@ use rusqlite::{OptionalExtension, params};
 use serde::Serialize;
 
 use super::{RunRow, Store, StoreResult, now_ms};
+use crate::protocol::states::{PermissionState, RunStatus, SessionState};
 
 /// What inserting a run found.
 #[derive(Debug, Clone, PartialEq)]
@@ -24,8 +25,7 @@ pub struct PermissionRow {
     pub tool: String,
     /// The tool input as JSON text.
     pub input: String,
-    /// `pending` or `resolved`.
-    pub state: String,
+    pub state: PermissionState,
     /// `allow`, `deny`, `withdrawn` or `expired` once resolved.
     pub decision: Option<String>,
     pub resolved_by: Option<String>,
@@ -58,6 +58,29 @@ pub enum Resolve {
 const RUN_SELECT: &str = "SELECT id, session_id, state, client_msg_id, error_category, \
      created_at, ended_at FROM runs";
 
+impl RunRow {
+    /// The row's state; `None` for a name this build does not know (a newer host wrote it).
+    pub fn status(&self) -> Option<RunStatus> {
+        RunStatus::parse(&self.state)
+    }
+}
+
+/// A column holding one of the state names of [`crate::protocol::states`].
+fn state_column<T>(
+    r: &rusqlite::Row<'_>,
+    index: usize,
+    parse: fn(&str) -> Option<T>,
+) -> rusqlite::Result<T> {
+    let text: String = r.get(index)?;
+    parse(&text).ok_or_else(|| {
+        rusqlite::Error::FromSqlConversionFailure(
+            index,
+            rusqlite::types::Type::Text,
+            format!("unknown state {text:?}").into(),
+        )
+    })
+}
+
 fn run_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<RunRow> {
     Ok(RunRow {
         run_id: r.get(0)?,
@@ -80,7 +103,7 @@ fn permission_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<PermissionRow>
         run_id: r.get(2)?,
         tool: r.get(3)?,
         input: r.get(4)?,
-        state: r.get(5)?,
+        state: state_column(r, 5, PermissionState::parse)?,
         decision: r.get(6)?,
         resolved_by: r.get(7)?,
         created_at_ms: r.get(8)?,
@@ -127,14 +150,18 @@ impl Store {
     pub async fn set_run_state(
         &self,
         run_id: String,
-        state: &'static str,
+        state: RunStatus,
         error_category: Option<String>,
     ) -> StoreResult<()> {
-        let terminal = !matches!(state, "queued" | "running");
         self.write(move |conn| {
             conn.execute(
                 "UPDATE runs SET state = ?2, error_category = ?3, ended_at = ?4 WHERE id = ?1",
-                params![run_id, state, error_category, terminal.then(now_ms)],
+                params![
+                    run_id,
+                    state.as_str(),
+                    error_category,
+                    state.is_terminal().then(now_ms)
+                ],
             )?;
             Ok(())
         })
@@ -152,12 +179,12 @@ impl Store {
             let tx = conn.transaction()?;
             let now = now_ms();
             tx.execute(
-                "UPDATE runs SET state = 'running' WHERE id = ?1",
-                params![run_id],
+                "UPDATE runs SET state = ?2 WHERE id = ?1",
+                params![run_id, RunStatus::Running.as_str()],
             )?;
             tx.execute(
-                "UPDATE sessions SET state = 'running', updated_at = ?2 WHERE id = ?1",
-                params![session_id, now],
+                "UPDATE sessions SET state = ?3, updated_at = ?2 WHERE id = ?1",
+                params![session_id, now, SessionState::Running.as_str()],
             )?;
             tx.commit()?;
             Ok(())
@@ -209,13 +236,30 @@ impl Store {
         .await
     }
 
-    /// Every session marked `running` back to `idle` (at start, nothing runs yet).
-    pub async fn reset_running_sessions(&self) -> StoreResult<usize> {
+    /// Every session marked `running` or `waiting` back to `idle` (at start, nothing runs
+    /// yet): the sessions reset and the state each had, so the change can be published.
+    pub async fn reset_busy_sessions(&self) -> StoreResult<Vec<(String, SessionState)>> {
         self.write(|conn| {
-            Ok(conn.execute(
-                "UPDATE sessions SET state = 'idle', updated_at = ?1 WHERE state = 'running'",
-                params![now_ms()],
-            )?)
+            let tx = conn.transaction()?;
+            let busy = tx
+                .prepare_cached("SELECT id, state FROM sessions WHERE state IN (?1, ?2)")?
+                .query_map(
+                    params![
+                        SessionState::Running.as_str(),
+                        SessionState::Waiting.as_str()
+                    ],
+                    |r| Ok((r.get(0)?, state_column(r, 1, SessionState::parse)?)),
+                )?
+                .collect::<Result<Vec<(String, SessionState)>, _>>()?;
+            let now = now_ms();
+            for (session_id, _) in &busy {
+                tx.execute(
+                    "UPDATE sessions SET state = ?2, updated_at = ?3 WHERE id = ?1",
+                    params![session_id, SessionState::Idle.as_str(), now],
+                )?;
+            }
+            tx.commit()?;
+            Ok(busy)
         })
         .await
     }
@@ -311,18 +355,30 @@ impl Store {
         .await
     }
 
-    /// `idle` or `running`, as the session's row shows it.
+    /// What the session is doing, as its row shows it.
     pub async fn set_session_state(
         &self,
         session_id: String,
-        state: &'static str,
+        state: SessionState,
     ) -> StoreResult<()> {
         self.write(move |conn| {
             conn.execute(
                 "UPDATE sessions SET state = ?2, updated_at = ?3 WHERE id = ?1",
-                params![session_id, state, now_ms()],
+                params![session_id, state.as_str(), now_ms()],
             )?;
             Ok(())
+        })
+        .await
+    }
+
+    /// Give a session a new title; `false` if there is no such session.
+    pub async fn set_session_title(&self, session_id: String, title: String) -> StoreResult<bool> {
+        self.write(move |conn| {
+            let changed = conn.execute(
+                "UPDATE sessions SET title = ?2, updated_at = ?3 WHERE id = ?1",
+                params![session_id, title, now_ms()],
+            )?;
+            Ok(changed > 0)
         })
         .await
     }
@@ -340,7 +396,7 @@ impl Store {
                     row.run_id,
                     row.tool,
                     row.input,
-                    row.state,
+                    row.state.as_str(),
                     row.decision,
                     row.resolved_by,
                     row.created_at_ms,
@@ -379,9 +435,17 @@ impl Store {
         self.write(move |conn| {
             let tx = conn.transaction()?;
             let changed = tx.execute(
-                "UPDATE permissions SET state = 'resolved', decision = ?3, resolved_by = ?4, \
-                 resolved_at = ?5 WHERE session_id = ?1 AND request_id = ?2 AND state = 'pending'",
-                params![session_id, request_id, decision, by, now_ms()],
+                "UPDATE permissions SET state = ?6, decision = ?3, resolved_by = ?4, \
+                 resolved_at = ?5 WHERE session_id = ?1 AND request_id = ?2 AND state = ?7",
+                params![
+                    session_id,
+                    request_id,
+                    decision,
+                    by,
+                    now_ms(),
+                    PermissionState::Resolved.as_str(),
+                    PermissionState::Pending.as_str()
+                ],
             )?;
             let row = tx
                 .prepare_cached(&format!(
@@ -406,13 +470,50 @@ impl Store {
     ) -> StoreResult<Vec<PermissionRow>> {
         self.read(move |conn| {
             let mut stmt = conn.prepare_cached(&format!(
-                "{PERMISSION_SELECT} WHERE state = 'pending' AND (?1 IS NULL OR session_id = ?1) \
-                 ORDER BY created_at"
+                "{PERMISSION_SELECT} WHERE state = ?2 AND (?1 IS NULL OR session_id = ?1) \
+                 ORDER BY created_at, rowid"
             ))?;
             let rows = stmt
-                .query_map([&session_id], permission_from_row)?
+                .query_map(
+                    params![session_id, PermissionState::Pending.as_str()],
+                    permission_from_row,
+                )?
                 .collect::<Result<Vec<_>, _>>()?;
             Ok(rows)
+        })
+        .await
+    }
+
+    /// The choices a permission request offered, from its `permission.request` event in the
+    /// log (the `permissions` row does not keep them): `None` if no such event is committed.
+    pub async fn permission_options(
+        &self,
+        session_id: String,
+        request_id: String,
+    ) -> StoreResult<Option<Vec<String>>> {
+        self.read(move |conn| {
+            let payload: Option<String> = conn
+                .prepare_cached(
+                    "SELECT payload FROM messages WHERE session_id = ?1 \
+                     AND kind = 'permission.request' \
+                     AND json_extract(payload, '$.requestId') = ?2 \
+                     ORDER BY sequence_id DESC LIMIT 1",
+                )?
+                .query_row(params![session_id, request_id], |r| r.get(0))
+                .optional()?;
+            Ok(payload.map(|p| {
+                serde_json::from_str::<serde_json::Value>(&p)
+                    .ok()
+                    .and_then(|v| {
+                        v.get("options")?.as_array().map(|options| {
+                            options
+                                .iter()
+                                .filter_map(|o| o.as_str().map(str::to_owned))
+                                .collect()
+                        })
+                    })
+                    .unwrap_or_default()
+            }))
         })
         .await
     }
@@ -476,11 +577,11 @@ mod tests {
             RunInsert::Inserted
         );
         store
-            .set_run_state("r1".into(), "running", None)
+            .set_run_state("r1".into(), RunStatus::Running, None)
             .await
             .unwrap();
         store
-            .set_run_state("r3".into(), "failed", Some("agent_failed".into()))
+            .set_run_state("r3".into(), RunStatus::Failed, Some("agent_failed".into()))
             .await
             .unwrap();
         let unfinished: Vec<String> = store
@@ -507,7 +608,7 @@ mod tests {
                 run_id: Some("r".into()),
                 tool: "Bash".into(),
                 input: "{}".into(),
-                state: "pending".into(),
+                state: PermissionState::Pending,
                 decision: None,
                 resolved_by: None,
                 created_at_ms: 1,
@@ -543,6 +644,74 @@ mod tests {
                 .unwrap(),
             Resolve::NotFound
         );
+        threads.shutdown().await;
+    }
+
+    #[tokio::test]
+    async fn busy_sessions_are_reset_to_idle_with_what_they_were() {
+        let (_dir, store, threads) = store_with_session().await;
+        store
+            .set_session_state("s".into(), SessionState::Waiting)
+            .await
+            .unwrap();
+        assert_eq!(
+            store.reset_busy_sessions().await.unwrap(),
+            [("s".to_owned(), SessionState::Waiting)]
+        );
+        let row = store.get_session("s".into()).await.unwrap().unwrap();
+        assert_eq!(row.state, "idle");
+        assert!(store.reset_busy_sessions().await.unwrap().is_empty());
+        threads.shutdown().await;
+    }
+
+    #[tokio::test]
+    async fn a_title_is_set_on_an_existing_session_only() {
+        let (_dir, store, threads) = store_with_session().await;
+        assert!(
+            store
+                .set_session_title("s".into(), "named".into())
+                .await
+                .unwrap()
+        );
+        let row = store.get_session("s".into()).await.unwrap().unwrap();
+        assert_eq!(row.title.as_deref(), Some("named"));
+        assert!(
+            !store
+                .set_session_title("nope".into(), "named".into())
+                .await
+                .unwrap()
+        );
+        threads.shutdown().await;
+    }
+
+    #[tokio::test]
+    async fn a_requests_options_come_from_its_event() {
+        let (_dir, store, threads) = store_with_session().await;
+        store
+            .write(|conn| {
+                for (request, options) in [("p", r#"["allow","deny"]"#), ("q", "[]")] {
+                    conn.execute(
+                        "INSERT INTO messages (message_id, session_id, run_id, kind, payload, \
+                         created_at) VALUES (?1, 's', 'r', 'permission.request', ?2, 1)",
+                        params![
+                            format!("m-{request}"),
+                            format!(
+                                r#"{{"k":"permission.request","sessionId":"s","requestId":"{request}","tool":"Bash","options":{options}}}"#
+                            )
+                        ],
+                    )?;
+                }
+                Ok(())
+            })
+            .await
+            .unwrap();
+        let options = |request: &str| store.permission_options("s".into(), request.into());
+        assert_eq!(
+            options("p").await.unwrap(),
+            Some(vec!["allow".to_owned(), "deny".to_owned()])
+        );
+        assert_eq!(options("q").await.unwrap(), Some(Vec::new()));
+        assert_eq!(options("none").await.unwrap(), None);
         threads.shutdown().await;
     }
 }

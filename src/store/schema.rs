@@ -7,10 +7,54 @@ use rusqlite::Connection;
 use super::{StoreError, StoreResult};
 
 /// The schema version this build writes.
-pub const SCHEMA_VERSION: i64 = 3;
+pub const SCHEMA_VERSION: i64 = 4;
 
 /// Migration `i` takes a database from version `i` to `i + 1`.
-const MIGRATIONS: &[&str] = &[include_str!("../../schema.sql"), MIGRATION_2, MIGRATION_3];
+const MIGRATIONS: &[&str] = &[
+    include_str!("../../schema.sql"),
+    MIGRATION_2,
+    MIGRATION_3,
+    MIGRATION_4,
+];
+
+/// Version 4: what the paged session list reads without touching `messages`, and a
+/// subscriber's scope.
+/// - `sessions.last_activity_at`: the newest of the row's `updated_at` and its last event's
+///   `created_at`, kept by the append path from now on. NOT NULL with a default, so the keyset
+///   comparison never meets a NULL.
+/// - `sessions.preview`: the first 160 characters of the newest `user.text` / `text.end` text.
+///   The backfill looks at a session's last 256 events only (an index range, never a scan of
+///   `messages`); a session whose last text is older than that starts without a preview.
+/// - one index per filter the list takes, each ending in the list's order, so a filtered page
+///   is an index range too.
+/// - `subscribers.scope`: JSON, opaque to the store.
+///
+/// `schema.sql` still describes version 3; on a fresh database this step adds the columns.
+const MIGRATION_4: &str = "
+ALTER TABLE sessions ADD COLUMN last_activity_at INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE sessions ADD COLUMN preview TEXT;
+ALTER TABLE subscribers ADD COLUMN scope TEXT;
+UPDATE sessions SET last_activity_at = max(updated_at, coalesce(
+    (SELECT created_at FROM messages WHERE session_id = sessions.id
+     ORDER BY sequence_id DESC LIMIT 1), 0));
+UPDATE sessions SET preview = (
+    SELECT CASE WHEN json_valid(payload) THEN
+               CASE WHEN json_type(payload, '$.text') = 'text'
+                    THEN substr(json_extract(payload, '$.text'), 1, 160) END
+           END
+    FROM messages
+    WHERE session_id = sessions.id AND kind IN ('user.text', 'text.end')
+      AND sequence_id >= coalesce(
+          (SELECT sequence_id FROM messages WHERE session_id = sessions.id
+           ORDER BY sequence_id DESC LIMIT 1 OFFSET 255), 0)
+    ORDER BY sequence_id DESC LIMIT 1);
+CREATE INDEX IF NOT EXISTS sessions_activity ON sessions (last_activity_at DESC, id);
+CREATE INDEX IF NOT EXISTS sessions_state_activity
+    ON sessions (state, last_activity_at DESC, id);
+CREATE INDEX IF NOT EXISTS sessions_agent_activity
+    ON sessions (agent_type, last_activity_at DESC, id);
+CREATE INDEX IF NOT EXISTS sessions_cwd_activity ON sessions (cwd, last_activity_at DESC, id);
+";
 
 /// Version 3: baselines with the file's device and inode. No earlier version wrote a baseline,
 /// so the table is rebuilt, not altered.
@@ -111,7 +155,9 @@ mod tests {
     #[test]
     fn a_version_1_database_gains_the_permissions_table() {
         let mut conn = Connection::open_in_memory().unwrap();
-        conn.execute_batch("CREATE TABLE sessions (id TEXT PRIMARY KEY); PRAGMA user_version = 1;")
+        // Version 1: `schema.sql` without the tables later versions added.
+        conn.execute_batch(MIGRATIONS[0]).unwrap();
+        conn.execute_batch("DROP TABLE permissions; PRAGMA user_version = 1;")
             .unwrap();
         migrate(&mut conn).unwrap();
         let n: i64 = conn
@@ -122,5 +168,71 @@ mod tests {
             )
             .unwrap();
         assert_eq!(n, 1);
+    }
+
+    /// A version 3 database: activity from the last event (or the row), the preview from the
+    /// newest text event among a session's last 256, the subscriber scope empty.
+    #[test]
+    fn version_4_backfills_activity_and_previews() {
+        let mut conn = Connection::open_in_memory().unwrap();
+        for step in &MIGRATIONS[..3] {
+            conn.execute_batch(step).unwrap();
+        }
+        conn.execute_batch(
+            "PRAGMA user_version = 3;
+             INSERT INTO sessions (id, agent_type, cwd, created_at, updated_at) VALUES
+                 ('quiet', 'claude', '/', 10, 20),
+                 ('talked', 'claude', '/', 10, 20),
+                 ('buried', 'claude', '/', 10, 20),
+                 ('broken', 'claude', '/', 10, 20);
+             INSERT INTO subscribers (id, type, created_at, updated_at) VALUES ('s', 'local', 1, 1);",
+        )
+        .unwrap();
+        let add = |conn: &Connection, session: &str, kind: &str, payload: &str, at: i64| {
+            conn.execute(
+                "INSERT INTO messages (message_id, session_id, kind, payload, created_at) \
+                 VALUES ('m', ?1, ?2, ?3, ?4)",
+                rusqlite::params![session, kind, payload, at],
+            )
+            .unwrap();
+        };
+        let long = "ü".repeat(200);
+        add(&conn, "talked", "user.text", r#"{"text":"old"}"#, 30);
+        add(
+            &conn,
+            "talked",
+            "text.end",
+            &serde_json::json!({"text": long}).to_string(),
+            40,
+        );
+        add(&conn, "talked", "tool.exec.end", r#"{"output":"x"}"#, 50);
+        add(
+            &conn,
+            "buried",
+            "user.text",
+            r#"{"text":"too far back"}"#,
+            30,
+        );
+        for i in 0..256 {
+            add(&conn, "buried", "tool.exec.end", "{}", 31 + i);
+        }
+        add(&conn, "broken", "text.end", "not json", 60);
+        migrate(&mut conn).unwrap();
+        let row = |id: &str| -> (i64, Option<String>) {
+            conn.query_row(
+                "SELECT last_activity_at, preview FROM sessions WHERE id = ?1",
+                [id],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .unwrap()
+        };
+        assert_eq!(row("quiet"), (20, None));
+        assert_eq!(row("talked"), (50, Some("ü".repeat(160))));
+        assert_eq!(row("buried"), (286, None));
+        assert_eq!(row("broken"), (60, None));
+        let scope: Option<String> = conn
+            .query_row("SELECT scope FROM subscribers", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(scope, None);
     }
 }

@@ -2,6 +2,8 @@
 //! `Hello`, then read frames and send acks or requests. Used by `agent-host follow`, and by
 //! tests and benchmarks as a real client.
 
+use std::collections::VecDeque;
+
 use futures_util::{SinkExt, StreamExt};
 use prost::Message as _;
 use tokio::net::TcpStream;
@@ -11,7 +13,10 @@ use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 use tokio_tungstenite::tungstenite::{Error as WsError, Message};
 use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 
-use crate::protocol::wire::{self, CmdId, Decoded, MAX_PUSH_BYTES, pb};
+use crate::protocol::envelope::Reply;
+use crate::protocol::wire::{
+    self, CmdId, Codec, Decoded, MAX_PUSH_BYTES, WireBody, WireMessage, pb,
+};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
@@ -23,8 +28,18 @@ pub enum ClientError {
     Request(String),
     #[error("the server answered Hello with {0}")]
     HelloFailed(String),
+    #[error("the server refused Hello: {name} ({message})")]
+    HelloRefused {
+        code: i32,
+        name: String,
+        message: String,
+    },
     #[error("the server sent a frame that does not decode: {0}")]
     Frame(String),
+    #[error("the connection closed before the reply came")]
+    Closed,
+    #[error("the server refused the request frame: {0}")]
+    RequestRefused(String),
 }
 
 type Stream = WebSocketStream<MaybeTlsStream<TcpStream>>;
@@ -32,7 +47,10 @@ type Stream = WebSocketStream<MaybeTlsStream<TcpStream>>;
 /// A connected, greeted client.
 pub struct WsClient {
     ws: Stream,
+    codec: Codec,
     next_request: u64,
+    /// Frames that arrived while [`WsClient::request`] waited for its reply.
+    pending: VecDeque<Decoded>,
     /// The code and reason of the server's close frame, once it came.
     pub last_close: Option<(u16, String)>,
 }
@@ -44,12 +62,28 @@ pub async fn connect(
     token: &str,
     hello: pb::Hello,
 ) -> Result<(WsClient, pb::HelloResp), ClientError> {
+    connect_with(endpoint, token, hello, Codec::Protobuf).await
+}
+
+/// [`connect`] in a codec: the JSON one is asked for with its subprotocol.
+pub async fn connect_with(
+    endpoint: &str,
+    token: &str,
+    hello: pb::Hello,
+    codec: Codec,
+) -> Result<(WsClient, pb::HelloResp), ClientError> {
     let mut request = endpoint
         .into_client_request()
         .map_err(|e| ClientError::Request(e.to_string()))?;
     let bearer = HeaderValue::from_str(&format!("Bearer {token}"))
         .map_err(|e| ClientError::Request(e.to_string()))?;
     request.headers_mut().insert(header::AUTHORIZATION, bearer);
+    if codec == Codec::Json {
+        request.headers_mut().insert(
+            header::SEC_WEBSOCKET_PROTOCOL,
+            HeaderValue::from_static(wire::JSON_SUBPROTOCOL),
+        );
+    }
     let config = WebSocketConfig::default()
         .max_message_size(Some(MAX_PUSH_BYTES))
         .max_frame_size(Some(MAX_PUSH_BYTES));
@@ -61,7 +95,9 @@ pub async fn connect(
         })?;
     let mut client = WsClient {
         ws,
+        codec,
         next_request: 1,
+        pending: VecDeque::new(),
         last_close: None,
     };
     let id = client.send(CmdId::Hello, &hello).await?;
@@ -80,10 +116,11 @@ pub async fn connect(
                 let err = frame
                     .body::<pb::ErrorResp>()
                     .map_err(|e| ClientError::Frame(e.to_string()))?;
-                return Err(ClientError::HelloFailed(format!(
-                    "{} ({})",
-                    err.name, err.message
-                )));
+                return Err(ClientError::HelloRefused {
+                    code: err.code,
+                    name: err.name,
+                    message: err.message,
+                });
             }
             _ => {}
         }
@@ -91,18 +128,61 @@ pub async fn connect(
 }
 
 impl WsClient {
-    /// Send a request or an ack; returns the request id used.
-    pub async fn send<M: prost::Message>(
-        &mut self,
-        cmd: CmdId,
-        body: &M,
-    ) -> Result<u64, ClientError> {
+    /// Send a frame (a request, an ack, a ping) in the connection's codec; returns the
+    /// request id used.
+    pub async fn send<M: WireBody>(&mut self, cmd: CmdId, body: &M) -> Result<u64, ClientError> {
         let id = self.next_request;
         self.next_request += 1;
-        self.ws
-            .send(Message::Binary(wire::encode(cmd, id, body)))
-            .await?;
+        let message = match wire::encode_as(self.codec, cmd, id, body) {
+            WireMessage::Binary(bytes) => Message::Binary(bytes),
+            WireMessage::Text(text) => Message::Text(text.into()),
+        };
+        self.ws.send(message).await?;
         Ok(id)
+    }
+
+    /// Run one command of the envelope over the wire and wait for its reply (frames that come
+    /// meanwhile, events among them, are kept for [`WsClient::next_frame`]). A command's error
+    /// is a `Reply` with its code, as over IPC; `Err` only when the transport failed.
+    pub async fn request(
+        &mut self,
+        command: &str,
+        params: serde_json::Value,
+    ) -> Result<Reply, ClientError> {
+        let id = self
+            .send(CmdId::Request, &wire::request(command, &params))
+            .await?;
+        loop {
+            let Some(frame) = self.read_frame().await? else {
+                return Err(ClientError::Closed);
+            };
+            if frame.request_id == id && frame.cmd == CmdId::Reply {
+                let reply: pb::Reply = frame
+                    .body()
+                    .map_err(|e| ClientError::Frame(e.to_string()))?;
+                let data = if reply.data_json.is_empty() {
+                    serde_json::Value::Null
+                } else {
+                    serde_json::from_str(&reply.data_json)
+                        .map_err(|e| ClientError::Frame(format!("data_json: {e}")))?
+                };
+                return Ok(Reply {
+                    code: reply.code,
+                    message: reply.message,
+                    data,
+                });
+            }
+            if frame.request_id == id && frame.cmd == CmdId::ErrorResp {
+                let err: pb::ErrorResp = frame
+                    .body()
+                    .map_err(|e| ClientError::Frame(e.to_string()))?;
+                return Err(ClientError::RequestRefused(format!(
+                    "{} ({})",
+                    err.name, err.message
+                )));
+            }
+            self.pending.push_back(frame);
+        }
     }
 
     /// Send raw bytes as one binary message (tests use this for hostile frames).
@@ -119,6 +199,13 @@ impl WsClient {
     /// The next frame, or `None` once the server closed. The close frame's reason, if any, is
     /// returned as [`ClientError::Frame`] only when it is not a normal close.
     pub async fn next_frame(&mut self) -> Result<Option<Decoded>, ClientError> {
+        if let Some(frame) = self.pending.pop_front() {
+            return Ok(Some(frame));
+        }
+        self.read_frame().await
+    }
+
+    async fn read_frame(&mut self) -> Result<Option<Decoded>, ClientError> {
         loop {
             match self.ws.next().await {
                 None => return Ok(None),
@@ -126,6 +213,11 @@ impl WsClient {
                 Some(Err(e)) => return Err(e.into()),
                 Some(Ok(Message::Binary(bytes))) => {
                     return wire::decode(&bytes)
+                        .map(Some)
+                        .map_err(|(_, e)| ClientError::Frame(e.to_string()));
+                }
+                Some(Ok(Message::Text(text))) => {
+                    return wire::decode_json(text.as_str())
                         .map(Some)
                         .map_err(|(_, e)| ClientError::Frame(e.to_string()));
                 }

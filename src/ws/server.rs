@@ -31,9 +31,10 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::PATH;
-use super::grants::GrantStore;
-use super::link::{self, Keepalive, Link, Scope};
-use crate::protocol::wire::{MAX_FRAME_BYTES, SUBPROTOCOL, TOKEN_SUBPROTOCOL_PREFIX};
+use crate::link::{self, Keepalive, Link, Peer};
+use crate::protocol::wire::{Codec, MAX_FRAME_BYTES, TOKEN_SUBPROTOCOL_PREFIX};
+use crate::request::Via;
+use crate::subscribers::GrantStore;
 
 /// How long a client has to finish the HTTP upgrade, and then to send `Hello`.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -109,8 +110,10 @@ pub async fn serve(
 #[derive(Debug, PartialEq)]
 struct Authorized {
     subscriber_id: String,
-    /// The client offered our subprotocol: the response must select it.
-    select_subprotocol: bool,
+    /// The codec the client chose by the subprotocols it offered.
+    codec: Codec,
+    /// The subprotocol the response must select, if the client offered one of ours.
+    select_subprotocol: Option<&'static str>,
 }
 
 fn header_str(req: &Request, name: header::HeaderName) -> Option<&str> {
@@ -165,9 +168,11 @@ fn authorize(
     let subscriber_id = grants
         .check(bearer.or(from_protocol))
         .map_err(|e| (StatusCode::UNAUTHORIZED, e.to_string()))?;
+    let (codec, select_subprotocol) = Codec::from_offered(offered.iter().copied());
     Ok(Authorized {
         subscriber_id,
-        select_subprotocol: offered.contains(&SUBPROTOCOL),
+        codec,
+        select_subprotocol,
     })
 }
 
@@ -204,21 +209,21 @@ async fn connection(
     handshake: tokio::sync::OwnedSemaphorePermit,
 ) -> Result<(), ConnError> {
     stream.set_nodelay(true)?;
-    let mut granted: Option<String> = None;
+    let mut granted: Option<(String, Codec)> = None;
     let callback = |req: &Request, mut response: Response| match authorize(
         req,
-        &ctx.link.grants,
+        ctx.link.handler.subscribers().grants(),
         ctx.port,
         &ctx.allowed_origins,
     ) {
         Ok(auth) => {
-            if auth.select_subprotocol {
+            if let Some(selected) = auth.select_subprotocol {
                 response.headers_mut().insert(
                     header::SEC_WEBSOCKET_PROTOCOL,
-                    HeaderValue::from_static(SUBPROTOCOL),
+                    HeaderValue::from_static(selected),
                 );
             }
-            granted = Some(auth.subscriber_id);
+            granted = Some((auth.subscriber_id, auth.codec));
             Ok(response)
         }
         Err((status, reason)) => {
@@ -234,16 +239,22 @@ async fn connection(
             upgraded.map_err(|_| ConnError::Timeout)??
         }
     };
-    let Some(subscriber_id) = granted else {
+    let Some((subscriber_id, codec)) = granted else {
         return Ok(());
     };
     let span = tracing::info_span!("ws", subscriber_id = %subscriber_id);
-    let scope = Scope::all();
+    let peer = Peer {
+        via: Via::Loopback {
+            subscriber_id: subscriber_id.clone(),
+        },
+        codec,
+        access: None,
+    };
     let serving = link::serve(
         ws,
         &ctx.link,
         &subscriber_id,
-        &scope,
+        peer,
         Some(ctx.keepalive),
         cancel,
         Some(handshake),
@@ -267,6 +278,7 @@ mod tests {
 
     #[test]
     fn handshake_checks_path_host_origin_and_token() {
+        use crate::protocol::wire::{JSON_SUBPROTOCOL, SUBPROTOCOL};
         let grants = GrantStore::new(Clock::system());
         let token = grants.mint("sub").unwrap();
         let bearer = format!("Bearer {token}");
@@ -280,7 +292,8 @@ mod tests {
             check(&[host, ("authorization", &bearer)], "/subscribe"),
             Ok(Authorized {
                 subscriber_id: "sub".into(),
-                select_subprotocol: false
+                codec: Codec::Protobuf,
+                select_subprotocol: None
             })
         );
         assert_eq!(
@@ -293,7 +306,17 @@ mod tests {
             ),
             Ok(Authorized {
                 subscriber_id: "sub".into(),
-                select_subprotocol: true
+                codec: Codec::Protobuf,
+                select_subprotocol: Some(SUBPROTOCOL)
+            })
+        );
+        let json = format!("{JSON_SUBPROTOCOL}, {TOKEN_SUBPROTOCOL_PREFIX}{token}");
+        assert_eq!(
+            check(&[host, ("sec-websocket-protocol", &json)], "/subscribe"),
+            Ok(Authorized {
+                subscriber_id: "sub".into(),
+                codec: Codec::Json,
+                select_subprotocol: Some(JSON_SUBPROTOCOL)
             })
         );
         assert_eq!(

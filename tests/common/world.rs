@@ -5,7 +5,8 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use agent_host::protocol::wire::{CmdId, Decoded, PROTOCOL_VERSION, pb};
+use agent_host::protocol::envelope::Reply;
+use agent_host::protocol::wire::{Decoded, PROTOCOL_VERSION, pb};
 use agent_host::ws::client::{self, WsClient};
 use serde_json::{Value, json};
 
@@ -276,19 +277,34 @@ impl Follower {
         self.until(kind, wait, |s| s.kind() == kind).await
     }
 
-    /// Send a request and wait for its reply, recording pushes on the way.
-    pub async fn request<M: prost::Message>(&mut self, cmd: CmdId, body: &M) -> Decoded {
-        let id = self.ws.send(cmd, body).await.unwrap();
-        loop {
-            let frame = tokio::time::timeout(super::WAIT, self.ws.next_frame())
-                .await
-                .expect("no reply")
-                .unwrap()
-                .expect("connection closed");
-            if self.record(&frame).is_none() && frame.request_id == id {
-                return frame;
-            }
-        }
+    /// Run one envelope command over the connection (a `Request` frame) and wait for its
+    /// `Reply`. Pushes that arrive meanwhile are kept by the client, in order, and recorded by
+    /// the next [`Follower::until`]. A frame-level refusal (`ErrorResp`) fails the test.
+    pub async fn request(&mut self, command: &str, params: Value) -> Reply {
+        tokio::time::timeout(super::WAIT, self.ws.request(command, params))
+            .await
+            .unwrap_or_else(|_| panic!("no reply to {command}"))
+            .unwrap_or_else(|e| panic!("{command}: {e}"))
+    }
+
+    /// [`Follower::request`] for a command that must succeed: its reply's data.
+    pub async fn ok(&mut self, command: &str, params: Value) -> Value {
+        let reply = self.request(command, params).await;
+        assert_eq!(reply.code, 0, "{command}: {}", reply.to_line());
+        reply.data
+    }
+
+    /// [`Follower::request`] for a command that must fail with `code` (whose name is in
+    /// `data.error`, as over IPC): the reply.
+    pub async fn refused(&mut self, command: &str, params: Value, code: i32, name: &str) -> Reply {
+        let reply = self.request(command, params).await;
+        assert_eq!(
+            (reply.code, reply.data["error"].as_str()),
+            (code, Some(name)),
+            "{command}: {}",
+            reply.to_line()
+        );
+        reply
     }
 
     pub fn kinds(&self) -> Vec<String> {
