@@ -1,6 +1,8 @@
--- agent-host store schema, version 3.
--- Applied by src/store/schema.rs when PRAGMA user_version is below 1. Later versions append
--- migrations there; this file is always the full current schema for a fresh database.
+-- agent-host store schema: the tables of version 3.
+-- Applied by src/store/schema.rs when PRAGMA user_version is below 1; the later migrations in
+-- src/store/schema.rs then run on a fresh database as on an old one. Version 4 (there) adds
+-- sessions.last_activity_at and sessions.preview with their list indexes, and
+-- subscribers.scope.
 
 CREATE TABLE IF NOT EXISTS sessions (
     id                TEXT PRIMARY KEY,

@@ -452,6 +452,11 @@ impl Renderer {
             ),
             "session.bound" => format!("  (agent session {})\n", s("nativeSessionId")),
             "session.forked" => format!("  (forked from {})\n", s("parentSessionId")),
+            // Only "needs you" is worth a line: running and idle show in the run's own events.
+            "session.state" if s("state") == "waiting" => {
+                "  … waiting for you: answer the permission request above\n".to_owned()
+            }
+            "session.state" => String::new(),
             "warning" => format!("! {}: {}\n", s("code"), s("message")),
             "error" => format!("✗ error ({}): {}\n", s("category"), s("message")),
             other => format!("[{other}]\n"),
@@ -535,7 +540,15 @@ mod tests {
                 false,
             ),
             (
+                json!({"k":"session.state","sessionId":"s","runId":"r1","state":"waiting","previous":"running"}),
+                false,
+            ),
+            (
                 json!({"k":"run.end","sessionId":"s","runId":"r1","state":"failed","category":"rate_limited"}),
+                false,
+            ),
+            (
+                json!({"k":"session.state","sessionId":"s","state":"idle","previous":"waiting"}),
                 false,
             ),
             (json!({"k":"hologram","sessionId":"s"}), false),
@@ -546,7 +559,7 @@ mod tests {
             .collect();
         assert_eq!(
             text,
-            "── run r1 started ──\nyou: hi\nassistant: Hello\n⚙ Bash {\"command\":\"ls\"}\n  ↳ a\n    b\n? permission requested: Bash {} [request p1] options: allow/deny\n── run r1 failed (rate_limited) ──\n[hologram]\n"
+            "── run r1 started ──\nyou: hi\nassistant: Hello\n⚙ Bash {\"command\":\"ls\"}\n  ↳ a\n    b\n? permission requested: Bash {} [request p1] options: allow/deny\n  … waiting for you: answer the permission request above\n── run r1 failed (rate_limited) ──\n[hologram]\n"
         );
     }
 

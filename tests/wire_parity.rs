@@ -208,6 +208,47 @@ fn seen(reply: &Reply, cwd: &str) -> Value {
     })
 }
 
+/// A successful reply reads as its typed struct, and that struct writes back the same data:
+/// no field the host sends is unknown to the types clients read.
+fn typed(t: Transport, command: &str, reply: &Reply) {
+    use agent_host::protocol::replies as r;
+    fn check<T: serde::de::DeserializeOwned + serde::Serialize>(
+        t: Transport,
+        command: &str,
+        reply: &Reply,
+    ) {
+        let data: T = reply
+            .data_as()
+            .unwrap_or_else(|e| panic!("{t:?} {command}: {e}: {}", reply.to_line()));
+        assert_eq!(
+            serde_json::to_value(&data).unwrap(),
+            reply.data,
+            "{t:?} {command}: the typed reply drops or changes fields"
+        );
+    }
+    if reply.code != 0 {
+        return;
+    }
+    match command {
+        "session.create" | "session.import" => check::<r::SessionCreated>(t, command, reply),
+        "session.get" => check::<r::SessionDetail>(t, command, reply),
+        "session.list" => check::<r::SessionPage>(t, command, reply),
+        "session.rename" => check::<r::SessionRenamed>(t, command, reply),
+        "session.fork" => check::<r::SessionForkedReply>(t, command, reply),
+        "session.activate" => check::<r::ActivateReceipt>(t, command, reply),
+        "session.send" => check::<r::SendReceipt>(t, command, reply),
+        "session.cancel" => check::<r::CancelReceipt>(t, command, reply),
+        "session.history" => check::<r::HistoryPage>(t, command, reply),
+        "session.runs" => check::<r::RunList>(t, command, reply),
+        "session.delete" => check::<r::Deleted>(t, command, reply),
+        "permission.list" => check::<r::PermissionList>(t, command, reply),
+        "permission.respond" => check::<r::PermissionReceipt>(t, command, reply),
+        "subscriber.grant" => check::<r::Grant>(t, command, reply),
+        // host.status and agent.list are reports of the host's own shape.
+        _ => {}
+    }
+}
+
 /// The script every transport runs, on sessions of its own: every wire-reachable command, and
 /// the error cases. Returns (command, normalized answer) in order.
 async fn script_for(c: &mut Clients, t: Transport, cwd: &Path) -> Vec<(String, Value)> {
@@ -216,6 +257,7 @@ async fn script_for(c: &mut Clients, t: Transport, cwd: &Path) -> Vec<(String, V
     macro_rules! step {
         ($cmd:expr, $params:expr) => {{
             let reply = c.call(t, $cmd, $params).await;
+            typed(t, $cmd, &reply);
             out.push(($cmd.to_owned(), seen(&reply, &dir)));
             reply
         }};
@@ -487,8 +529,9 @@ async fn a_grant_for_one_session_reaches_nothing_else() {
                 "session.import",
                 json!({"agent_type": "fake", "native_session_id": "n", "cwd": work.display().to_string()}),
             ),
-            // Even its own session cannot be forked: forking creates one.
+            // Even its own session cannot be forked (forking creates one) or deleted.
             ("session.fork", json!({"session_id": a})),
+            ("session.delete", json!({"session_id": a})),
         ];
         for (command, params) in refusals {
             let reply = ws.request(command, params).await.unwrap();
@@ -531,6 +574,63 @@ async fn a_grant_for_one_session_reaches_nothing_else() {
         watcher.close().await;
         ws.close().await;
     }
+
+    // A grant that may create sessions keeps the ones it made across reconnects (they are in
+    // its stored scope), and still reaches nothing else; it may not import (a scope limited
+    // to some sessions does not bring in any agent session of the machine).
+    let grant = host
+        .ok(
+            "subscriber.add",
+            json!({"type": "local", "session_id": a, "create_sessions": true, "replay_mode": "none"}),
+        )
+        .await;
+    let connect = || async {
+        client::connect(
+            grant["ws_endpoint"].as_str().unwrap(),
+            grant["ws_token"].as_str().unwrap(),
+            hello("scoped"),
+        )
+        .await
+        .unwrap()
+        .0
+    };
+    let mut ws = connect().await;
+    let made = ws.request("session.create", create()).await.unwrap();
+    assert_eq!(made.code, 0, "{}", made.to_line());
+    let c = made.data["session_id"].as_str().unwrap().to_owned();
+    let imported = ws
+        .request(
+            "session.import",
+            json!({"agent_type": "fake", "native_session_id": "n", "cwd": work.display().to_string()}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        imported.data["error"],
+        json!("out_of_scope"),
+        "{}",
+        imported.to_line()
+    );
+    ws.close().await;
+    let mut again = connect().await;
+    for id in [&a, &c] {
+        let got = again
+            .request("session.get", json!({"session_id": id}))
+            .await
+            .unwrap();
+        assert_eq!(got.code, 0, "after a reconnect: {}", got.to_line());
+    }
+    let refused = again
+        .request("session.get", json!({"session_id": b}))
+        .await
+        .unwrap();
+    assert_eq!(refused.data["error"], json!("out_of_scope"));
+    let deleted = again
+        .request("session.delete", json!({"session_id": c}))
+        .await
+        .unwrap();
+    assert_eq!(deleted.code, 0, "{}", deleted.to_line());
+    again.close().await;
     host.stop().await;
 }
 

@@ -1154,8 +1154,10 @@ A relative `cwd` given to `session.create` on the command line is resolved again
 shell's working directory before it is sent; over IPC a `cwd` must be absolute.
 
 `subscriber.add` scope: without `session_id` or `sessions` the grant may do everything; with
-them it may read, prompt and answer permissions for those sessions only and create none;
-`prompt`, `permissions` and `create_sessions` given explicitly win over those defaults.
+them it may read, prompt and answer permissions for those sessions only, and create, import
+and delete none; `prompt`, `permissions` and `create_sessions` given explicitly win over those
+defaults (`create_sessions` covers create, fork and delete; import needs a scope over every
+session).
 
 `subscriber.add` replay modes: `none` — only events from the moment of connecting;
 `since_cursor` — every bracket after the subscriber's stored cursor; `max_count` (default,

@@ -5,6 +5,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::states::{RunStatus, SessionState};
+
 /// `subscriber.add` and `subscriber.grant`: a token to open a WebSocket with.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Grant {
@@ -36,4 +38,173 @@ pub struct HistoryPage {
     pub next_after_seq: i64,
     /// The page is full (by count or size): there may be more after it.
     pub has_more: bool,
+}
+
+/// A session: its stored row (`session.create`, `session.get`, `session.rename`, …).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SessionInfo {
+    pub session_id: String,
+    pub agent_type: String,
+    pub native_session_id: Option<String>,
+    pub cwd: String,
+    pub parent_session_id: Option<String>,
+    pub title: Option<String>,
+    pub state: SessionState,
+    pub created_at_ms: i64,
+    pub updated_at_ms: i64,
+    /// A native session this one starts as a fork of (an explicit fork, or an imported
+    /// session), until its own native id is known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fork_of: Option<String>,
+}
+
+/// `session.create`, `session.import`: the new session.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SessionCreated {
+    pub session_id: String,
+    pub session: SessionInfo,
+}
+
+/// `session.fork`: the new session, continuing its parent's conversation.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SessionForkedReply {
+    pub session_id: String,
+    pub parent_session_id: Option<String>,
+    pub session: SessionInfo,
+}
+
+/// `session.rename`: the row as it is now.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SessionRenamed {
+    pub session: SessionInfo,
+}
+
+/// `session.get`: the row, and what the live session is doing (`null` before it first ran
+/// in this host).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SessionDetail {
+    #[serde(flatten)]
+    pub session: SessionInfo,
+    pub live: Option<LiveStatus>,
+}
+
+/// What a live session is doing.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LiveStatus {
+    /// The agent process (and process group) id, while one runs.
+    pub agent_pid: Option<u32>,
+    pub run_id: Option<String>,
+    pub queued: Vec<String>,
+    /// The session file is watched for other writers (the host's child is idle).
+    pub watching: bool,
+    /// Someone else wrote the session file: the next prompt forks.
+    pub drifted: bool,
+}
+
+/// One row of `session.list`: the session and its activity.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SessionSummary {
+    #[serde(flatten)]
+    pub session: SessionInfo,
+    /// The newest of the row's creation, its last update and its last event (ms since the
+    /// epoch): the list's order.
+    pub last_activity_ms: i64,
+    /// The start (at most 160 characters) of the newest `user.text` or `text.end` text.
+    pub preview: Option<String>,
+}
+
+/// `session.list`: one page, and the cursor of the next one (`None`: this is the last page).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SessionPage {
+    pub sessions: Vec<SessionSummary>,
+    pub next_cursor: Option<String>,
+}
+
+/// One run of `session.runs`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunInfo {
+    pub run_id: String,
+    pub session_id: String,
+    pub state: RunStatus,
+    pub client_msg_id: Option<String>,
+    pub error_category: Option<String>,
+    pub created_at_ms: i64,
+    pub ended_at_ms: Option<i64>,
+}
+
+/// `session.runs`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunList {
+    pub runs: Vec<RunInfo>,
+}
+
+/// `session.send`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SendReceipt {
+    pub run_id: String,
+    /// It waits behind a busy run.
+    pub queued: bool,
+    /// The `client_msg_id` was seen before: this is that earlier run (nothing new started).
+    pub duplicate: bool,
+}
+
+/// What `session.cancel` did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CancelOutcome {
+    /// The running turn was interrupted; its `run.end` follows.
+    Cancelling,
+    /// A queued run was taken out of the queue.
+    Cancelled,
+}
+
+/// `session.cancel`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CancelReceipt {
+    pub run_id: String,
+    pub state: CancelOutcome,
+}
+
+/// `permission.respond`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PermissionReceipt {
+    pub request_id: String,
+    pub decision: String,
+}
+
+/// `session.activate`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ActivateReceipt {
+    pub session_id: String,
+    /// The agent process (and process group) id, when the adapter runs one.
+    pub agent_pid: Option<u32>,
+    /// The agent was open already (or a run is opening it): nothing was started.
+    pub already: bool,
+}
+
+/// One pending permission request of `permission.list`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PendingPermission {
+    pub session_id: String,
+    pub request_id: String,
+    /// The run that asked (none for a request outside a run).
+    pub run_id: Option<String>,
+    pub tool: String,
+    /// The tool input the agent asks to run with.
+    pub input: serde_json::Value,
+    /// The choices the agent offers (those of its `permission.request`).
+    pub options: Vec<String>,
+    pub created_at_ms: i64,
+}
+
+/// `permission.list`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PermissionList {
+    pub permissions: Vec<PendingPermission>,
+}
+
+/// `session.delete`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Deleted {
+    pub deleted: String,
 }

@@ -10,11 +10,12 @@ use serde::{Deserialize, Serialize};
 pub struct Scope {
     /// The session ids it may see and drive (plus those it creates); absent: every session.
     pub sessions: Option<Vec<String>>,
-    /// May send prompts, cancel, activate, rename and delete sessions.
+    /// May send prompts, cancel, activate and rename sessions.
     pub prompt: bool,
     /// May answer permission requests.
     pub permissions: bool,
-    /// May create sessions (create, fork, import).
+    /// May create and delete sessions (create, fork, import — import only without a session
+    /// list — and delete).
     pub create_sessions: bool,
 }
 
@@ -39,6 +40,16 @@ impl Scope {
             prompt: true,
             permissions: true,
             create_sessions: true,
+        }
+    }
+
+    /// No session and no right (what a scope that cannot be read grants).
+    pub fn nothing() -> Scope {
+        Scope {
+            sessions: Some(Vec::new()),
+            prompt: false,
+            permissions: false,
+            create_sessions: false,
         }
     }
 

@@ -221,15 +221,6 @@ pub fn decode_json(text: &str) -> Result<Decoded, (u64, WireError)> {
             WireError::NotAFrame("a frame is a JSON object".to_owned()),
         ));
     };
-    if let Some(extra) = frame
-        .keys()
-        .find(|k| !matches!(k.as_str(), "cmd" | "requestId" | "body"))
-    {
-        return Err((
-            0,
-            WireError::NotAFrame(format!("unknown frame field {extra:?}")),
-        ));
-    }
     let request_id = match frame.remove("requestId") {
         None | Some(Value::Null) => 0,
         Some(Value::Number(n)) => n.as_u64().ok_or((
@@ -249,6 +240,13 @@ pub fn decode_json(text: &str) -> Result<Decoded, (u64, WireError)> {
             ));
         }
     };
+    // Checked once the id is read, so even this refusal pairs with its request.
+    if let Some(extra) = frame.keys().find(|k| !matches!(k.as_str(), "cmd" | "body")) {
+        return Err((
+            request_id,
+            WireError::NotAFrame(format!("unknown frame field {extra:?}")),
+        ));
+    }
     let cmd = match frame.remove("cmd") {
         Some(Value::String(name)) => CmdId::from_str_name(&name)
             .ok_or_else(|| (request_id, WireError::UnknownCmd(name.clone())))?,
@@ -424,8 +422,8 @@ mod tests {
         assert!(matches!(refused("nope").1, WireError::NotAFrame(_)));
         assert!(matches!(refused("[1]").1, WireError::NotAFrame(_)));
         assert!(matches!(
-            refused(r#"{"cmd":"HELLO","x":1}"#).1,
-            WireError::NotAFrame(_)
+            refused(r#"{"cmd":"HELLO","requestId":"5","x":1}"#),
+            (5, WireError::NotAFrame(_))
         ));
         assert!(matches!(
             refused(r#"{"requestId":"1"}"#).1,

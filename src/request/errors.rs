@@ -26,6 +26,10 @@ pub fn subscriber_error(e: SubscriberError) -> Reply {
             tracing::error!(error = %message, "store failure while serving a command");
             Reply::error(ErrorCode::StoreFailed, message, Value::Null)
         }
+        SubscriberError::Internal(_) => {
+            tracing::error!(error = %message, "a subscriber invariant broke");
+            Reply::error(ErrorCode::Internal, message, Value::Null)
+        }
         SubscriberError::ShuttingDown => {
             Reply::error(ErrorCode::ShuttingDown, message, Value::Null)
         }

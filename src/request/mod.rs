@@ -20,13 +20,14 @@ use crate::instance::LockInfo;
 use crate::protocol::envelope::{
     Command, ErrorCode, HostRelaySetParams, Reply, SessionHistoryParams, spec,
 };
-use crate::protocol::replies::{HistoryEntry, HistoryPage};
+use crate::protocol::replies::{
+    Deleted, HistoryEntry, HistoryPage, PermissionList, RunList, SessionCreated, SessionDetail,
+    SessionForkedReply, SessionRenamed,
+};
 use crate::protocol::scope::Scope;
 use crate::session::{DEFAULT_HISTORY_LIMIT, NewSession, SessionManager};
-use crate::store::{SessionQuery, StoredEvent};
+use crate::store::{DEFAULT_SESSION_PAGE, SessionQuery, StoredEvent};
 
-/// A `session.list` page without a `limit`.
-const DEFAULT_SESSION_PAGE: u32 = 50;
 use crate::subscribers::Subscribers;
 
 pub use access::{Access, Caller, Via};
@@ -73,6 +74,21 @@ impl Handler {
     /// The relay client, for `host.status` and `host.relay.set`.
     pub fn set_relay(&self, relay: Arc<dyn RelayControl>) {
         let _already = self.relay.set(relay);
+    }
+
+    /// A session the caller created joins its scope: for this connection at once, and for a
+    /// loopback subscriber's later connections through its stored scope.
+    async fn created(&self, caller: &Caller, session_id: &str) {
+        caller.access.created(session_id);
+        if let Via::Loopback { subscriber_id } = &caller.via
+            && caller.access.scope().sessions.is_some()
+            && let Err(e) = self
+                .subscribers
+                .extend_scope(subscriber_id, session_id)
+                .await
+        {
+            tracing::warn!(error = %e, "a created session could not be saved in the grant's scope");
+        }
     }
 
     /// The subscribers (rows, grants, connections), for the transports.
@@ -186,8 +202,11 @@ impl Handler {
                     })
                     .await
                     .map_err(session_error)?;
-                access.created(&row.session_id);
-                Reply::ok(json!({"session_id": row.session_id, "session": row}))
+                self.created(caller, &row.session_id).await;
+                Reply::ok(SessionCreated {
+                    session_id: row.session_id.clone(),
+                    session: row,
+                })
             }
             Command::SessionList(p) => Reply::ok(
                 self.sessions
@@ -203,20 +222,13 @@ impl Handler {
                     .map_err(session_error)?,
             ),
             Command::SessionGet(p) => {
-                let row = self
+                let session = self
                     .sessions
                     .get(&p.session_id)
                     .await
                     .map_err(session_error)?;
                 let live = self.sessions.live(&p.session_id).await;
-                let mut data = serde_json::to_value(row).unwrap_or(Value::Null);
-                if let Value::Object(map) = &mut data {
-                    map.insert(
-                        "live".to_owned(),
-                        serde_json::to_value(live).unwrap_or(Value::Null),
-                    );
-                }
-                Reply::ok(data)
+                Reply::ok(SessionDetail { session, live })
             }
             Command::SessionActivate(p) => Reply::ok(
                 self.sessions
@@ -230,7 +242,7 @@ impl Handler {
                     .runs(&p.session_id)
                     .await
                     .map_err(session_error)?;
-                Reply::ok(json!({"runs": runs}))
+                Reply::ok(RunList { runs })
             }
             Command::SessionRename(p) => {
                 let row = self
@@ -238,7 +250,7 @@ impl Handler {
                     .rename(&p.session_id, p.title)
                     .await
                     .map_err(session_error)?;
-                Reply::ok(json!({"session": row}))
+                Reply::ok(SessionRenamed { session: row })
             }
             Command::PermissionList(p) => {
                 let mut pending = self
@@ -247,7 +259,9 @@ impl Handler {
                     .await
                     .map_err(session_error)?;
                 pending.retain(|r| access.has_session(&r.session_id));
-                Reply::ok(json!({"permissions": pending}))
+                Reply::ok(PermissionList {
+                    permissions: pending,
+                })
             }
             Command::SessionFork(p) => {
                 let row = self
@@ -255,12 +269,12 @@ impl Handler {
                     .fork(&p.session_id, p.title)
                     .await
                     .map_err(session_error)?;
-                access.created(&row.session_id);
-                Reply::ok(json!({
-                    "session_id": row.session_id,
-                    "parent_session_id": row.parent_session_id,
-                    "session": row,
-                }))
+                self.created(caller, &row.session_id).await;
+                Reply::ok(SessionForkedReply {
+                    session_id: row.session_id.clone(),
+                    parent_session_id: row.parent_session_id.clone(),
+                    session: row,
+                })
             }
             Command::SessionImport(p) => {
                 let row = self
@@ -268,8 +282,11 @@ impl Handler {
                     .import(p.agent_type, p.native_session_id, p.cwd, p.title)
                     .await
                     .map_err(session_error)?;
-                access.created(&row.session_id);
-                Reply::ok(json!({"session_id": row.session_id, "session": row}))
+                self.created(caller, &row.session_id).await;
+                Reply::ok(SessionCreated {
+                    session_id: row.session_id.clone(),
+                    session: row,
+                })
             }
             Command::SessionSend(p) => Reply::ok(
                 self.sessions
@@ -300,7 +317,9 @@ impl Handler {
                     .delete(&p.session_id)
                     .await
                     .map_err(session_error)?;
-                Reply::ok(json!({"deleted": p.session_id}))
+                Reply::ok(Deleted {
+                    deleted: p.session_id,
+                })
             }
             Command::SessionHistory(p) => self.history(p).await,
             Command::SubscriberAdd(p) => {
@@ -330,15 +349,9 @@ impl Handler {
         let after = p.after_seq.unwrap_or(0);
         let limit = p.limit.unwrap_or(DEFAULT_HISTORY_LIMIT);
         match self.sessions.history(&p.session_id, after, limit).await {
-            Ok(events) => {
+            Ok((events, has_more)) => {
                 let next = events.last().map_or(after, |e| e.sequence_id);
                 let count = events.len();
-                // A full page (by count, or cut by size) may have more behind it; an empty
-                // next page settles it.
-                let page_bytes: usize = events.iter().map(|e| e.payload.len()).sum();
-                let has_more = count >= limit.min(crate::session::MAX_HISTORY_LIMIT) as usize
-                    || page_bytes + events.last().map_or(0, |e| e.payload.len())
-                        > crate::session::MAX_HISTORY_BYTES;
                 Reply::ok(HistoryPage {
                     session_id: p.session_id,
                     events: events.into_iter().map(history_entry).collect(),
@@ -384,8 +397,15 @@ fn authorize(caller: &Caller, command: &Command) -> Result<(), Reply> {
     let access = &caller.access;
     let scope = access.scope();
     match command {
-        Command::SessionCreate(_) | Command::SessionImport(_) => {
-            access.allows(scope.create_sessions, "creating sessions")
+        Command::SessionCreate(_) => access.allows(scope.create_sessions, "creating sessions"),
+        // An import brings any agent session on the machine under the host: only for a scope
+        // over every session.
+        Command::SessionImport(_) => {
+            access.allows(scope.create_sessions, "creating sessions")?;
+            access.allows(
+                scope.sessions.is_none(),
+                "importing sessions (a scope limited to some sessions)",
+            )
         }
         Command::SessionFork(p) => {
             access.session(&p.session_id)?;
@@ -406,9 +426,13 @@ fn authorize(caller: &Caller, command: &Command) -> Result<(), Reply> {
             access.session(&p.session_id)?;
             access.allows(scope.prompt, "cancelling runs")
         }
-        Command::SessionActivate(p) | Command::SessionDelete(p) => {
+        Command::SessionActivate(p) => {
             access.session(&p.session_id)?;
             access.allows(scope.prompt, "driving sessions")
+        }
+        Command::SessionDelete(p) => {
+            access.session(&p.session_id)?;
+            access.allows(scope.create_sessions, "deleting sessions")
         }
         Command::SessionRename(p) => {
             access.session(&p.session_id)?;

@@ -36,7 +36,6 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
@@ -72,54 +71,9 @@ const OUTAGE_RETRY: Duration = Duration::from_millis(200);
 /// The longest prompt accepted.
 pub const MAX_PROMPT_BYTES: usize = 256 * 1024;
 
-/// The answer to `send`.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct SendReceipt {
-    pub run_id: String,
-    /// It waits behind a busy run.
-    pub queued: bool,
-    /// The `client_msg_id` was seen before: this is that earlier run.
-    pub duplicate: bool,
-}
-
-/// The answer to `cancel`.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct CancelReceipt {
-    pub run_id: String,
-    /// `cancelling` (the running turn was interrupted; `run.end` follows) or `cancelled` (a
-    /// queued run was taken out of the queue).
-    pub state: &'static str,
-}
-
-/// The answer to a permission decision.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct PermissionReceipt {
-    pub request_id: String,
-    pub decision: &'static str,
-}
-
-/// The answer to `activate`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct ActivateReceipt {
-    pub session_id: String,
-    /// The agent process (and process group) id, when the adapter runs one.
-    pub agent_pid: Option<u32>,
-    /// The agent was open already (or a run is opening it): nothing was started.
-    pub already: bool,
-}
-
-/// What a live session is doing, for `session.get`.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct LiveStatus {
-    /// The agent process (and process group) id, while one runs.
-    pub agent_pid: Option<u32>,
-    pub run_id: Option<String>,
-    pub queued: Vec<String>,
-    /// The session file is watched for other writers (the host's child is idle).
-    pub watching: bool,
-    /// Someone else wrote the session file: the next prompt forks.
-    pub drifted: bool,
-}
+pub use crate::protocol::replies::{
+    ActivateReceipt, CancelOutcome, CancelReceipt, LiveStatus, PermissionReceipt, SendReceipt,
+};
 
 pub(super) type Reply<T> = oneshot::Sender<Result<T, SessionError>>;
 
@@ -300,7 +254,7 @@ impl Actor {
             outages_seen: store.health().outages,
             outage_retry: None,
             native_unsaved: false,
-            state: SessionState::parse(&row.state).unwrap_or_default(),
+            state: row.state,
             pending: HashMap::new(),
             store,
             bus,
@@ -566,7 +520,7 @@ impl Actor {
         let row = RunRow {
             run_id: run_id.clone(),
             session_id: self.session_id.clone(),
-            state: RunStatus::Queued.as_str().to_owned(),
+            state: RunStatus::Queued,
             client_msg_id: client_msg_id.clone(),
             error_category: None,
             created_at_ms: now_ms(),
@@ -580,7 +534,7 @@ impl Actor {
             Ok(RunInsert::Duplicate(existing)) => {
                 tracing::info!(run_id = %existing.run_id, "a retried prompt: same run");
                 let _caller_gone = reply.send(Ok(SendReceipt {
-                    queued: existing.status() == Some(RunStatus::Queued),
+                    queued: existing.state == RunStatus::Queued,
                     run_id: existing.run_id,
                     duplicate: true,
                 }));
@@ -999,6 +953,9 @@ impl Actor {
             end.category = Some(ErrorCategory::Cancelled);
         }
         self.expire_permissions("the run ended").await;
+        // Nothing of an ended run waits for a person any more, even if an expiry could not be
+        // written (the store row is expired at the next start): the session is not `waiting`.
+        self.pending.clear();
         let state = RunStatus::from(end.state);
         let category = category_name(end.category);
         if self.queue.is_empty() {
@@ -1200,7 +1157,7 @@ impl Actor {
             .await;
             return Ok(CancelReceipt {
                 run_id: item.run_id,
-                state: "cancelled",
+                state: CancelOutcome::Cancelled,
             });
         }
         let current_id = self.current.as_ref().map(|c| c.run_id.clone());
@@ -1228,7 +1185,7 @@ impl Actor {
         }
         Ok(CancelReceipt {
             run_id: current_id,
-            state: "cancelling",
+            state: CancelOutcome::Cancelling,
         })
     }
 
@@ -1319,7 +1276,7 @@ impl Actor {
         self.sync_state().await;
         Ok(PermissionReceipt {
             request_id,
-            decision: decision.as_str(),
+            decision: decision.as_str().to_owned(),
         })
     }
 
@@ -1374,6 +1331,7 @@ impl Actor {
             return;
         }
         self.expire_permissions("the host stopped").await;
+        self.pending.clear();
         self.set_session_state(SessionState::Idle).await;
         if let Some(current) = self.current.take() {
             self.publish_committed(

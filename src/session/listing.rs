@@ -46,7 +46,7 @@ mod tests {
                     cwd: "/".into(),
                     parent_session_id: None,
                     title: None,
-                    state: "idle".into(),
+                    state: crate::protocol::states::SessionState::Idle,
                     created_at_ms: 100 + i,
                     updated_at_ms: 100 + i,
                     fork_of: None,

@@ -120,20 +120,7 @@ pub struct NewSession {
     pub title: Option<String>,
 }
 
-/// A permission request waiting for an answer, as `permission.list` shows it.
-#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct PendingPermission {
-    pub session_id: String,
-    pub request_id: String,
-    /// The run that asked (none for a request outside a run).
-    pub run_id: Option<String>,
-    pub tool: String,
-    /// The tool input the agent asks to run with.
-    pub input: serde_json::Value,
-    /// The choices the agent offers (those of its `permission.request`).
-    pub options: Vec<String>,
-    pub created_at_ms: i64,
-}
+pub use crate::protocol::replies::PendingPermission;
 
 /// Agent families whose native sessions can be forked (and so imported).
 const FORKABLE: &[&str] = &["claude", "codex"];
@@ -584,7 +571,7 @@ impl SessionManager {
             cwd,
             parent_session_id: None,
             title: new.title,
-            state: SessionState::Idle.as_str().to_owned(),
+            state: SessionState::Idle,
             created_at_ms: now,
             updated_at_ms: now,
             fork_of: None,
@@ -737,19 +724,20 @@ impl SessionManager {
     }
 
     /// Brackets after `after_seq`, at most `limit` and about [`MAX_HISTORY_BYTES`]; the session
-    /// must exist.
+    /// must exist. The flag says whether more may follow (the page is full, by count or size).
     pub async fn history(
         &self,
         session_id: &str,
         after_seq: i64,
         limit: u32,
-    ) -> Result<Vec<StoredEvent>, SessionError> {
+    ) -> Result<(Vec<StoredEvent>, bool), SessionError> {
         self.get(session_id).await?;
         let limit = limit.clamp(1, MAX_HISTORY_LIMIT);
         let mut events = self
             .store
             .history(session_id.to_owned(), after_seq.max(0), limit)
             .await?;
+        let full = events.len() >= limit as usize;
         // Keep a page within a size any client accepts; the caller pages on from the last one.
         let mut bytes = 0;
         let keep = events
@@ -760,8 +748,9 @@ impl SessionManager {
             })
             .count()
             .max(1);
+        let cut = keep < events.len();
         events.truncate(keep);
-        Ok(events)
+        Ok((events, full || cut))
     }
 
     /// Every run of a session, oldest first: its state and the `client_msg_id` it was sent
@@ -905,7 +894,7 @@ mod tests {
                 .insert_run(RunRow {
                     run_id: run_id.into(),
                     session_id: sid.clone(),
-                    state: state.into(),
+                    state: crate::protocol::states::RunStatus::parse(state).unwrap(),
                     client_msg_id: None,
                     error_category: None,
                     created_at_ms: now_ms(),

@@ -168,7 +168,13 @@ impl World {
     }
 
     async fn state(&self, session_id: &str) -> String {
-        self.sessions.get(session_id).await.unwrap().state
+        self.sessions
+            .get(session_id)
+            .await
+            .unwrap()
+            .state
+            .as_str()
+            .to_owned()
     }
 
     async fn stop(self) {
@@ -231,7 +237,7 @@ async fn a_pending_permission_makes_the_session_waiting_until_the_last_is_answer
     until(&mut sub, &mut seen, "permission.request").await;
     assert_eq!(world.state(&sid).await, "waiting");
     let listed = world.sessions.list().await.unwrap();
-    assert_eq!(listed[0].state, "waiting");
+    assert_eq!(listed[0].state.as_str(), "waiting");
 
     // Both pending, with the choices the agent offered.
     let pending = world

@@ -33,6 +33,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use rusqlite::{Connection, OptionalExtension, params};
 use serde::Serialize;
+
+use crate::protocol::states::SessionState;
 use tokio::sync::{mpsc, oneshot};
 
 pub use runs::{PermissionRow, Resolve, RunInsert, StoredBaseline};
@@ -164,23 +166,8 @@ pub struct StoredEvent {
     pub created_at: i64,
 }
 
-/// A `sessions` row.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct SessionRow {
-    pub session_id: String,
-    pub agent_type: String,
-    pub native_session_id: Option<String>,
-    pub cwd: String,
-    pub parent_session_id: Option<String>,
-    pub title: Option<String>,
-    pub state: String,
-    pub created_at_ms: i64,
-    pub updated_at_ms: i64,
-    /// A native session this one starts as a fork of (an explicit fork, or an imported
-    /// session), until its own native id is known.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub fork_of: Option<String>,
-}
+/// A `sessions` row: the reply type clients read too.
+pub use crate::protocol::replies::SessionInfo as SessionRow;
 
 /// Which sessions a subscriber follows.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -511,7 +498,7 @@ impl Store {
                     row.cwd,
                     row.parent_session_id,
                     row.title,
-                    row.state,
+                    row.state.as_str(),
                     row.created_at_ms,
                     row.updated_at_ms,
                     row.fork_of
@@ -678,7 +665,7 @@ impl Store {
                     Ok(RunRow {
                         run_id: r.get(0)?,
                         session_id: r.get(1)?,
-                        state: r.get(2)?,
+                        state: runs::state_column(r, 2, crate::protocol::states::RunStatus::parse)?,
                         client_msg_id: r.get(3)?,
                         error_category: r.get(4)?,
                         created_at_ms: r.get(5)?,
@@ -740,6 +727,18 @@ impl Store {
         .await
     }
 
+    /// Replace a subscriber's scope (JSON text, opaque here); `false` when there is no such
+    /// subscriber.
+    pub async fn set_subscriber_scope(&self, id: String, scope: String) -> StoreResult<bool> {
+        self.write(move |conn| {
+            Ok(conn.execute(
+                "UPDATE subscribers SET scope = ?2, updated_at = ?3 WHERE id = ?1",
+                params![id, scope, now_ms()],
+            )? > 0)
+        })
+        .await
+    }
+
     pub async fn delete_subscriber(&self, id: String) -> StoreResult<bool> {
         self.write(move |conn| {
             Ok(conn.execute("DELETE FROM subscribers WHERE id = ?1", [&id])? > 0)
@@ -774,17 +773,8 @@ impl Store {
     }
 }
 
-/// A `runs` row.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct RunRow {
-    pub run_id: String,
-    pub session_id: String,
-    pub state: String,
-    pub client_msg_id: Option<String>,
-    pub error_category: Option<String>,
-    pub created_at_ms: i64,
-    pub ended_at_ms: Option<i64>,
-}
+/// A `runs` row: the reply type clients read too.
+pub use crate::protocol::replies::RunInfo as RunRow;
 
 /// A cursor to persist for one subscriber.
 #[derive(Debug, Clone, PartialEq)]
@@ -806,7 +796,8 @@ fn session_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<SessionRow> {
         cwd: r.get(3)?,
         parent_session_id: r.get(4)?,
         title: r.get(5)?,
-        state: r.get(6)?,
+        // A state this build does not know (a newer host's) reads as idle.
+        state: SessionState::parse(&r.get::<_, String>(6)?).unwrap_or_default(),
         created_at_ms: r.get(7)?,
         updated_at_ms: r.get(8)?,
         fork_of: r
@@ -1283,7 +1274,7 @@ mod tests {
             cwd: "/".into(),
             parent_session_id: None,
             title: None,
-            state: "idle".into(),
+            state: crate::protocol::states::SessionState::Idle,
             created_at_ms: 1,
             updated_at_ms: 1,
             fork_of: None,

@@ -58,15 +58,8 @@ pub enum Resolve {
 const RUN_SELECT: &str = "SELECT id, session_id, state, client_msg_id, error_category, \
      created_at, ended_at FROM runs";
 
-impl RunRow {
-    /// The row's state; `None` for a name this build does not know (a newer host wrote it).
-    pub fn status(&self) -> Option<RunStatus> {
-        RunStatus::parse(&self.state)
-    }
-}
-
 /// A column holding one of the state names of [`crate::protocol::states`].
-fn state_column<T>(
+pub(super) fn state_column<T>(
     r: &rusqlite::Row<'_>,
     index: usize,
     parse: fn(&str) -> Option<T>,
@@ -85,7 +78,7 @@ fn run_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<RunRow> {
     Ok(RunRow {
         run_id: r.get(0)?,
         session_id: r.get(1)?,
-        state: r.get(2)?,
+        state: state_column(r, 2, RunStatus::parse)?,
         client_msg_id: r.get(3)?,
         error_category: r.get(4)?,
         created_at_ms: r.get(5)?,
@@ -133,7 +126,7 @@ impl Store {
                 params![
                     row.run_id,
                     row.session_id,
-                    row.state,
+                    row.state.as_str(),
                     row.client_msg_id,
                     row.error_category,
                     row.created_at_ms,
@@ -535,7 +528,7 @@ mod tests {
                 cwd: "/".into(),
                 parent_session_id: None,
                 title: None,
-                state: "idle".into(),
+                state: crate::protocol::states::SessionState::Idle,
                 created_at_ms: 1,
                 updated_at_ms: 1,
                 fork_of: None,
@@ -549,7 +542,7 @@ mod tests {
         RunRow {
             run_id: id.into(),
             session_id: "s".into(),
-            state: "queued".into(),
+            state: crate::protocol::states::RunStatus::Queued,
             client_msg_id: key.map(str::to_owned),
             error_category: None,
             created_at_ms: 1,
@@ -659,7 +652,7 @@ mod tests {
             [("s".to_owned(), SessionState::Waiting)]
         );
         let row = store.get_session("s".into()).await.unwrap().unwrap();
-        assert_eq!(row.state, "idle");
+        assert_eq!(row.state, crate::protocol::states::SessionState::Idle);
         assert!(store.reset_busy_sessions().await.unwrap().is_empty());
         threads.shutdown().await;
     }

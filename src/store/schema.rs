@@ -1,4 +1,4 @@
-//! Schema and migrations. `schema.sql` at the repository root is the whole current schema; it
+//! Schema and migrations. `schema.sql` at the repository root holds the tables of version 3; it
 //! is embedded here and applied when `PRAGMA user_version` is 0. Each later version appends a
 //! step to [`MIGRATIONS`]; a database from a newer build is refused rather than guessed at.
 

@@ -22,9 +22,8 @@ use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use rusqlite::types::Value;
 use rusqlite::{Connection, Transaction, params, params_from_iter};
-use serde::Serialize;
 
-use super::{NewEvent, SessionRow, Store, StoreError, StoreResult, session_from_row};
+use super::{NewEvent, Store, StoreError, StoreResult, session_from_row};
 
 /// The page size when a client names none.
 pub const DEFAULT_SESSION_PAGE: u32 = 50;
@@ -63,25 +62,8 @@ impl Default for SessionQuery {
     }
 }
 
-/// A session as the list shows it: its row (flattened on the wire) and its activity.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct SessionListRow {
-    #[serde(flatten)]
-    pub session: SessionRow,
-    /// The newest of the row's creation, its last update and its last event (ms since the
-    /// epoch): the list's order.
-    pub last_activity_ms: i64,
-    /// The start (at most [`PREVIEW_CHARS`] characters) of the newest `user.text` or
-    /// `text.end` text.
-    pub preview: Option<String>,
-}
-
-/// One page of the list, and the cursor of the next one (`None`: this is the last page).
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct SessionPage {
-    pub sessions: Vec<SessionListRow>,
-    pub next_cursor: Option<String>,
-}
+/// A session as the list shows it, and one page of the list: the reply types clients read too.
+pub use crate::protocol::replies::{SessionPage, SessionSummary as SessionListRow};
 
 /// Where a page resumes: strictly after this row in list order.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -279,15 +261,15 @@ mod tests {
     use crate::store::now_ms;
     use std::collections::HashSet;
 
-    fn row(id: &str, at: i64) -> SessionRow {
-        SessionRow {
+    fn row(id: &str, at: i64) -> super::super::SessionRow {
+        super::super::SessionRow {
             session_id: id.into(),
             agent_type: "claude".into(),
             native_session_id: None,
             cwd: "/w".into(),
             parent_session_id: None,
             title: None,
-            state: "idle".into(),
+            state: crate::protocol::states::SessionState::Idle,
             created_at_ms: at,
             updated_at_ms: at,
             fork_of: None,
@@ -452,7 +434,7 @@ mod tests {
     }
 
     /// Which rows a filter case should list.
-    type Keep = Box<dyn Fn(&SessionRow) -> bool>;
+    type Keep = Box<dyn Fn(&super::super::SessionRow) -> bool>;
 
     #[tokio::test]
     async fn filters_select_the_matching_sessions_in_order() {
@@ -462,9 +444,9 @@ mod tests {
         let cwds = ["/a", "/b", "/c", "/d"];
         let mut all = Vec::new();
         for i in 0..120usize {
-            let r = SessionRow {
+            let r = super::super::SessionRow {
                 agent_type: agents[i % 3].into(),
-                state: states[i % 2].into(),
+                state: crate::protocol::states::SessionState::parse(states[i % 2]).unwrap(),
                 cwd: cwds[i % 4].into(),
                 ..row(&format!("s{i:03}"), 1_000 + i as i64 / 2)
             };
@@ -486,7 +468,7 @@ mod tests {
                     state: Some("running".into()),
                     ..Default::default()
                 },
-                Box::new(|r| r.state == "running"),
+                Box::new(|r| r.state.as_str() == "running"),
             ),
             (
                 SessionQuery {
@@ -516,7 +498,7 @@ mod tests {
                     cwd: Some("/a".into()),
                     ..Default::default()
                 },
-                Box::new(|r| r.state == "idle" && r.agent_type == "acp" && r.cwd == "/a"),
+                Box::new(|r| r.state.as_str() == "idle" && r.agent_type == "acp" && r.cwd == "/a"),
             ),
             (
                 SessionQuery {
@@ -525,7 +507,7 @@ mod tests {
                     ..Default::default()
                 },
                 Box::new(|r| {
-                    r.state == "running"
+                    r.state.as_str() == "running"
                         && ["s007", "s050", "s051", "s119"].contains(&&*r.session_id)
                 }),
             ),

@@ -34,6 +34,8 @@ pub enum SubscriberError {
     Grant(#[from] grants::GrantError),
     #[error("the host is shutting down")]
     ShuttingDown,
+    #[error("internal: {0}")]
+    Internal(String),
 }
 
 /// A subscription opened for a connection, and what its `HelloResp` says.
@@ -85,6 +87,31 @@ impl Subscribers {
             grants,
             endpoint: format!("ws://127.0.0.1:{port}{PATH}"),
         }
+    }
+
+    /// A session a scoped subscriber created joins its stored scope, so its next connection
+    /// (a reconnect, another tab) still reaches it.
+    pub async fn extend_scope(
+        &self,
+        subscriber_id: &str,
+        session_id: &str,
+    ) -> Result<(), SubscriberError> {
+        let Some(row) = self.store.get_subscriber(subscriber_id.to_owned()).await? else {
+            return Err(SubscriberError::NotFound(subscriber_id.to_owned()));
+        };
+        let mut scope = scope_of(&row);
+        let Some(sessions) = scope.sessions.as_mut() else {
+            return Ok(()); // every session already
+        };
+        if !sessions.iter().any(|s| s == session_id) {
+            sessions.push(session_id.to_owned());
+            let text = serde_json::to_string(&scope)
+                .map_err(|e| SubscriberError::Internal(e.to_string()))?;
+            self.store
+                .set_subscriber_scope(subscriber_id.to_owned(), text)
+                .await?;
+        }
+        Ok(())
     }
 
     /// The token and connection registry.
@@ -228,15 +255,23 @@ impl Subscribers {
 }
 
 /// What a connection of a stored subscriber may do: its stored scope; a row written before
-/// scopes were stored gets what its session filter implies.
+/// scopes were stored gets what its session filter implies. A stored scope that does not read
+/// (damaged, or written by a newer build) grants nothing rather than everything.
 pub fn scope_of(row: &SubscriberRow) -> Scope {
-    row.scope
-        .as_deref()
-        .and_then(|s| serde_json::from_str(s).ok())
-        .unwrap_or_else(|| match &row.session_id {
+    match row.scope.as_deref() {
+        None => match &row.session_id {
             Some(id) => Scope::one_session(id),
             None => Scope::all(),
-        })
+        },
+        Some(text) => serde_json::from_str(text).unwrap_or_else(|e| {
+            tracing::warn!(
+                subscriber_id = %row.subscriber_id,
+                error = %e,
+                "a subscriber's stored scope does not read; it grants nothing"
+            );
+            Scope::nothing()
+        }),
+    }
 }
 
 /// How a stored subscriber's replay mode reads.
