@@ -504,6 +504,18 @@ async fn a_grant_for_one_session_reaches_nothing_else() {
         );
         let pending = ws.request("permission.list", json!({})).await.unwrap();
         assert_eq!(pending.code, 0);
+        // The host's status, without what lies outside the scope.
+        let status = ws.request("host.status", json!({})).await.unwrap();
+        assert_eq!(status.code, 0, "{}", status.to_line());
+        assert_eq!(status.data["running"], json!(true));
+        assert_eq!(status.data["sessions"], json!(1), "{}", status.to_line());
+        for hidden in ["ipc_path", "pid", "relay"] {
+            assert!(
+                status.data.get(hidden).is_none(),
+                "{hidden}: {}",
+                status.to_line()
+            );
+        }
 
         // B: nothing.
         let refusals = [

@@ -178,6 +178,22 @@ impl Handler {
             ),
             Command::AgentList => Reply::ok(crate::adapter::agents_report(&self.config).await),
             Command::HostStatus => {
+                if let Some(ids) = access.sessions() {
+                    // A client limited to some sessions learns the host is up and how it
+                    // stands, not what else it holds or where its files and relay are.
+                    let mut sessions = 0_i64;
+                    for id in &ids {
+                        if self.sessions.get(id).await.is_ok() {
+                            sessions += 1;
+                        }
+                    }
+                    return Ok(Reply::ok(json!({
+                        "running": true,
+                        "version": self.info.version,
+                        "sessions": sessions,
+                        "store": self.sessions.store_health(),
+                    })));
+                }
                 let sessions = self.sessions.count().await.map_err(session_error)?;
                 let mut status = status_json(&self.info, Some(sessions));
                 status["store"] = json!(self.sessions.store_health());
