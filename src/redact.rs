@@ -1,9 +1,10 @@
 //! Redaction of secrets by their shape, for text the host did not write itself and passes on:
-//! an agent's stderr (logged at `debug`, and its last lines quoted in `agent_failed` messages,
-//! which are stored and published). The host's own secrets (grant tokens, the relay token,
-//! env values) are never handed to a tracing macro in the first place (`logging.rs`); this is
-//! the net for what an agent prints about its own — an API key in an error message, a request
-//! dump with its `Authorization` header.
+//! an agent's stderr (logged at `debug`, and its last lines quoted in the failure messages of
+//! a process that went away — `agent_failed`, `result_delivery_unknown` — which are stored and
+//! published). The host's own secrets (grant tokens, the relay token, env values) are never
+//! handed to a tracing macro in the first place (`logging.rs`); this is the net for what an
+//! agent prints about its own — an API key in an error message, a request dump with its
+//! `Authorization` header.
 //!
 //! What is replaced by [`REDACTED`]:
 //! - API-key shapes: `sk-…` (OpenAI, including `sk-proj-…`) and `sk-ant-…` (Anthropic);

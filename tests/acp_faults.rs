@@ -183,8 +183,9 @@ async fn an_agent_that_resumes_into_another_session_is_reported() {
     fake.host.unwrap().stop().await;
 }
 
-/// An agent that prints junk and dies mid-turn: the run ends `failed` / `agent_failed` with the
-/// exit status, and the host goes on serving.
+/// An agent that prints junk and dies mid-turn (its `session/prompt` went out, no answer came):
+/// the run ends `failed` / `result_delivery_unknown` with the exit status, and the host goes on
+/// serving.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_acp_agent_that_prints_junk_and_dies_fails_the_run() {
     let fake = Fake::start().await;
@@ -192,7 +193,7 @@ async fn an_acp_agent_that_prints_junk_and_dies_fails_the_run() {
     let mut f = follow(fake.host(), &session, false).await;
     let (_, end) = fake.turn(&mut f, &session, "hello?").await;
     assert_eq!(end["state"], "failed", "{end}");
-    assert_eq!(end["category"], "agent_failed");
+    assert_eq!(end["category"], "result_delivery_unknown");
     assert!(
         end["message"].as_str().unwrap().contains("exit status: 3"),
         "{end}"

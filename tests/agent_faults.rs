@@ -127,7 +127,8 @@ async fn an_agent_that_prints_junk_and_dies_mid_turn_fails_the_run() {
     let run = send(&host, &session, "hello?").await;
     let (_, end) = until_run_end(&mut sub, &run).await;
     assert_eq!(end["state"], "failed");
-    assert_eq!(end["category"], "agent_failed");
+    // It read the prompt and died before a result: whether it acted is unknown.
+    assert_eq!(end["category"], "result_delivery_unknown");
     assert!(
         end["message"].as_str().unwrap().contains("exit status: 3"),
         "{end}"
@@ -148,7 +149,7 @@ async fn an_agent_that_prints_junk_and_dies_mid_turn_fails_the_run() {
     assert_eq!(kinds, ["user.text", "run.start", "error", "run.end"]);
     let again = send(&host, &session, "again").await;
     let (_, end) = until_run_end(&mut sub, &again).await;
-    assert_eq!(end["category"], "agent_failed");
+    assert_eq!(end["category"], "result_delivery_unknown");
     host.stop().await;
 }
 
@@ -457,7 +458,8 @@ async fn an_agent_that_dies_while_a_child_holds_its_stdout_still_ends_the_run() 
     let pid = i32::try_from(row["live"]["agent_pid"].as_u64().unwrap()).unwrap();
     let (_, end) = until_run_end(&mut sub, &run).await;
     assert_eq!(end["state"], "failed");
-    assert_eq!(end["category"], "agent_failed");
+    // It read the prompt and died before a result: whether it acted is unknown.
+    assert_eq!(end["category"], "result_delivery_unknown");
     assert!(
         end["message"].as_str().unwrap().contains("exit status: 3"),
         "{end}"
@@ -536,5 +538,129 @@ done"#
         after_restart.iter().all(|l| l.contains("--fork-session")),
         "a prompt resumed the foreign-written session in place: {starts}"
     );
+    host.stop().await;
+}
+
+/// Transport uncertainty, end to end: the agent reads the prompt and is killed before any
+/// result. The run ends `result_delivery_unknown` (it had the prompt: whether it acted is not
+/// known), `session.run` answers what became of the prompt by its `client_msg_id` (and by its
+/// run id), and sending the same `client_msg_id` again is the same run and runs nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_that_dies_mid_turn_is_result_delivery_unknown_and_the_client_can_ask() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().display();
+    let claude = script(
+        dir.path(),
+        "doomed-claude",
+        &format!("echo start >> {d}/starts\nread line\necho \"$line\" >> {d}/prompts\nkill -9 $$"),
+    );
+    let host = host_with(dir.path(), claude).await;
+    let session = host.session(dir.path()).await;
+    let mut sub = subscribe(&host, &session).await;
+    let sent = host
+        .ok(
+            "session.send",
+            json!({"session_id": session, "text": "rewrite the parser", "client_msg_id": "c-1"}),
+        )
+        .await;
+    let run = sent["run_id"].as_str().unwrap().to_owned();
+    let (_, end) = until_run_end(&mut sub, &run).await;
+    assert_eq!(end["state"], "failed");
+    assert_eq!(end["category"], "result_delivery_unknown", "{end}");
+    let said = end["message"].as_str().unwrap();
+    assert!(
+        said.contains("SIGKILL") && said.contains("unknown"),
+        "{said}"
+    );
+    // The run's row says it ended just after its `run.end` is committed (the event first, so
+    // a crash in between is closed from the log), and before the session's `idle` follows.
+    tokio::time::timeout(WAIT, async {
+        loop {
+            let delivery = sub.recv().await.unwrap().expect("bus closed");
+            let event: Value = serde_json::from_str(&delivery.json).unwrap();
+            if event["k"] == "session.state" && event["state"] == "idle" {
+                return;
+            }
+        }
+    })
+    .await
+    .expect("the session did not go idle");
+
+    // What became of it: by the client's key, and by the run id, the same row.
+    let by_key = host
+        .ok(
+            "session.run",
+            json!({"session_id": session, "client_msg_id": "c-1"}),
+        )
+        .await;
+    assert_eq!(by_key["run_id"], run.as_str());
+    assert_eq!(by_key["session_id"], session.as_str());
+    assert_eq!(by_key["client_msg_id"], "c-1");
+    assert_eq!(by_key["state"], "failed");
+    assert_eq!(by_key["error_category"], "result_delivery_unknown");
+    assert_eq!(by_key["message"], end["message"]);
+    assert!(by_key["created_at_ms"].is_i64() && by_key["ended_at_ms"].is_i64());
+    let by_id = host
+        .ok("session.run", json!({"session_id": session, "run_id": run}))
+        .await;
+    assert_eq!(by_id, by_key);
+
+    // A retry of the send is that run, marked duplicate: nothing new starts.
+    let again = host
+        .ok(
+            "session.send",
+            json!({"session_id": session, "text": "rewrite the parser", "client_msg_id": "c-1"}),
+        )
+        .await;
+    assert_eq!(again["run_id"], run.as_str());
+    assert_eq!(again["duplicate"], true);
+    assert_eq!(again["queued"], false);
+    let runs = host
+        .ok("session.runs", json!({"session_id": session}))
+        .await;
+    assert_eq!(runs["runs"].as_array().unwrap().len(), 1, "{runs}");
+    let after = host
+        .ok(
+            "session.run",
+            json!({"session_id": session, "client_msg_id": "c-1"}),
+        )
+        .await;
+    assert_eq!(after, by_key, "the retry changed the run");
+
+    // A key the host never took: not found (so sending it is safe); one way to name it only.
+    let unknown = host
+        .ipc(
+            "session.run",
+            json!({"session_id": session, "client_msg_id": "c-2"}),
+        )
+        .await;
+    assert_eq!(
+        unknown.data["error"],
+        "run_not_found",
+        "{}",
+        unknown.to_line()
+    );
+    assert_eq!(unknown.code, 3003);
+    let both = host
+        .ipc(
+            "session.run",
+            json!({"session_id": session, "client_msg_id": "c-1", "run_id": run}),
+        )
+        .await;
+    assert_eq!(both.data["error"], "invalid_params", "{}", both.to_line());
+    let nowhere = host
+        .ipc(
+            "session.run",
+            json!({"session_id": "no-such-session", "client_msg_id": "c-1"}),
+        )
+        .await;
+    assert_eq!(nowhere.data["error"], "session_not_found");
+
+    // The agent had the prompt exactly once, in one process.
+    let prompts = std::fs::read_to_string(dir.path().join("prompts")).unwrap();
+    assert_eq!(prompts.lines().count(), 1, "{prompts}");
+    assert!(prompts.contains("rewrite the parser"), "{prompts}");
+    let starts = std::fs::read_to_string(dir.path().join("starts")).unwrap();
+    assert_eq!(starts.lines().count(), 1, "{starts}");
     host.stop().await;
 }

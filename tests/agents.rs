@@ -65,7 +65,7 @@ fn agent_list_reports_the_installed_claude_with_version_and_capabilities() {
     assert_eq!(c["binary"], Value::from(claude.display().to_string()));
     assert_eq!(c["capabilities"]["resume"], "native_id");
     assert_eq!(c["capabilities"]["permissions"], true);
-    assert_eq!(c["capabilities"]["persistent_process"], true);
+    assert_eq!(c["capabilities"]["process"], "persistent");
     assert_eq!(c["error"], Value::Null);
     // Found on PATH too, when no binary is configured.
     let dir = claude.parent().unwrap().display().to_string();

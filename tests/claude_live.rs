@@ -170,7 +170,8 @@ fn real_claude_turns_translate_into_canonical_events() {
 
 /// The driver: a turn, an approved tool, a cancelled slow turn followed by a working one in the
 /// same process, then the process killed with SIGKILL mid-turn → `run.end` failed /
-/// `agent_failed`, nothing of its process group left, and a resumed process that remembers.
+/// `result_delivery_unknown`, nothing of its process group left, and a resumed process that
+/// remembers.
 #[test]
 fn the_claude_driver_runs_turns_cancels_and_survives_a_kill() {
     let bin = ensure_claude();
@@ -278,7 +279,7 @@ fn the_claude_driver_runs_turns_cancels_and_survives_a_kill() {
         assert_eq!(end.state, RunState::Failed);
         assert_eq!(
             end.category,
-            Some(agent_host::protocol::events::ErrorCategory::AgentFailed)
+            Some(agent_host::protocol::events::ErrorCategory::ResultDeliveryUnknown)
         );
         let last = tokio::time::timeout(Duration::from_secs(2), s.events.recv())
             .await

@@ -231,8 +231,8 @@ fn codex_cancel_ends_the_turn_and_the_thread_goes_on() {
 }
 
 /// Acceptance 4: a host restart between turns resumes the same thread; the app-server killed
-/// mid-turn fails the run (`agent_failed`) with nothing left of its group, and the next prompt
-/// resumes the thread.
+/// mid-turn fails the run (`result_delivery_unknown`) with nothing left of its group, and the
+/// next prompt resumes the thread.
 #[test]
 fn codex_restart_resumes_and_a_killed_app_server_fails_the_run() {
     let Some(rt) = in_netns(
@@ -272,7 +272,7 @@ fn codex_restart_resumes_and_a_killed_app_server_fails_the_run() {
         let end = run_end(&mut ws, &slow, Duration::from_secs(2)).await;
         eprintln!("failed in {:?}", killed.elapsed());
         assert_eq!(end["state"], "failed");
-        assert_eq!(end["category"], "agent_failed");
+        assert_eq!(end["category"], "result_delivery_unknown");
         assert!(
             !group_alive(pid),
             "processes left in the app-server's group"
@@ -378,6 +378,15 @@ fn codex_a_lost_thread_starts_fresh_and_a_busy_one_is_forked() {
         assert!(warning.event["message"].as_str().unwrap().contains(&thread));
         let fork = world.native_id(&session).await;
         assert_ne!(fork, thread);
+        // The fork was opened in the session's cwd, and both rollouts record it.
+        for id in [&thread, &fork] {
+            let files = rollouts_of(&world, id);
+            assert_eq!(files.len(), 1, "{files:?}");
+            assert_eq!(
+                agent_host::adapter::codex::rollout_cwd(&files[0]),
+                Some(world.work.clone())
+            );
+        }
         assert!(
             text_of_run(&ws, &forked).contains("first: first words"),
             "the fork keeps the history: {}",
@@ -410,6 +419,91 @@ fn codex_a_lost_thread_starts_fresh_and_a_busy_one_is_forked() {
             "echo: start over [user turns seen: 1; first: start over]"
         );
         assert_ne!(world.native_id(&session).await, fork);
+        world.host.unwrap().stop().await;
+    });
+}
+
+/// A command Codex runs in its sandbox without asking, and that the sandbox denies as it
+/// starts (a write outside the workspace: `Read-only file system`), never becomes an app-server
+/// item; only the rollout records it. It still shows as a failed `shell` tool call — its
+/// command, exit code 1 and output — to a follower, in the run, before its `run.end`, and in
+/// `session.history`. The turn goes on (the model answers with what the tool said).
+#[test]
+fn codex_a_command_the_sandbox_denies_is_a_failed_tool_call() {
+    let Some(rt) = in_netns(
+        Family::Codex,
+        "codex_a_command_the_sandbox_denies_is_a_failed_tool_call",
+    ) else {
+        return;
+    };
+    rt.block_on(async {
+        let world = World::start(Family::Codex).await;
+        let session = world.session().await;
+        let mut ws = world.follower(&session, false).await;
+        let run = world
+            .send(&session, "TOOLCALL `echo denied > /agent-host-probe`")
+            .await;
+        assert_eq!(run_end(&mut ws, &run, TURN).await["state"], "completed");
+        assert!(!std::path::Path::new("/agent-host-probe").exists());
+        let of_run = ws.of_run(&run);
+        let kinds: Vec<&str> = of_run.iter().map(|s| s.kind()).collect();
+        let tool: Vec<&str> = kinds
+            .iter()
+            .copied()
+            .filter(|k| k.starts_with("tool."))
+            .collect();
+        assert_eq!(
+            tool,
+            [
+                "tool.call.start",
+                "tool.call.end",
+                "tool.exec.start",
+                "tool.exec.end"
+            ],
+            "{kinds:?}"
+        );
+        let call = of_run.iter().find(|s| s.kind() == "tool.call.end").unwrap();
+        assert_eq!(call.event["name"], "shell", "{}", call.event);
+        assert_eq!(
+            call.event["input"]["command"], "echo denied > /agent-host-probe",
+            "{}",
+            call.event
+        );
+        let end = of_run.iter().find(|s| s.kind() == "tool.exec.end").unwrap();
+        assert_eq!(end.event["callId"], call.event["callId"]);
+        assert_eq!(end.event["isError"], true, "{}", end.event);
+        assert_eq!(end.event["exitCode"], 1, "{}", end.event);
+        assert!(
+            end.event["output"]
+                .as_str()
+                .unwrap()
+                .contains("Read-only file system"),
+            "{}",
+            end.event
+        );
+        let at = |k: &str| kinds.iter().position(|x| *x == k).unwrap();
+        assert!(at("tool.exec.end") < at("run.end"), "{kinds:?}");
+        assert!(text_of_run(&ws, &run).contains("tool said:"));
+
+        let page = world
+            .host()
+            .ok(
+                "session.history",
+                json!({"session_id": session, "limit": 5000}),
+            )
+            .await;
+        let stored: Vec<&Value> = page["events"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|e| {
+                e["run_id"] == run.as_str() && e["kind"].as_str().unwrap().starts_with("tool.")
+            })
+            .collect();
+        let stored_kinds: Vec<&str> = stored.iter().map(|e| e["kind"].as_str().unwrap()).collect();
+        assert_eq!(stored_kinds, tool, "{page}");
+        let stored_end = stored.last().unwrap();
+        assert_eq!(stored_end["event"], end.event);
         world.host.unwrap().stop().await;
     });
 }

@@ -240,6 +240,7 @@ fn typed(t: Transport, command: &str, reply: &Reply) {
         "session.cancel" => check::<r::CancelReceipt>(t, command, reply),
         "session.history" => check::<r::HistoryPage>(t, command, reply),
         "session.runs" => check::<r::RunList>(t, command, reply),
+        "session.run" => check::<r::RunInfo>(t, command, reply),
         "session.delete" => check::<r::Deleted>(t, command, reply),
         "permission.list" => check::<r::PermissionList>(t, command, reply),
         "permission.respond" => check::<r::PermissionReceipt>(t, command, reply),
@@ -299,6 +300,23 @@ async fn script_for(c: &mut Clients, t: Transport, cwd: &Path) -> Vec<(String, V
         json!({"session_id": s, "after_seq": 0, "limit": 2})
     );
     step!("session.runs", json!({"session_id": s}));
+    // The run a prompt became, by its key and by its id; a key never sent; no key at all.
+    let asked = step!(
+        "session.run",
+        json!({"session_id": s, "client_msg_id": "k-1"})
+    );
+    assert_eq!(
+        asked.data["run_id"],
+        json!(run),
+        "{t:?}: {}",
+        asked.to_line()
+    );
+    step!("session.run", json!({"session_id": s, "run_id": run}));
+    step!(
+        "session.run",
+        json!({"session_id": s, "client_msg_id": "never-sent"})
+    );
+    step!("session.run", json!({"session_id": s}));
     step!("permission.list", json!({"session_id": s}));
     step!("session.cancel", json!({"session_id": s}));
     let forked = step!("session.fork", json!({"session_id": s}));
@@ -413,6 +431,8 @@ async fn every_wire_command_answers_alike_on_every_transport() {
     assert_eq!(code_of("session.get", 2), json!("invalid_params"));
     assert_eq!(code_of("session.send", 2), json!("invalid_params"));
     assert_eq!(code_of("session.explode", 0), json!("unknown_command"));
+    assert_eq!(code_of("session.run", 2), json!("run_not_found"));
+    assert_eq!(code_of("session.run", 3), json!("invalid_params"));
     assert_eq!(
         code_of("permission.respond", 0),
         json!("permission_not_found")
@@ -522,6 +542,10 @@ async fn a_grant_for_one_session_reaches_nothing_else() {
             ("session.get", json!({"session_id": b})),
             ("session.history", json!({"session_id": b})),
             ("session.runs", json!({"session_id": b})),
+            (
+                "session.run",
+                json!({"session_id": b, "client_msg_id": "k"}),
+            ),
             ("session.send", json!({"session_id": b, "text": "hi"})),
             ("session.cancel", json!({"session_id": b})),
             ("session.activate", json!({"session_id": b})),

@@ -22,6 +22,8 @@
 //! - The prompt answer's `stopReason` → `run.end`: `end_turn` completed, `cancelled`
 //!   cancelled, `max_tokens` failed `context_exhausted`, `refusal` / `max_turn_requests`
 //!   failed `agent_failed`. Open blocks and tools are closed first.
+//! - The process gone before the prompt's answer: `run.end` failed `result_delivery_unknown`
+//!   ([`Translator::on_exit`]); the driver ends a prompt it could not write itself.
 //! - Known updates with nothing to show (`available_commands_update`, `current_mode_update`,
 //!   `config_option_update`, `session_info_update`) are ignored; unknown ones are counted
 //!   ([`Translator::unknown`]) and skipped, never fatal.
@@ -691,15 +693,17 @@ impl Translator {
         out
     }
 
-    /// The process ended; a turn in progress fails.
+    /// The process ended. A turn still in progress (its `session/prompt` went out and was
+    /// never answered) fails, and whether the agent acted on it is unknown:
+    /// `result_delivery_unknown`.
     pub fn on_exit(&mut self, status: &str) -> Vec<EventBody> {
         if !self.in_turn {
             return Vec::new();
         }
-        self.on_prompt_error(
-            ErrorCategory::AgentFailed,
-            format!("the agent process exited during the turn ({status})"),
-        )
+        let error = super::AdapterError::result_unknown(format!(
+            "the agent process exited during the turn ({status})"
+        ));
+        self.on_prompt_error(error.category, error.message)
     }
 }
 

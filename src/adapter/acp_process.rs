@@ -18,6 +18,13 @@
 //! `cancelled` as the spec requires. A permission answer picks among the options the agent
 //! offered ([`acp::permission_answer`]). Requests the host does not serve (`fs/*`,
 //! `terminal/*`, extensions) are refused with "method not found".
+//!
+//! A turn without its answer follows `session::agent`'s rule: a `session/prompt` that was
+//! never written (`NotSent`), or a prompt still queued when the process went, ends the run
+//! `transport_lost` "not sent"; one written whose answer never came (`NoAnswer`, the turn
+//! timeout, the process gone) ends it `result_delivery_unknown`. A prompt answer still on its
+//! way when the process goes is awaited (briefly) after the reap, so an answer that came, or
+//! a request that never went out, still says so.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -26,7 +33,7 @@ use serde_json::{Value, json};
 use tokio::sync::{mpsc, oneshot};
 
 use super::acp::{self, AgentCaps, Translator};
-use super::jsonrpc::{Dialect, Incoming, RpcClient, RpcError, ServerRequest};
+use super::jsonrpc::{self, Dialect, Incoming, RpcClient, RpcError, ServerRequest};
 use super::rpc_driver::{self, Closing, Gone, Io, Opening, open_or_close};
 use super::spawn::{SpawnSpec, Spawned, StderrTail, describe_exit, spawn};
 use super::{AdapterError, AgentInput, AgentOutput, AgentSession, Native, OpenSpec};
@@ -100,6 +107,44 @@ fn with_stderr(message: String, stderr: &[String]) -> String {
     }
     let last = &lines[lines.len().saturating_sub(3)..];
     format!("{message}; stderr: {}", last.join(" | "))
+}
+
+/// How long a driver whose process is gone waits for the prompt answer still on its way.
+const LATE_ANSWER: Duration = Duration::from_secs(1);
+
+/// The events that end a turn by its `session/prompt` answer; `None` when the request was
+/// written and no answer will come (`NoAnswer`: the process is going, its exit ends the run,
+/// [`Translator::on_exit`]).
+fn answer_events(
+    translator: &mut Translator,
+    answer: Result<Value, RpcError>,
+) -> Option<Vec<EventBody>> {
+    let error = match answer {
+        Ok(result) => return Some(translator.on_prompt_result(&result)),
+        Err(RpcError::NoAnswer { .. }) => return None,
+        Err(RpcError::NotSent { .. }) => AdapterError::prompt_not_sent(
+            "session/prompt could not be written: the agent's stdin is closed",
+        ),
+        Err(RpcError::Timeout { after, .. }) => AdapterError::result_unknown(format!(
+            "the agent did not answer session/prompt within {} s",
+            after.as_secs()
+        )),
+        Err(e @ RpcError::Remote { .. }) => {
+            let message = e.detail();
+            let category = match &e {
+                RpcError::Remote { code: -32000, .. } => ErrorCategory::AuthRequired,
+                // Agents over Claude's SDK name the kind of failure in the error's data.
+                RpcError::Remote { data, .. } => match data["errorKind"].as_str() {
+                    Some("rate_limit") => ErrorCategory::RateLimited,
+                    Some("authentication_failed") => ErrorCategory::AuthRequired,
+                    _ => super::categories::refine(ErrorCategory::AgentFailed, &message),
+                },
+                _ => ErrorCategory::AgentFailed,
+            };
+            AdapterError::new(category, message)
+        }
+    };
+    Some(translator.on_prompt_error(error.category, error.message))
 }
 
 async fn prompt_answer(
@@ -184,11 +229,15 @@ impl Driver {
                 }
             }
         }
-        let closing = rpc_driver::closing(&mut inputs, closing, session_gone, stdout_open);
+        let (closing, unsent) =
+            rpc_driver::closing(&mut inputs, closing, session_gone, stdout_open);
         // Unanswered permission requests are refused as the process goes.
         self.permissions.clear();
         let Driver {
-            io, mut translator, ..
+            io,
+            mut translator,
+            prompt,
+            ..
         } = self;
         let Io {
             rpc,
@@ -219,7 +268,22 @@ impl Driver {
         if session_gone {
             return;
         }
-        for event in translator.on_exit(&exit) {
+        // The prompt's answer, if it was still on its way: with the process reaped, the
+        // client has answered it (or says it was never written) within moments.
+        let answered = match prompt {
+            Some(answer) => tokio::time::timeout(LATE_ANSWER, answer)
+                .await
+                .ok()
+                .and_then(Result::ok)
+                .and_then(|answer| answer_events(&mut translator, answer)),
+            None => None,
+        };
+        let mut last = answered.unwrap_or_default();
+        last.extend(translator.on_exit(&exit));
+        if unsent {
+            last.extend(rpc_driver::unsent_prompt(&exit));
+        }
+        for event in last {
             if events.send(AgentOutput::Event(event)).await.is_err() {
                 return;
             }
@@ -374,7 +438,20 @@ impl Driver {
             );
             return Ok(());
         };
-        match self.call(method, acp::session_params(Some(id), cwd)).await {
+        let mut method = method;
+        let mut answer = self.call(method, acp::session_params(Some(id), cwd)).await;
+        // An agent may declare `resume` and not serve it (Qwen Code 0.15.10 answers "Method not
+        // found"): then `session/load`, if it declared that.
+        if method == "session/resume"
+            && self.caps.load
+            && matches!(&answer, Err(RpcError::Remote { code, .. }) if *code == jsonrpc::METHOD_NOT_FOUND)
+        {
+            tracing::info!("session/resume is not served; loading the session instead");
+            self.caps.resume = false;
+            method = "session/load";
+            answer = self.call(method, acp::session_params(Some(id), cwd)).await;
+        }
+        match answer {
             Ok(result) => {
                 if method == "session/load" {
                     self.settle_replay().await;
@@ -493,20 +570,11 @@ impl Driver {
         for (_, pending) in self.permissions.drain() {
             pending.request.respond(acp::cancelled_answer());
         }
-        let events = match answer {
-            Ok(result) => self.translator.on_prompt_result(&result),
-            // The process is going: its exit ends the run.
-            Err(RpcError::NoAnswer { .. } | RpcError::NotSent { .. }) => return Ok(()),
-            Err(e) => {
-                let category = match &e {
-                    RpcError::Remote { code: -32000, .. } => ErrorCategory::AuthRequired,
-                    _ => ErrorCategory::AgentFailed,
-                };
-                let message = e.detail();
-                self.translator.on_prompt_error(category, message)
-            }
-        };
-        self.emit(events).await
+        match answer_events(&mut self.translator, answer) {
+            Some(events) => self.emit(events).await,
+            // Written, and the process is going: its exit ends the run.
+            None => Ok(()),
+        }
     }
 
     async fn fail_turn(&mut self, category: ErrorCategory, message: String) -> Result<(), Gone> {
@@ -591,4 +659,72 @@ pub async fn probe(
         ));
     }
     Ok(AgentCaps::from_initialize(&init))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::rpc_driver::test_support::{
+        ID, all_outputs, fake, file_appears, release, run_ends, until_run_end,
+    };
+    use super::*;
+    use crate::protocol::events::RunState;
+
+    /// A stand-in ACP agent: it answers `initialize` and `session/new`; then, by `mode`:
+    /// `deaf` closes its stdin and waits to be released; `die` records `session/prompt` and
+    /// is killed before answering it.
+    fn agent(mode: &str) -> (tempfile::TempDir, OpenSpec) {
+        let body = format!(
+            r#"while read line; do
+  {ID}
+  case "$line" in
+    *'"method":"initialize"'*)
+      printf '{{"jsonrpc":"2.0","id":%s,"result":{{"protocolVersion":1,"agentCapabilities":{{}}}}}}\n' "$id";;
+    *'"method":"session/new"'*)
+      printf '{{"jsonrpc":"2.0","id":%s,"result":{{"sessionId":"s1"}}}}\n' "$id"
+      if [ "$mode" = deaf ]; then exec 0<&-; : > "$dir/closed"; read x < "$dir/hold"; exit 0; fi;;
+    *'"method":"session/prompt"'*)
+      printf '%s' "$line" > "$dir/got"
+      kill -9 $$;;
+  esac
+done"#
+        );
+        fake(&body, mode)
+    }
+
+    /// `session/prompt` written, then the agent killed before its answer: unknown.
+    #[tokio::test]
+    async fn a_prompt_sent_then_the_agent_dies_is_result_delivery_unknown() {
+        let (dir, spec) = agent("die");
+        let mut session = open(spec).unwrap();
+        session.send("hello there", "run-1").await.unwrap();
+        let outputs = all_outputs(&mut session).await;
+        let ends = run_ends(&outputs);
+        assert_eq!(ends.len(), 1, "{outputs:?}");
+        assert_eq!(ends[0].state, RunState::Failed);
+        assert_eq!(
+            ends[0].category,
+            Some(ErrorCategory::ResultDeliveryUnknown),
+            "{outputs:?}"
+        );
+        let got = std::fs::read_to_string(dir.path().join("got")).unwrap();
+        assert!(got.contains("hello there"), "{got}");
+    }
+
+    /// The agent closed its stdin before the prompt: `session/prompt` is never written, so
+    /// the run ends `transport_lost`, "not sent", before the process exits.
+    #[tokio::test]
+    async fn a_prompt_that_cannot_be_written_is_transport_lost_not_sent() {
+        let (dir, spec) = agent("deaf");
+        let mut session = open(spec).unwrap();
+        file_appears(dir.path(), "closed").await;
+        session.send("hello", "run-1").await.unwrap();
+        let (_, end) = until_run_end(&mut session).await;
+        assert_eq!(end.state, RunState::Failed);
+        assert_eq!(end.category, Some(ErrorCategory::TransportLost));
+        let message = end.message.unwrap_or_default();
+        assert!(message.contains("not sent"), "{message}");
+        release(dir.path());
+        let rest = all_outputs(&mut session).await;
+        assert!(run_ends(&rest).is_empty(), "a second end: {rest:?}");
+    }
 }

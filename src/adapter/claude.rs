@@ -22,6 +22,9 @@
 //!   reasons are `cancelled`; `is_error` is `failed` with a category (`prompt_too_long` →
 //!   `context_exhausted`, HTTP 429 → `rate_limited`, 401/403 → `auth_required`, else
 //!   `agent_failed`).
+//! - The process gone after a prompt was written and before its `result`: `error` + `run.end`
+//!   `failed` / `result_delivery_unknown` ([`Translator::on_exit`]; the driver decides whether
+//!   the prompt was written, `session::agent` has the rule).
 //! - A `result` whose `errors` say "No conversation found" answers a `--resume` of an id the
 //!   CLI does not know: `error` + `run.end` `failed` / `resume_rejected`, and no `session.bound`.
 //! - Control requests other than `can_use_tool` (hooks, SDK MCP) get an error answer
@@ -33,6 +36,7 @@ use std::collections::HashMap;
 
 use serde_json::{Value, json};
 
+use super::AdapterError;
 use crate::protocol::events::{
     BlockEnd, BlockStart, ErrorCategory, ErrorNotice, EventBody, PermissionRequest,
     PermissionResolved, RunEnd, RunState, SessionBound, TextDelta, ToolCallDelta, ToolCallEnd,
@@ -95,6 +99,49 @@ pub fn session_file(
         .filter(|d| d.file_name().to_string_lossy().starts_with(&prefix))
         .map(|d| d.path().join(&file))
         .find(|p| p.is_file())
+}
+
+/// How much of a session file [`session_cwd_matches`] reads for the cwd it recorded: the
+/// first entry that records one (`user`, `attachment`, `assistant`) comes within a few KB.
+const SESSION_CWD_LIMIT: u64 = 256 << 10;
+
+/// Whether `native_id`'s session file belongs to `cwd`: it lives in the project folder Claude
+/// derives from that cwd (or from its canonical form, which is what the CLI runs in), and the
+/// first entry in it that records a `cwd` names this directory. The folder alone can mislead:
+/// distinct cwds share one (`/a/b-c` and `/a/b/c` both map to `-a-b-c`, and every long cwd is
+/// found by its 200-character prefix). A file whose entries record no cwd (within
+/// [`SESSION_CWD_LIMIT`]) has only its folder to go by.
+pub fn session_cwd_matches(config_dir: &std::path::Path, cwd: &str, native_id: &str) -> bool {
+    let canonical = std::fs::canonicalize(cwd).ok();
+    let mut candidates = vec![cwd.to_owned()];
+    if let Some(c) = canonical.as_ref().and_then(|c| c.to_str())
+        && c != cwd
+    {
+        candidates.push(c.to_owned());
+    }
+    let same_dir = |recorded: &str| {
+        recorded == cwd
+            || canonical
+                .as_ref()
+                .is_some_and(|c| std::fs::canonicalize(recorded).is_ok_and(|r| r == *c))
+    };
+    candidates.iter().any(|candidate| {
+        session_file(config_dir, candidate, native_id)
+            .is_some_and(|file| recorded_cwd(&file).is_none_or(|r| same_dir(&r)))
+    })
+}
+
+/// The `cwd` of the first entry of a session file that records one.
+fn recorded_cwd(file: &std::path::Path) -> Option<String> {
+    use std::io::{BufRead, Read};
+    let reader = std::io::BufReader::new(std::fs::File::open(file).ok()?.take(SESSION_CWD_LIMIT));
+    reader.split(b'\n').map_while(Result::ok).find_map(|line| {
+        serde_json::from_slice::<Value>(&line)
+            .ok()?
+            .get("cwd")?
+            .as_str()
+            .map(str::to_owned)
+    })
 }
 
 /// The stdin line for a user prompt. `uuid` (the host's run id) becomes the prompt entry's
@@ -282,21 +329,18 @@ impl Translator {
         }
     }
 
-    /// The process ended. Mid-turn that is a failed run; the caller knows whether a turn was
-    /// in progress and passes `in_turn`.
+    /// The process ended. `in_turn`: the caller wrote a turn's prompt and no `result` ended
+    /// it — a failed run whose outcome is unknown (`result_delivery_unknown`: the CLI had the
+    /// prompt and may have acted on it).
     pub fn on_exit(&mut self, in_turn: bool, status: &str) -> Vec<EventBody> {
         let mut out = self.close_open_blocks();
         if in_turn {
-            let message = format!("the agent process exited mid-turn ({status})");
-            out.push(EventBody::Error(ErrorNotice {
-                category: ErrorCategory::AgentFailed,
-                message: message.clone(),
-            }));
-            out.push(EventBody::RunEnd(RunEnd {
-                state: RunState::Failed,
-                category: Some(ErrorCategory::AgentFailed),
-                message: Some(message),
-            }));
+            out.extend(
+                AdapterError::result_unknown(format!(
+                    "the agent process exited mid-turn ({status})"
+                ))
+                .run_failed(),
+            );
         }
         out
     }
@@ -648,16 +692,15 @@ impl Translator {
             }));
         } else if is_error {
             let status = frame.get("api_error_status").and_then(Value::as_u64);
-            let category =
-                if terminal == "prompt_too_long" || text.starts_with("Prompt is too long") {
-                    ErrorCategory::ContextExhausted
-                } else if status == Some(429) {
-                    ErrorCategory::RateLimited
-                } else if matches!(status, Some(401 | 403)) {
-                    ErrorCategory::AuthRequired
-                } else {
-                    ErrorCategory::AgentFailed
-                };
+            let category = if terminal == "prompt_too_long"
+                || text.starts_with("Prompt is too long")
+            {
+                ErrorCategory::ContextExhausted
+            } else if let Some(category) = status.and_then(super::categories::from_http_status) {
+                category
+            } else {
+                super::categories::refine(ErrorCategory::AgentFailed, &text)
+            };
             let message = if !text.is_empty() {
                 text
             } else if !errors.is_empty() {
@@ -828,6 +871,7 @@ mod tests {
         }
     }
 
+    /// The CLI had the prompt and died before its `result`: whether it acted is unknown.
     #[test]
     fn a_process_that_dies_mid_turn_fails_the_run() {
         let mut t = Translator::new();
@@ -841,7 +885,9 @@ mod tests {
         match &out[2] {
             EventBody::RunEnd(end) => {
                 assert_eq!(end.state, RunState::Failed);
-                assert_eq!(end.category, Some(ErrorCategory::AgentFailed));
+                assert_eq!(end.category, Some(ErrorCategory::ResultDeliveryUnknown));
+                let message = end.message.as_deref().unwrap_or_default();
+                assert!(message.contains("signal 9"), "{message}");
             }
             other => panic!("{other:?}"),
         }
@@ -897,6 +943,49 @@ mod tests {
         );
         assert_eq!(session_file(dir.path(), &long, "s2"), None);
         assert_eq!(session_file(dir.path(), "/short", "s1"), None);
+    }
+
+    /// The file is where the cwd's project folder is, and the cwd its entries record is
+    /// this one: not another cwd's whose folder name is the same, not a file of another
+    /// folder; a symlinked cwd is the directory it points to; garbage is only its folder.
+    #[test]
+    fn a_session_file_matches_the_cwd_it_recorded() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = dir.path().join("config");
+        let work = dir.path().join("a/b-c");
+        let twin = dir.path().join("a/b/c");
+        std::fs::create_dir_all(&work).unwrap();
+        std::fs::create_dir_all(&twin).unwrap();
+        let work = work.to_str().unwrap().to_owned();
+        let twin = twin.to_str().unwrap().to_owned();
+        assert_eq!(project_dir_name(&work), project_dir_name(&twin));
+        let folder = config.join("projects").join(project_dir_name(&work));
+        std::fs::create_dir_all(&folder).unwrap();
+        let entry = |cwd: &str| {
+            format!(
+                "{}\n{}\n",
+                json!({"type": "queue-operation", "sessionId": "s"}),
+                json!({"type": "user", "cwd": cwd, "message": {"content": "hi"}})
+            )
+        };
+        std::fs::write(folder.join("mine.jsonl"), entry(&work)).unwrap();
+        std::fs::write(folder.join("theirs.jsonl"), entry(&twin)).unwrap();
+        std::fs::write(folder.join("bare.jsonl"), "\u{0}garbage\n[1]\n").unwrap();
+        assert!(session_cwd_matches(&config, &work, "mine"));
+        assert!(!session_cwd_matches(&config, &work, "theirs"));
+        assert!(session_cwd_matches(&config, &twin, "theirs"));
+        assert!(session_cwd_matches(&config, &work, "bare"));
+        assert!(!session_cwd_matches(&config, &work, "missing"));
+        assert!(!session_cwd_matches(&config, "/elsewhere", "mine"));
+        // Through a symlink: the CLI ran in (and recorded) the directory it points to.
+        let link = dir.path().join("link");
+        std::os::unix::fs::symlink(&work, &link).unwrap();
+        assert!(session_cwd_matches(&config, link.to_str().unwrap(), "mine"));
+        assert!(!session_cwd_matches(
+            &config,
+            link.to_str().unwrap(),
+            "theirs"
+        ));
     }
 
     /// A session file the real CLI wrote (2.1.197): two prompts sent with the host's ids (a

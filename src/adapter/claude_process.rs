@@ -5,8 +5,13 @@
 //! (at most [`MAX_LINE`] bytes a line, as a whole thread can arrive in one), feeds the pure
 //! [`Translator`], and passes the events on through a bounded channel — when the session layer
 //! is slow, the task stops reading, and the CLI blocks on its stdout (back-pressure, never a
-//! drop). When stdout ends, the task reaps the process, turns an exit in the middle of a turn
-//! into a failed run (`agent_failed`), and reports [`AgentOutput::Exited`].
+//! drop). When stdout ends, the task reaps the process, ends a turn still open, and reports
+//! [`AgentOutput::Exited`].
+//!
+//! A turn that ends without its `result` follows `session::agent`'s rule: a prompt whose
+//! write to stdin failed, or that was still in the inputs when the process went, ends the run
+//! `transport_lost` "not sent" at once (it never reached the CLI); a prompt written and
+//! flushed whose `result` never came ends it `result_delivery_unknown` at the exit.
 
 use std::time::Duration;
 
@@ -81,7 +86,11 @@ fn frame_of(input: AgentInput, interrupts: &mut u64) -> Option<(String, bool)> {
     }
 }
 
-async fn write_line(stdin: &mut Option<tokio::process::ChildStdin>, line: &str) {
+/// Write one line to the CLI's stdin and flush it; the error says why it did not go.
+async fn write_line(
+    stdin: &mut Option<tokio::process::ChildStdin>,
+    line: &str,
+) -> std::io::Result<()> {
     let written = match stdin.as_mut() {
         Some(stdin) => {
             let mut bytes = Vec::with_capacity(line.len() + 1);
@@ -91,9 +100,20 @@ async fn write_line(stdin: &mut Option<tokio::process::ChildStdin>, line: &str) 
         }
         None => Err(std::io::Error::other("stdin closed")),
     };
-    if let Err(e) = written {
+    if let Err(e) = &written {
         tracing::warn!(error = %e, "writing to the agent failed");
     }
+    written
+}
+
+/// Send the events of a turn that ends here; `false` once the session stopped taking them.
+async fn emit(events: &mpsc::Sender<AgentOutput>, bodies: Vec<EventBody>) -> bool {
+    for event in bodies {
+        if events.send(AgentOutput::Event(event)).await.is_err() {
+            return false;
+        }
+    }
+    true
 }
 
 /// How long a driver whose session went away gives the process to finish.
@@ -134,9 +154,20 @@ async fn run(
                     break;
                 }
                 Some(input) => {
-                    if let Some((line, starts_turn)) = frame_of(input, &mut interrupts) {
-                        in_turn |= starts_turn;
-                        write_line(&mut stdin, &line).await;
+                    let Some((line, starts_turn)) = frame_of(input, &mut interrupts) else {
+                        continue;
+                    };
+                    match write_line(&mut stdin, &line).await {
+                        Ok(()) => in_turn |= starts_turn,
+                        Err(e) if starts_turn => {
+                            // The CLI never had it: the run ends now, safe to send again.
+                            let why = format!("writing the prompt to the agent's stdin failed ({e})");
+                            if !emit(&events, AdapterError::prompt_not_sent(why).run_failed()).await {
+                                session_gone = true;
+                                break 'process;
+                            }
+                        }
+                        Err(_) => {}
                     }
                 }
                 None => {
@@ -150,7 +181,8 @@ async fn run(
                     // Control requests we do not serve (hooks, SDK MCP) get an error answer,
                     // so the CLI never waits on us.
                     for reply in translator.take_replies() {
-                        write_line(&mut stdin, &reply).await;
+                        // A CLI whose stdin is gone is going away; its exit says the rest.
+                        let _written = write_line(&mut stdin, &reply).await;
                     }
                     for event in events_of_line {
                         if matches!(event, EventBody::RunEnd(_)) {
@@ -179,12 +211,15 @@ async fn run(
     // Nothing more is taken: a prompt sent from now on fails at once (the session then opens
     // a new process) instead of vanishing into a process that is going away.
     inputs.close();
-    if closing.is_none() {
-        while let Ok(input) = inputs.try_recv() {
-            if let AgentInput::Close { grace, done } = input {
+    // A prompt still waiting here never reached the CLI.
+    let mut unsent = false;
+    while let Ok(input) = inputs.try_recv() {
+        match input {
+            AgentInput::Close { grace, done } if closing.is_none() => {
                 closing = Some((grace, done));
-                break;
             }
+            AgentInput::Prompt { .. } => unsent = true,
+            _ => {}
         }
     }
     if closing.is_none() && session_gone {
@@ -246,15 +281,158 @@ async fn run(
         .iter()
         .find(|l| l.contains("No conversation found"))
         .filter(|_| resuming.is_some() && translator.native_id().is_none() && in_turn);
-    let last = match rejected {
+    let mut last = match rejected {
         // A CLI that reports an unknown `--resume` id only on stderr.
         Some(line) => translator.on_resume_rejected(line),
         None => translator.on_exit(in_turn, &exit),
     };
-    for event in last {
-        if events.send(AgentOutput::Event(event)).await.is_err() {
-            return;
-        }
+    if unsent {
+        let why = format!("the agent process ended ({exit}) before the prompt was written to it");
+        last.extend(AdapterError::prompt_not_sent(why).run_failed());
+    }
+    if !emit(&events, last).await {
+        return;
     }
     let _session_gone = events.send(AgentOutput::Exited { status: exit }).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::PermissionsExt;
+    use std::path::{Path, PathBuf};
+
+    use super::*;
+    use crate::protocol::events::{ErrorCategory, RunEnd, RunState};
+
+    /// Every wait in these tests.
+    const WAIT: Duration = Duration::from_secs(20);
+
+    /// A stand-in for `claude` in a temporary directory: `body` is the script after `dir=`
+    /// (the directory, for the files it leaves for the test).
+    fn fake(body: &str) -> (tempfile::TempDir, OpenSpec) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("claude");
+        let script = format!("#!/bin/sh\ndir=\"$(dirname \"$0\")\"\n{body}\n");
+        std::fs::write(&path, script).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let spec = OpenSpec {
+            program: path,
+            args: Vec::new(),
+            cwd: dir.path().to_owned(),
+            base_env: vec![("PATH".to_owned(), "/usr/bin:/bin".to_owned())],
+            extra_env: Vec::new(),
+            host_session_id: "host-1".to_owned(),
+            home: None,
+            native: Native::New("11111111-2222-4333-8444-555566667777".to_owned()),
+        };
+        (dir, spec)
+    }
+
+    /// Everything the driver reports, through its `Exited`.
+    async fn all_outputs(session: &mut AgentSession) -> Vec<AgentOutput> {
+        let mut seen = Vec::new();
+        loop {
+            let output = tokio::time::timeout(WAIT, session.events.recv())
+                .await
+                .unwrap_or_else(|_| panic!("no Exited in time; saw {seen:?}"));
+            match output {
+                Some(output @ AgentOutput::Exited { .. }) => {
+                    seen.push(output);
+                    return seen;
+                }
+                Some(output) => seen.push(output),
+                None => panic!("the driver ended without Exited; saw {seen:?}"),
+            }
+        }
+    }
+
+    fn run_ends(outputs: &[AgentOutput]) -> Vec<&RunEnd> {
+        outputs
+            .iter()
+            .filter_map(|o| match o {
+                AgentOutput::Event(EventBody::RunEnd(end)) => Some(end),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Waits (bounded) until the fake leaves `name` in its directory.
+    async fn file_appears(dir: &Path, name: &str) -> PathBuf {
+        let path = dir.join(name);
+        let appears = async {
+            while !path.exists() {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        };
+        tokio::time::timeout(WAIT, appears)
+            .await
+            .unwrap_or_else(|_| panic!("the fake never wrote {name}"));
+        path
+    }
+
+    /// The CLI read the prompt and was killed before its `result`: it had the prompt, so the
+    /// run's outcome is unknown (never "not sent").
+    #[tokio::test]
+    async fn a_prompt_written_then_the_agent_dies_is_result_delivery_unknown() {
+        let (dir, spec) = fake("read line\nprintf '%s' \"$line\" > \"$dir/got\"\nkill -9 $$");
+        let mut session = open(spec).unwrap();
+        session.send("hello there", "run-1").await.unwrap();
+        let outputs = all_outputs(&mut session).await;
+        let ends = run_ends(&outputs);
+        assert_eq!(ends.len(), 1, "{outputs:?}");
+        assert_eq!(ends[0].state, RunState::Failed);
+        assert_eq!(ends[0].category, Some(ErrorCategory::ResultDeliveryUnknown));
+        let message = ends[0].message.as_deref().unwrap_or_default();
+        assert!(message.contains("SIGKILL"), "{message}");
+        assert!(message.contains("unknown"), "{message}");
+        // It did have it.
+        let got = std::fs::read_to_string(dir.path().join("got")).unwrap();
+        assert!(got.contains("hello there"), "{got}");
+    }
+
+    /// The CLI closed its stdin before the prompt came: the write fails, so the prompt
+    /// provably never reached it — `transport_lost`, "not sent", at once (before the exit).
+    #[tokio::test]
+    async fn a_prompt_whose_write_fails_is_transport_lost_not_sent() {
+        let (dir, spec) = fake("exec 0<&-\n: > \"$dir/closed\"\nread x < \"$dir/hold\"");
+        let hold = dir.path().join("hold");
+        nix::unistd::mkfifo(&hold, nix::sys::stat::Mode::S_IRWXU).unwrap();
+        let mut session = open(spec).unwrap();
+        file_appears(dir.path(), "closed").await;
+        session.send("hello", "run-1").await.unwrap();
+        let first = tokio::time::timeout(WAIT, session.events.recv())
+            .await
+            .unwrap()
+            .unwrap();
+        let second = tokio::time::timeout(WAIT, session.events.recv())
+            .await
+            .unwrap()
+            .unwrap();
+        let end = match (&first, &second) {
+            (AgentOutput::Event(EventBody::Error(_)), AgentOutput::Event(EventBody::RunEnd(e))) => {
+                e.clone()
+            }
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(end.state, RunState::Failed);
+        assert_eq!(end.category, Some(ErrorCategory::TransportLost));
+        let message = end.message.unwrap_or_default();
+        assert!(message.contains("not sent"), "{message}");
+        // Let it go: its exit ends nothing more (no second run.end).
+        std::fs::write(&hold, "go\n").unwrap();
+        let rest = all_outputs(&mut session).await;
+        assert!(run_ends(&rest).is_empty(), "{rest:?}");
+    }
+
+    /// A process gone before the prompt: the handle refuses it, saying it was not sent.
+    #[tokio::test]
+    async fn a_prompt_to_a_gone_process_is_refused_not_sent() {
+        let (_dir, spec) = fake("exit 0");
+        let mut session = open(spec).unwrap();
+        let outputs = all_outputs(&mut session).await;
+        assert!(run_ends(&outputs).is_empty(), "{outputs:?}");
+        let err = session.send("hello", "run-1").await.unwrap_err();
+        assert_eq!(err.category, ErrorCategory::TransportLost);
+        assert!(err.message.contains("not sent"), "{}", err.message);
+    }
 }

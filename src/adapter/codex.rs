@@ -7,11 +7,21 @@
 //! - Only this thread's messages count: sub-agent threads share the pipe. `turn/started` opens
 //!   a turn (notifications may precede the `turn/start` answer).
 //! - Items: `agentMessage` → `text.start` / `text.delta` / `text.end` (the completed item's text
-//!   is authoritative); `reasoning` → `thinking.*`; `commandExecution`, `fileChange`,
-//!   `mcpToolCall`, `webSearch` → `tool.call.start` + `tool.call.end` when the item starts,
-//!   `tool.exec.update` for output deltas, `tool.exec.start` + `tool.exec.end` (output, exit
-//!   code, failed or declined as an error) when it completes; `turn/plan/updated` → an
-//!   `artifact.delta` holding the plan; `userMessage` is the host's own `user.text`, skipped.
+//!   is authoritative); `reasoning` → `thinking.*`; every tool item (`commandExecution`,
+//!   `fileChange`, `mcpToolCall`, `dynamicToolCall`, `collabAgentToolCall`, `webSearch`,
+//!   `imageView`, `imageGeneration`, `sleep`, `functionCallOutput`) → `tool.call.start` +
+//!   `tool.call.end` when the item starts, `tool.exec.update` for output deltas,
+//!   `tool.exec.start` + `tool.exec.end` (output, exit code, failed or declined as an error)
+//!   when it completes; a tool item that only completes gets the whole bracket then.
+//!   `turn/plan/updated` → an `artifact.delta` holding the plan; `userMessage` is the host's
+//!   own `user.text`, skipped.
+//! - Tool calls no item announces: a command the sandbox denies as it starts (it exits within
+//!   Codex's start-up window with a sandbox-looking failure, e.g. `Read-only file system`) or a
+//!   patch that fails verification never becomes an item, in the stream or in Codex's own
+//!   history; only the rollout file records the call and its output. At `turn/completed` the
+//!   driver feeds the lines the rollout gained ([`Translator::on_rollout_line`]; Codex flushes
+//!   the rollout before it ends the turn), and each shell or patch call of the turn that got
+//!   an output but no item becomes the same `tool.*` bracket a command item does.
 //! - Approval requests (`item/commandExecution/requestApproval`, `item/fileChange/…`,
 //!   `item/permissions/…`) → `permission.request` (options `allow`, `deny`), keyed by the
 //!   item id; `serverRequest/resolved` → `permission.resolved` `withdrawn` by the agent (the
@@ -21,12 +31,18 @@
 //! - `turn/completed`: open items are closed (an interrupted message never completes), then
 //!   `usage` and `run.end`: `completed`, `interrupted` → `cancelled`, `failed` with a category
 //!   from `codexErrorInfo`.
+//! - The process gone with a turn open (the driver says whether its `turn/start` went out):
+//!   `error` + `run.end` `failed` / `result_delivery_unknown` ([`Translator::on_exit`]).
 //! - Unknown methods and item types are counted and skipped, never fatal.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
+use std::io::Read;
+use std::path::{Path, PathBuf};
 
+use serde::Deserialize;
 use serde_json::{Value, json};
 
+use super::AdapterError;
 use crate::protocol::events::{
     ArtifactDelta, BlockEnd, BlockStart, ErrorCategory, ErrorNotice, EventBody, Notice,
     PermissionRequest, PermissionResolved, RunEnd, RunState, SessionBound, TextDelta, ToolCallEnd,
@@ -44,6 +60,19 @@ pub fn initialize_params() -> Value {
 /// `thread/start` params for a session in `cwd`.
 pub fn thread_start_params(cwd: &str) -> Value {
     json!({"cwd": cwd, "approvalPolicy": "on-request", "sandbox": "workspace-write"})
+}
+
+/// `thread/resume` params: the session's cwd, approval policy and sandbox win over what the
+/// thread recorded, as on `thread/start`.
+pub fn thread_resume_params(thread_id: &str, cwd: &str) -> Value {
+    let mut params = thread_start_params(cwd);
+    params["threadId"] = json!(thread_id);
+    params
+}
+
+/// `thread/fork` params: the fork runs in the session's cwd, like the thread it continues.
+pub fn thread_fork_params(thread_id: &str, cwd: &str) -> Value {
+    thread_resume_params(thread_id, cwd)
 }
 
 /// `turn/start` params.
@@ -126,6 +155,66 @@ pub fn rollout_file(codex_home: &std::path::Path, thread_id: &str) -> Option<std
     None
 }
 
+/// How much of a rollout file [`rollout_cwd`] reads. Its `session_meta` line comes first and
+/// carries Codex's base instructions (about 22 KB in 0.171.0); a file whose first line does
+/// not end within this is not read further.
+const ROLLOUT_META_LIMIT: u64 = 1 << 20;
+
+/// The cwd a Codex rollout file recorded for its thread: its first line's, which is the
+/// `session_meta` (`{"type":"session_meta","payload":{"cwd":..}}`). `None` for a missing or
+/// unreadable file, another first line, no cwd, or garbage. Reads at most
+/// [`ROLLOUT_META_LIMIT`] bytes.
+pub fn rollout_cwd(path: &Path) -> Option<PathBuf> {
+    #[derive(Deserialize)]
+    struct Line {
+        #[serde(rename = "type")]
+        kind: String,
+        payload: Meta,
+    }
+    #[derive(Deserialize)]
+    struct Meta {
+        cwd: Option<String>,
+    }
+    let file = std::fs::File::open(path).ok()?;
+    let reader = std::io::BufReader::new(file.take(ROLLOUT_META_LIMIT));
+    let first = serde_json::Deserializer::from_reader(reader)
+        .into_iter::<Line>()
+        .next()?
+        .ok()?;
+    if first.kind != "session_meta" {
+        return None;
+    }
+    let cwd = first.payload.cwd.filter(|c| !c.is_empty())?;
+    Some(PathBuf::from(path_of_uri(&cwd)))
+}
+
+/// A `file://` URI's path, percent-decoded (Codex writes some cwds as URIs, e.g. in rollout
+/// items); anything else as it is.
+fn path_of_uri(text: &str) -> String {
+    let Some(rest) = text.strip_prefix("file://") else {
+        return text.to_owned();
+    };
+    let bytes = rest.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = bytes
+            .get(i + 1..i + 3)
+            .and_then(|h| std::str::from_utf8(h).ok());
+        match (bytes[i], hex.and_then(|h| u8::from_str_radix(h, 16).ok())) {
+            (b'%', Some(b)) => {
+                out.push(b);
+                i += 3;
+            }
+            (b, _) => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kind {
     Text,
@@ -152,6 +241,13 @@ pub struct Translator {
     /// Approval requests not resolved yet: (JSON-RPC id, permission id).
     pending: Vec<(String, String)>,
     skipped: u64,
+    /// The thread's rollout file and cwd, from the answer that opened it.
+    rollout_path: Option<PathBuf>,
+    cwd: Option<String>,
+    /// The ids of this turn's tool items: their calls are bracketed already.
+    tool_items: HashSet<String>,
+    /// This turn's shell and patch calls the rollout recorded, by call id: (name, input).
+    rollout_calls: HashMap<String, (String, Value)>,
 }
 
 fn str_of<'a>(v: &'a Value, key: &str) -> &'a str {
@@ -181,6 +277,18 @@ impl Translator {
         self.skipped
     }
 
+    /// The thread's rollout file, once a `thread/*` answer named it (none for an ephemeral
+    /// thread).
+    pub fn rollout_path(&self) -> Option<&Path> {
+        self.rollout_path.as_deref()
+    }
+
+    /// Whether a notification is the end of this thread's turn (the driver then feeds what
+    /// the rollout gained first).
+    pub fn ends_turn(&self, method: &str, params: &Value) -> bool {
+        method == "turn/completed" && self.ours(params)
+    }
+
     /// One stdout line, whatever it holds (fixtures replay these).
     pub fn on_line(&mut self, line: &str) -> Vec<EventBody> {
         let Ok(msg) = serde_json::from_str::<Value>(line) else {
@@ -206,6 +314,17 @@ impl Translator {
             return Vec::new();
         }
         self.thread_id = Some(id.to_owned());
+        let thread = &result["thread"];
+        self.rollout_path = thread
+            .get("path")
+            .and_then(Value::as_str)
+            .filter(|p| !p.is_empty())
+            .map(PathBuf::from);
+        self.cwd = [thread.get("cwd"), result.get("cwd")]
+            .into_iter()
+            .flatten()
+            .find_map(Value::as_str)
+            .map(path_of_uri);
         vec![EventBody::SessionBound(SessionBound {
             native_session_id: id.to_owned(),
         })]
@@ -265,6 +384,8 @@ impl Translator {
                     .and_then(Value::as_str)
                     .map(str::to_owned);
                 self.usage = None;
+                self.tool_items.clear();
+                self.rollout_calls.clear();
                 Vec::new()
             }
             "item/started" => self.on_item_started(params.get("item").unwrap_or(&Value::Null)),
@@ -328,7 +449,10 @@ impl Translator {
                         message,
                     })]
                 } else {
-                    let category = category_of(params.pointer("/error/codexErrorInfo"));
+                    let category = super::categories::refine(
+                        category_of(params.pointer("/error/codexErrorInfo")),
+                        &message,
+                    );
                     vec![EventBody::Error(ErrorNotice { category, message })]
                 }
             }
@@ -362,21 +486,10 @@ impl Translator {
             ),
             "userMessage" => return Vec::new(),
             other => match tool_of(other, item) {
-                Some((name, input)) => (
-                    Kind::Tool,
-                    vec![
-                        EventBody::ToolCallStart(ToolCallStart {
-                            call_id: id.clone(),
-                            name: name.clone(),
-                        }),
-                        EventBody::ToolCallEnd(ToolCallEnd {
-                            truncated: None,
-                            call_id: id.clone(),
-                            name,
-                            input,
-                        }),
-                    ],
-                ),
+                Some((name, input)) => {
+                    self.tool_items.insert(id.clone());
+                    (Kind::Tool, call_bracket(&id, name, input))
+                }
                 None => {
                     self.skipped += 1;
                     return Vec::new();
@@ -435,7 +548,7 @@ impl Translator {
     fn on_item_completed(&mut self, item: &Value) -> Vec<EventBody> {
         let id = str_of(item, "id").to_owned();
         let Some(open) = self.open.remove(&id) else {
-            return Vec::new();
+            return self.on_unstarted_item(&id, item);
         };
         self.order.retain(|o| *o != id);
         match open.kind {
@@ -479,17 +592,87 @@ impl Translator {
                         name: None,
                     }));
                 }
-                let (output, exit_code) = tool_result(item);
-                let status = str_of(item, "status");
+                out.push(EventBody::ToolExecEnd(tool_result(&id, item)));
+                out
+            }
+        }
+    }
+
+    /// A completed item that never started: a tool item gets its whole bracket (once, and
+    /// only in a turn: a straggler after the turn closed its items is not a new call).
+    fn on_unstarted_item(&mut self, id: &str, item: &Value) -> Vec<EventBody> {
+        let Some((name, input)) = tool_of(str_of(item, "type"), item) else {
+            return Vec::new();
+        };
+        if !self.in_turn() || id.is_empty() || !self.tool_items.insert(id.to_owned()) {
+            return Vec::new();
+        }
+        let mut out = call_bracket(id, name, input);
+        out.push(EventBody::ToolExecStart(ToolExecStart {
+            call_id: id.to_owned(),
+            name: None,
+        }));
+        out.push(EventBody::ToolExecEnd(tool_result(id, item)));
+        out
+    }
+
+    /// One line of the thread's rollout file, fed by the driver at the end of a turn (the
+    /// lines written since the thread opened or the last turn ended). A shell or patch call
+    /// of this turn whose output is recorded but that no item announced becomes the
+    /// `tool.call.*` + `tool.exec.*` bracket a command item gets. Everything else in the
+    /// rollout is already in the stream, and skipped.
+    pub fn on_rollout_line(&mut self, line: &str) -> Vec<EventBody> {
+        if !self.in_turn() {
+            return Vec::new();
+        }
+        let Ok(entry) = serde_json::from_str::<Value>(line) else {
+            self.skipped += 1;
+            return Vec::new();
+        };
+        if entry.get("type").and_then(Value::as_str) != Some("response_item") {
+            return Vec::new();
+        }
+        let item = entry.get("payload").unwrap_or(&Value::Null);
+        let turn = item
+            .pointer("/internal_chat_message_metadata_passthrough/turn_id")
+            .and_then(Value::as_str);
+        if turn.is_some_and(|t| Some(t) != self.turn_id.as_deref()) {
+            return Vec::new();
+        }
+        let call_id = str_of(item, "call_id").to_owned();
+        if call_id.is_empty() || self.tool_items.contains(&call_id) {
+            return Vec::new();
+        }
+        match str_of(item, "type") {
+            "function_call" | "custom_tool_call" | "local_shell_call" => {
+                if let Some(call) = rollout_call(item, self.cwd.as_deref()) {
+                    self.rollout_calls.insert(call_id, call);
+                }
+                Vec::new()
+            }
+            "function_call_output" | "custom_tool_call_output" => {
+                let Some((name, input)) = self.rollout_calls.remove(&call_id) else {
+                    return Vec::new();
+                };
+                self.tool_items.insert(call_id.clone());
+                let (output, exit_code) = call_output(item.get("output").unwrap_or(&Value::Null));
+                let mut out = call_bracket(&call_id, name, input);
+                out.push(EventBody::ToolExecStart(ToolExecStart {
+                    call_id: call_id.clone(),
+                    name: None,
+                }));
                 out.push(EventBody::ToolExecEnd(ToolExecEnd {
                     truncated: None,
-                    call_id: id,
+                    call_id,
                     output,
-                    is_error: status != "completed" || exit_code.is_some_and(|c| c != 0),
+                    // Only a call that went wrong has no item; a parsed exit code 0 says
+                    // otherwise.
+                    is_error: exit_code != Some(0),
                     exit_code,
                 }));
                 out
             }
+            _ => Vec::new(),
         }
     }
 
@@ -497,6 +680,8 @@ impl Translator {
         let mut out = self.close_open();
         self.pending.clear();
         self.turn_id = None;
+        self.tool_items.clear();
+        self.rollout_calls.clear();
         if let Some(usage) = self.usage.take() {
             out.push(EventBody::Usage(usage));
         }
@@ -513,11 +698,12 @@ impl Translator {
             },
             _ => {
                 let error = turn.get("error").unwrap_or(&Value::Null);
-                let category = category_of(error.get("codexErrorInfo"));
                 let message = match str_of(error, "message") {
                     "" => format!("the turn ended {}", str_of(turn, "status")),
                     m => m.to_owned(),
                 };
+                let category =
+                    super::categories::refine(category_of(error.get("codexErrorInfo")), &message);
                 RunEnd {
                     state: RunState::Failed,
                     category: Some(category),
@@ -560,27 +746,49 @@ impl Translator {
         out
     }
 
-    /// The process ended. Mid-turn that is a failed run.
+    /// The process ended. `in_turn`: a `turn/start` went out and no `turn/completed` ended
+    /// it — a failed run whose outcome is unknown (`result_delivery_unknown`).
     pub fn on_exit(&mut self, in_turn: bool, status: &str) -> Vec<EventBody> {
         let mut out = self.close_open();
         self.turn_id = None;
         if in_turn {
-            let message = format!("the agent process exited mid-turn ({status})");
-            out.push(EventBody::Error(ErrorNotice {
-                category: ErrorCategory::AgentFailed,
-                message: message.clone(),
-            }));
-            out.push(EventBody::RunEnd(RunEnd {
-                state: RunState::Failed,
-                category: Some(ErrorCategory::AgentFailed),
-                message: Some(message),
-            }));
+            out.extend(
+                AdapterError::result_unknown(format!(
+                    "the agent process exited mid-turn ({status})"
+                ))
+                .run_failed(),
+            );
         }
         out
     }
 }
 
-/// A tool item's canonical name and input.
+/// `tool.call.start` + `tool.call.end` of a call whose input is known whole.
+fn call_bracket(id: &str, name: String, input: Value) -> Vec<EventBody> {
+    vec![
+        EventBody::ToolCallStart(ToolCallStart {
+            call_id: id.to_owned(),
+            name: name.clone(),
+        }),
+        EventBody::ToolCallEnd(ToolCallEnd {
+            truncated: None,
+            call_id: id.to_owned(),
+            name,
+            input,
+        }),
+    ]
+}
+
+/// `namespace.name`, or the name alone.
+fn qualified(namespace: &str, name: &str) -> String {
+    if namespace.is_empty() {
+        name.to_owned()
+    } else {
+        format!("{namespace}.{name}")
+    }
+}
+
+/// A tool item's canonical name and input; `None` for items that are no tool call.
 fn tool_of(kind: &str, item: &Value) -> Option<(String, Value)> {
     Some(match kind {
         "commandExecution" => (
@@ -595,48 +803,233 @@ fn tool_of(kind: &str, item: &Value) -> Option<(String, Value)> {
             format!("{}.{}", str_of(item, "server"), str_of(item, "tool")),
             item.get("arguments").cloned().unwrap_or(Value::Null),
         ),
-        "webSearch" => ("web_search".to_owned(), json!({"query": item.get("query")})),
+        "dynamicToolCall" => (
+            qualified(str_of(item, "namespace"), str_of(item, "tool")),
+            item.get("arguments").cloned().unwrap_or(Value::Null),
+        ),
+        "collabAgentToolCall" => (
+            format!("agent.{}", str_of(item, "tool")),
+            json!({"prompt": item.get("prompt"), "model": item.get("model"),
+                   "receiverThreadIds": item.get("receiverThreadIds")}),
+        ),
+        "webSearch" => (
+            "web_search".to_owned(),
+            json!({"query": item.get("query"), "action": item.get("action")}),
+        ),
+        "imageView" => ("view_image".to_owned(), json!({"path": item.get("path")})),
+        "imageGeneration" => (
+            "image_generation".to_owned(),
+            json!({"revisedPrompt": item.get("revisedPrompt")}),
+        ),
+        "sleep" => (
+            "sleep".to_owned(),
+            json!({"durationMs": item.get("durationMs")}),
+        ),
+        // The output of a call no other item type covers (it has no started form).
+        "functionCallOutput" => (
+            qualified(str_of(item, "namespace"), str_of(item, "name")),
+            Value::Null,
+        ),
         _ => return None,
     })
 }
 
-/// A completed tool item's output and exit code.
-fn tool_result(item: &Value) -> (String, Option<i64>) {
-    match str_of(item, "type") {
-        "commandExecution" => (
-            str_of(item, "aggregatedOutput").to_owned(),
-            item.get("exitCode").and_then(Value::as_i64),
-        ),
+/// The text of content items (`[{type: "text" | "inputText" | "input_text", text}]`); other
+/// JSON as JSON.
+fn text_of(content: &Value) -> String {
+    match content {
+        Value::Null => String::new(),
+        Value::String(s) => s.clone(),
+        Value::Array(parts) if parts.iter().all(|p| p.get("text").is_some()) => parts
+            .iter()
+            .filter_map(|p| p.get("text").and_then(Value::as_str))
+            .collect::<Vec<_>>()
+            .join(""),
+        other => other.to_string(),
+    }
+}
+
+/// A completed tool item's `tool.exec.end`: its output, exit code, and whether it failed.
+fn tool_result(id: &str, item: &Value) -> ToolExecEnd {
+    let status = str_of(item, "status");
+    let not_completed = status != "completed";
+    let (output, exit_code, is_error) = match str_of(item, "type") {
+        "commandExecution" => {
+            let exit_code = item.get("exitCode").and_then(Value::as_i64);
+            (
+                str_of(item, "aggregatedOutput").to_owned(),
+                exit_code,
+                not_completed || exit_code.is_some_and(|c| c != 0),
+            )
+        }
         "fileChange" => {
             let changes = item
                 .get("changes")
                 .and_then(Value::as_array)
                 .map(|c| {
                     c.iter()
-                        .map(|c| format!("{} {}", str_of(c, "kind"), str_of(c, "path")))
+                        .map(|c| {
+                            let kind = c.pointer("/kind/type").and_then(Value::as_str);
+                            format!("{} {}", kind.unwrap_or_default(), str_of(c, "path"))
+                        })
                         .collect::<Vec<_>>()
                         .join("\n")
                 })
                 .unwrap_or_default();
-            (changes, None)
+            (changes, None, not_completed)
         }
-        "mcpToolCall" => {
-            let result = item
-                .get("error")
-                .filter(|e| !e.is_null())
-                .or_else(|| item.get("result"))
-                .cloned()
-                .unwrap_or(Value::Null);
-            (
-                match result {
-                    Value::String(s) => s,
-                    other => other.to_string(),
-                },
+        "mcpToolCall" => match item.get("error").filter(|e| !e.is_null()) {
+            Some(error) => (
+                error
+                    .get("message")
+                    .and_then(Value::as_str)
+                    .map_or_else(|| error.to_string(), str::to_owned),
                 None,
+                true,
+            ),
+            None => (
+                text_of(item.pointer("/result/content").unwrap_or(&Value::Null)),
+                None,
+                not_completed,
+            ),
+        },
+        "dynamicToolCall" => (
+            text_of(item.get("contentItems").unwrap_or(&Value::Null)),
+            None,
+            not_completed || item.get("success").and_then(Value::as_bool) == Some(false),
+        ),
+        "collabAgentToolCall" => (
+            item.get("agentsStates")
+                .map(Value::to_string)
+                .unwrap_or_default(),
+            None,
+            not_completed,
+        ),
+        "imageView" => (str_of(item, "path").to_owned(), None, false),
+        "imageGeneration" => {
+            let failure = item.get("failure").filter(|f| !f.is_null());
+            (
+                failure.map_or_else(|| str_of(item, "savedPath").to_owned(), Value::to_string),
+                None,
+                failure.is_some() || status == "failed",
             )
         }
-        _ => (str_of(item, "query").to_owned(), None),
+        "functionCallOutput" => {
+            let (output, exit_code) = call_output(item.get("output").unwrap_or(&Value::Null));
+            (output, exit_code, exit_code.is_some_and(|c| c != 0))
+        }
+        "sleep" => (String::new(), None, false),
+        // webSearch: no status; what was searched or opened.
+        _ => {
+            let what = match str_of(item, "query") {
+                "" => item.get("action").map(Value::to_string).unwrap_or_default(),
+                query => query.to_owned(),
+            };
+            (what, None, false)
+        }
+    };
+    ToolExecEnd {
+        truncated: None,
+        call_id: id.to_owned(),
+        output,
+        is_error,
+        exit_code,
     }
+}
+
+/// The shell tools Codex offers models (`exec_command` with unified exec, `shell`,
+/// `shell_command`, `container.exec`, `local_shell`).
+const SHELL_TOOLS: &[&str] = &[
+    "exec_command",
+    "shell",
+    "shell_command",
+    "container.exec",
+    "local_shell",
+];
+
+/// A rollout `function_call` / `custom_tool_call` / `local_shell_call` of a shell or patch
+/// tool as (name, input), in the shapes the items give: `shell` `{command, cwd}`,
+/// `apply_patch` `{patch}`. Other tools are not bracketed from the rollout.
+fn rollout_call(item: &Value, cwd: Option<&str>) -> Option<(String, Value)> {
+    let name = str_of(item, "name");
+    let args = match item.get("arguments") {
+        Some(Value::String(text)) => serde_json::from_str(text).unwrap_or(Value::Null),
+        Some(other) => other.clone(),
+        None => Value::Null,
+    };
+    let words = |v: &Value| -> Option<String> {
+        match v {
+            Value::String(s) => Some(s.clone()),
+            Value::Array(parts) => Some(
+                parts
+                    .iter()
+                    .filter_map(Value::as_str)
+                    .collect::<Vec<_>>()
+                    .join(" "),
+            ),
+            _ => None,
+        }
+    };
+    let shell = |command: Option<String>, dir: Option<&Value>| {
+        let dir = dir
+            .and_then(Value::as_str)
+            .map(str::to_owned)
+            .or_else(|| cwd.map(str::to_owned));
+        Some((
+            "shell".to_owned(),
+            json!({"command": command.unwrap_or_default(), "cwd": dir}),
+        ))
+    };
+    match str_of(item, "type") {
+        "local_shell_call" => {
+            let action = item.get("action").unwrap_or(&Value::Null);
+            shell(
+                action.get("command").and_then(words),
+                action.get("working_directory"),
+            )
+        }
+        "custom_tool_call" if name == "apply_patch" => Some((
+            "apply_patch".to_owned(),
+            json!({"patch": item.get("input")}),
+        )),
+        "function_call" if name == "apply_patch" => Some((
+            "apply_patch".to_owned(),
+            json!({"patch": args.get("input")}),
+        )),
+        "function_call" if SHELL_TOOLS.contains(&name) => {
+            let command = ["cmd", "command"]
+                .iter()
+                .find_map(|k| args.get(*k).and_then(words));
+            shell(command, args.get("workdir"))
+        }
+        _ => None,
+    }
+}
+
+/// A function call's recorded output (a string, or content items) as (output, exit code).
+/// Shell outputs carry a header — `Process exited with code N` (unified exec) or
+/// `Exit code: N` — ended by an `Output:` line; older ones are JSON
+/// `{output, metadata: {exit_code}}`.
+fn call_output(output: &Value) -> (String, Option<i64>) {
+    let text = text_of(output);
+    if let Ok(Value::Object(o)) = serde_json::from_str::<Value>(&text)
+        && let Some(body) = o.get("output").and_then(Value::as_str)
+    {
+        let code = o.get("metadata").and_then(|m| m.get("exit_code"));
+        return (body.to_owned(), code.and_then(Value::as_i64));
+    }
+    let Some((header, body)) = text
+        .split_once("\nOutput:\n")
+        .or_else(|| text.strip_prefix("Output:\n").map(|b| ("", b)))
+    else {
+        return (text, None);
+    };
+    let exit_code = header.lines().find_map(|l| {
+        l.strip_prefix("Process exited with code ")
+            .or_else(|| l.strip_prefix("Exit code: "))
+            .and_then(|c| c.trim().parse::<i64>().ok())
+    });
+    (body.to_owned(), exit_code)
 }
 
 /// The shared category of a `codexErrorInfo`.
@@ -646,7 +1039,18 @@ fn category_of(info: Option<&Value>) -> ErrorCategory {
         Some(Value::Object(o)) => o.keys().next().map_or("", String::as_str),
         _ => "",
     };
+    // A failed HTTP response names its status (`{"responseTooManyFailedAttempts":
+    // {"httpStatusCode": 429}}` and the like).
+    if let Some(Value::Object(o)) = info
+        && let Some(category) = o
+            .values()
+            .find_map(|v| v.get("httpStatusCode").and_then(Value::as_u64))
+            .and_then(super::categories::from_http_status)
+    {
+        return category;
+    }
     match name {
+        "responseStreamDisconnected" | "ResponseStreamDisconnected" => ErrorCategory::TransportLost,
         "contextWindowExceeded" | "ContextWindowExceeded" => ErrorCategory::ContextExhausted,
         "usageLimitExceeded" | "UsageLimitExceeded" => ErrorCategory::RateLimited,
         "unauthorized" | "Unauthorized" => ErrorCategory::AuthRequired,
@@ -659,13 +1063,397 @@ mod tests {
     use super::*;
 
     /// Every recorded transcript in `fixtures/codex/*.jsonl` (the app-server's stdout lines,
-    /// with the answers to the host's requests) beside its expected events (`*.events.json`).
+    /// with the answers to the host's requests, and — just before a `turn/completed` — the
+    /// rollout lines the driver feeds then) beside its expected events (`*.events.json`).
     /// `AGENT_HOST_BLESS=1` rewrites the expectations for review.
     #[test]
     fn fixtures_translate_to_their_expected_events() {
-        let checked =
-            super::super::fixtures::check_all("codex", Translator::new, |t, l| t.on_line(l));
-        assert!(checked >= 6, "only {checked} fixtures");
+        let checked = super::super::fixtures::check_all("codex", Translator::new, feed);
+        assert!(checked >= 8, "only {checked} fixtures");
+    }
+
+    /// A fixture line to the translator: rollout lines (`{timestamp, type, payload}`) as the
+    /// driver feeds them, the rest as app-server stdout.
+    fn feed(t: &mut Translator, line: &str) -> Vec<EventBody> {
+        let rollout = serde_json::from_str::<Value>(line)
+            .is_ok_and(|v| v.get("payload").is_some() && v.get("timestamp").is_some());
+        if rollout {
+            t.on_rollout_line(line)
+        } else {
+            t.on_line(line)
+        }
+    }
+
+    fn fixture_events(name: &str) -> Vec<EventBody> {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("fixtures/codex")
+            .join(name);
+        let text = std::fs::read_to_string(path).unwrap();
+        let mut t = Translator::new();
+        text.lines().flat_map(|l| feed(&mut t, l)).collect()
+    }
+
+    fn exec_end(events: &[EventBody]) -> Vec<&ToolExecEnd> {
+        events
+            .iter()
+            .filter_map(|e| match e {
+                EventBody::ToolExecEnd(end) => Some(end),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Recorded from the real app-server (0.171.0, workspace-write, on-request): the model
+    /// runs `echo hi > /agent-host-probe`; the sandbox denies it as it starts, so no item ever
+    /// names it, and the model's next message quotes the failure. The rollout lines fed at
+    /// the turn's end bracket it like any command: a failed `shell` with exit code 1 and its
+    /// output, before the run ends.
+    #[test]
+    fn a_command_the_sandbox_denies_at_start_is_a_failed_tool_call() {
+        let events = fixture_events("sandbox-denied.jsonl");
+        let tool: Vec<&str> = kinds(&events)
+            .into_iter()
+            .filter(|k| k.starts_with("tool."))
+            .collect();
+        assert_eq!(
+            tool,
+            [
+                "tool.call.start",
+                "tool.call.end",
+                "tool.exec.start",
+                "tool.exec.end"
+            ]
+        );
+        let call = events
+            .iter()
+            .find_map(|e| match e {
+                EventBody::ToolCallEnd(c) => Some(c),
+                _ => None,
+            })
+            .unwrap();
+        assert_eq!(call.name, "shell");
+        assert_eq!(call.input["command"], "echo hi > /agent-host-probe");
+        assert_eq!(call.input["cwd"], "/WORK");
+        let end = exec_end(&events)[0];
+        assert_eq!(end.call_id, call.call_id);
+        assert!(end.is_error);
+        assert_eq!(end.exit_code, Some(1));
+        assert_eq!(
+            end.output,
+            "/bin/bash: line 1: /agent-host-probe: Read-only file system\n"
+        );
+        // The bracket comes before the run's end.
+        let at = |k: &str| kinds(&events).iter().position(|x| *x == k).unwrap();
+        assert!(at("tool.exec.end") < at("run.end"));
+    }
+
+    /// Recorded likewise: `apply_patch` (through the shell) of a file that does not exist
+    /// fails verification, which no item reports either.
+    #[test]
+    fn a_patch_that_fails_verification_is_a_failed_tool_call() {
+        let events = fixture_events("patch-verification-failed.jsonl");
+        let ends = exec_end(&events);
+        assert_eq!(ends.len(), 1, "{:?}", kinds(&events));
+        assert!(ends[0].is_error);
+        assert!(
+            ends[0]
+                .output
+                .starts_with("apply_patch verification failed"),
+            "{}",
+            ends[0].output
+        );
+    }
+
+    fn turn(t: &mut Translator) {
+        t.on_result(&json!({"thread": {"id": "th", "cwd": "/w", "path": "/r.jsonl"}}));
+        note(
+            t,
+            "turn/started",
+            json!({"threadId": "th", "turn": {"id": "tu"}}),
+        );
+    }
+
+    fn rollout(t: &mut Translator, payload: Value) -> Vec<EventBody> {
+        let line = json!({"timestamp": "2026-12-01T00:00:00Z", "type": "response_item",
+                          "payload": payload});
+        t.on_rollout_line(&line.to_string())
+    }
+
+    #[test]
+    fn rollout_calls_with_an_item_or_of_another_turn_are_not_bracketed_twice() {
+        let mut t = Translator::new();
+        turn(&mut t);
+        assert_eq!(t.rollout_path(), Some(Path::new("/r.jsonl")));
+        note(
+            &mut t,
+            "item/started",
+            json!({"threadId": "th", "item": {"type": "commandExecution", "id": "c1",
+                   "command": "ls", "cwd": "/w"}}),
+        );
+        note(
+            &mut t,
+            "item/completed",
+            json!({"threadId": "th", "item": {"type": "commandExecution", "id": "c1",
+                   "status": "completed", "exitCode": 0, "aggregatedOutput": "a\n"}}),
+        );
+        let call = |id: &str, turn: &str| {
+            json!({"type": "function_call", "name": "exec_command", "call_id": id,
+                   "arguments": "{\"cmd\":\"ls\",\"workdir\":\"/w/sub\"}",
+                   "internal_chat_message_metadata_passthrough": {"turn_id": turn}})
+        };
+        let output = |id: &str| {
+            json!({"type": "function_call_output", "call_id": id,
+                   "output": "Exit code: 0\nWall time: 0 seconds\nOutput:\nok\n"})
+        };
+        // Seen as an item already.
+        assert!(rollout(&mut t, call("c1", "tu")).is_empty());
+        assert!(rollout(&mut t, output("c1")).is_empty());
+        // Another turn's.
+        assert!(rollout(&mut t, call("c2", "old")).is_empty());
+        assert!(rollout(&mut t, output("c2")).is_empty());
+        // Not a shell or patch tool.
+        let plan = json!({"type": "function_call", "name": "update_plan", "call_id": "c3",
+                          "arguments": "{}"});
+        assert!(rollout(&mut t, plan).is_empty());
+        assert!(rollout(&mut t, output("c3")).is_empty());
+        // This turn's, with no item: bracketed once, exit code 0 is no error.
+        assert!(rollout(&mut t, call("c4", "tu")).is_empty());
+        let events = rollout(&mut t, output("c4"));
+        assert_eq!(
+            kinds(&events),
+            [
+                "tool.call.start",
+                "tool.call.end",
+                "tool.exec.start",
+                "tool.exec.end"
+            ]
+        );
+        match &events[1] {
+            EventBody::ToolCallEnd(c) => {
+                assert_eq!(c.input, json!({"command": "ls", "cwd": "/w/sub"}));
+            }
+            other => panic!("{other:?}"),
+        }
+        let end = exec_end(&events)[0];
+        assert_eq!((end.is_error, end.exit_code), (false, Some(0)));
+        assert_eq!(end.output, "ok\n");
+        assert!(rollout(&mut t, output("c4")).is_empty());
+        // Garbage is counted; no turn, nothing.
+        let skipped = t.skipped();
+        assert!(t.on_rollout_line("{not json").is_empty());
+        assert_eq!(t.skipped(), skipped + 1);
+        note(
+            &mut t,
+            "turn/completed",
+            json!({"threadId": "th", "turn": {"id": "tu", "status": "completed"}}),
+        );
+        assert!(rollout(&mut t, call("c5", "tu")).is_empty());
+        assert!(rollout(&mut t, output("c5")).is_empty());
+    }
+
+    /// Every tool item type of the 0.171.0 schema becomes a tool bracket with the right error
+    /// flag, also when it only completes; items that are no tool call stay skipped.
+    #[test]
+    fn every_tool_item_is_a_tool_call() {
+        let cases = [
+            (
+                json!({"type": "webSearch", "id": "w", "query": "rust"}),
+                "web_search",
+                false,
+                "rust",
+            ),
+            (
+                json!({"type": "fileChange", "id": "f", "status": "failed",
+                       "changes": [{"path": "/w/a", "kind": {"type": "add"}, "diff": "x"}]}),
+                "apply_patch",
+                true,
+                "add /w/a",
+            ),
+            (
+                json!({"type": "mcpToolCall", "id": "m", "server": "s", "tool": "t",
+                       "status": "failed", "arguments": {}, "error": {"message": "boom"}}),
+                "s.t",
+                true,
+                "boom",
+            ),
+            (
+                json!({"type": "mcpToolCall", "id": "m2", "server": "s", "tool": "t",
+                       "status": "completed", "arguments": {},
+                       "result": {"content": [{"type": "text", "text": "fine"}]}}),
+                "s.t",
+                false,
+                "fine",
+            ),
+            (
+                json!({"type": "dynamicToolCall", "id": "d", "tool": "t", "namespace": "ns",
+                       "status": "completed", "success": false, "arguments": {},
+                       "contentItems": [{"type": "inputText", "text": "no"}]}),
+                "ns.t",
+                true,
+                "no",
+            ),
+            (
+                json!({"type": "collabAgentToolCall", "id": "a", "tool": "spawnAgent",
+                       "status": "completed", "senderThreadId": "th", "receiverThreadIds": [],
+                       "agentsStates": {}}),
+                "agent.spawnAgent",
+                false,
+                "{}",
+            ),
+            (
+                json!({"type": "imageView", "id": "i", "path": "/w/p.png"}),
+                "view_image",
+                false,
+                "/w/p.png",
+            ),
+            (
+                json!({"type": "imageGeneration", "id": "g", "status": "failed"}),
+                "image_generation",
+                true,
+                "",
+            ),
+            (
+                json!({"type": "sleep", "id": "z", "durationMs": 5}),
+                "sleep",
+                false,
+                "",
+            ),
+            (
+                json!({"type": "functionCallOutput", "id": "o", "name": "exec",
+                       "output": "Process exited with code 2\nOutput:\nbad"}),
+                "exec",
+                true,
+                "bad",
+            ),
+        ];
+        for (started, (item, name, is_error, output)) in [true, false]
+            .into_iter()
+            .flat_map(|s| cases.iter().map(move |c| (s, c)))
+        {
+            let mut t = Translator::new();
+            turn(&mut t);
+            let mut events = Vec::new();
+            if started {
+                events.extend(note(
+                    &mut t,
+                    "item/started",
+                    json!({"threadId": "th", "item": item}),
+                ));
+            }
+            events.extend(note(
+                &mut t,
+                "item/completed",
+                json!({"threadId": "th", "item": item}),
+            ));
+            assert_eq!(
+                kinds(&events),
+                [
+                    "tool.call.start",
+                    "tool.call.end",
+                    "tool.exec.start",
+                    "tool.exec.end"
+                ],
+                "{item}"
+            );
+            match &events[1] {
+                EventBody::ToolCallEnd(c) => assert_eq!(c.name, *name, "{item}"),
+                other => panic!("{other:?}"),
+            }
+            let end = exec_end(&events)[0];
+            assert_eq!(
+                (end.is_error, end.output.as_str()),
+                (*is_error, *output),
+                "{item}"
+            );
+            // Completed again (a straggler): nothing new.
+            if !started {
+                let again = note(
+                    &mut t,
+                    "item/completed",
+                    json!({"threadId": "th", "item": item}),
+                );
+                assert!(again.is_empty(), "{item}");
+            }
+        }
+        for other in [
+            "plan",
+            "contextCompaction",
+            "subAgentActivity",
+            "hookPrompt",
+        ] {
+            let mut t = Translator::new();
+            turn(&mut t);
+            let item = json!({"threadId": "th", "item": {"type": other, "id": "x"}});
+            assert!(note(&mut t, "item/started", item.clone()).is_empty());
+            assert!(note(&mut t, "item/completed", item).is_empty());
+        }
+    }
+
+    #[test]
+    fn resume_and_fork_name_the_sessions_cwd() {
+        for params in [
+            thread_resume_params("th", "/w"),
+            thread_fork_params("th", "/w"),
+        ] {
+            assert_eq!(params["threadId"], "th");
+            assert_eq!(params["cwd"], "/w");
+            assert_eq!(params["approvalPolicy"], "on-request");
+            assert_eq!(params["sandbox"], "workspace-write");
+        }
+    }
+
+    /// A real rollout (0.171.0, the sandbox-denied run's, sanitized: its cwd is `/WORK`), one
+    /// in another cwd, a URI cwd, garbage, a first line that is no `session_meta`, a meta line
+    /// that does not end within the limit, and no file.
+    #[test]
+    fn a_rollouts_cwd_is_its_session_meta_cwd() {
+        let dir = tempfile::tempdir().unwrap();
+        let write = |name: &str, text: &str| {
+            let path = dir.path().join(name);
+            std::fs::write(&path, text).unwrap();
+            path
+        };
+        let real = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("fixtures/codex/rollouts/sandbox-denied.rollout.jsonl");
+        assert_eq!(rollout_cwd(&real), Some(PathBuf::from("/WORK")));
+        let meta = |cwd: &str| {
+            format!(
+                "{}\n{}\n",
+                json!({"timestamp": "t", "ordinal": 0, "type": "session_meta",
+                       "payload": {"id": "th", "cwd": cwd,
+                                   "base_instructions": {"text": "x".repeat(30_000)}}}),
+                json!({"type": "event_msg", "payload": {"type": "task_started"}})
+            )
+        };
+        let good = write("good.jsonl", &meta("/home/u/proj"));
+        assert_eq!(rollout_cwd(&good), Some(PathBuf::from("/home/u/proj")));
+        let other = write("other.jsonl", &meta("/home/u/elsewhere"));
+        assert_eq!(
+            rollout_cwd(&other),
+            Some(PathBuf::from("/home/u/elsewhere"))
+        );
+        let uri = write("uri.jsonl", &meta("file:///home/u/my%20proj"));
+        assert_eq!(rollout_cwd(&uri), Some(PathBuf::from("/home/u/my proj")));
+        for garbage in [
+            "",
+            "\u{0}\u{1}binary",
+            "{\"type\":\"session_meta\",\"payload\":",
+            "{\"type\":\"session_meta\",\"payload\":{\"cwd\":7}}\n",
+            "{\"type\":\"session_meta\",\"payload\":{\"cwd\":\"\"}}\n",
+            "{\"type\":\"session_meta\",\"payload\":\"x\"}\n",
+            "[1,2]\n",
+            "{\"type\":\"event_msg\",\"payload\":{\"cwd\":\"/w\"}}\n",
+        ] {
+            let path = write("garbage.jsonl", garbage);
+            assert_eq!(rollout_cwd(&path), None, "{garbage:?}");
+        }
+        let endless = format!(
+            "{{\"type\":\"session_meta\",\"payload\":{{\"junk\":\"{}\",\"cwd\":\"/w\"}}}}\n",
+            "y".repeat(usize::try_from(ROLLOUT_META_LIMIT).unwrap())
+        );
+        assert_eq!(rollout_cwd(&write("endless.jsonl", &endless)), None);
+        assert_eq!(rollout_cwd(&dir.path().join("missing.jsonl")), None);
+        assert_eq!(rollout_cwd(dir.path()), None);
     }
 
     fn kinds(events: &[EventBody]) -> Vec<&'static str> {

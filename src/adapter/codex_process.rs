@@ -10,12 +10,29 @@
 //! taking what the app-server sends (buffered, then handled in order), so a full queue can
 //! never stall the answer it waits for.
 //!
+//! `thread/resume` and `thread/fork` pass the session's cwd (and the approval policy and
+//! sandbox `thread/start` sets): a thread runs where its session does, whatever it recorded.
+//!
+//! Some tool calls never become items (a command the sandbox denies as it starts, a patch
+//! that fails verification): only the rollout records them. The driver keeps reading the
+//! thread's rollout file where it left off, at each `turn/completed` of the thread and before
+//! translating it (Codex flushes the rollout before it ends a turn), and feeds the new lines
+//! to the translator, which brackets those calls as tools (`codex.rs`). A read is bounded
+//! ([`ROLLOUT_READ_LIMIT`]); a rollout that cannot be read costs only those brackets.
+//!
+//! A turn the app-server does not end follows `session::agent`'s rule: a `turn/start` that was
+//! never written (`NotSent`), or a prompt still queued when the process went, ends the run
+//! `transport_lost` "not sent" at once; a `turn/start` written (answered or not) whose
+//! `turn/completed` never came ends it `result_delivery_unknown` — at the exit, or at once
+//! when `turn/start` goes unanswered for [`CALL_TIMEOUT`].
+//!
 //! Opening failures are reported on the first prompt: a thread Codex cannot find
 //! (`no rollout found`, `thread not found`) ends that run `resume_rejected` (the session then
 //! starts a fresh thread, visibly); a thread another process writes (`active writer`) is
 //! forked instead (design §8: never fight for the lock), with a `warning`.
 
 use std::collections::HashMap;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use serde_json::{Value, json};
@@ -31,6 +48,8 @@ use crate::protocol::events::{ErrorCategory, EventBody, Notice};
 const OPEN_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long `turn/start` and `turn/interrupt` may take to be answered.
 const CALL_TIMEOUT: Duration = Duration::from_secs(30);
+/// The most of the rollout one turn's end reads; the rest waits for the next turn's end.
+const ROLLOUT_READ_LIMIT: u64 = 16 << 20;
 
 /// Start `codex app-server`. Must run on a runtime worker thread (the parent-death signal is
 /// tied to the thread that spawns).
@@ -43,13 +62,15 @@ pub fn open(spec: OpenSpec) -> Result<AgentSession, AdapterError> {
         translator: Translator::new(),
         approvals: HashMap::new(),
         interrupt_pending: false,
+        prompt_sent: false,
         open_error: None,
+        cwd: spec.cwd.display().to_string(),
+        rollout: None,
     };
     let pid = started.session.pid();
-    let cwd = spec.cwd.display().to_string();
     let span = tracing::info_span!("agent", session_id = %spec.host_session_id, pid);
     tokio::spawn(tracing::Instrument::instrument(
-        driver.run(started.child, started.inputs, spec.native, cwd),
+        driver.run(started.child, started.inputs, spec.native),
         span,
     ));
     Ok(started.session)
@@ -61,6 +82,70 @@ struct OpenError {
     message: String,
 }
 
+/// Where the driver is in the thread's rollout file: what it has fed the translator.
+struct RolloutTail {
+    path: PathBuf,
+    offset: u64,
+    /// The last read stopped inside a line longer than a whole read: the rest of that line
+    /// is skipped.
+    in_long_line: bool,
+}
+
+impl RolloutTail {
+    /// From the file's current end: what the thread recorded before it opened here is the
+    /// stream's past, not this process's turns.
+    async fn at_end(path: PathBuf) -> RolloutTail {
+        let offset = tokio::fs::metadata(&path).await.map_or(0, |m| m.len());
+        RolloutTail {
+            path,
+            offset,
+            in_long_line: false,
+        }
+    }
+
+    /// The complete lines written since the last read (at most [`ROLLOUT_READ_LIMIT`] bytes
+    /// of them). A missing or unreadable file has none.
+    async fn new_lines(&mut self) -> Vec<String> {
+        use tokio::io::{AsyncReadExt, AsyncSeekExt};
+        let Ok(mut file) = tokio::fs::File::open(&self.path).await else {
+            return Vec::new();
+        };
+        let len = file.metadata().await.map_or(0, |m| m.len());
+        if len < self.offset {
+            // Replaced or cut: nothing of it is this turn's.
+            self.offset = len;
+            return Vec::new();
+        }
+        if file
+            .seek(std::io::SeekFrom::Start(self.offset))
+            .await
+            .is_err()
+        {
+            return Vec::new();
+        }
+        let mut buf = Vec::new();
+        if let Err(e) = file.take(ROLLOUT_READ_LIMIT).read_to_end(&mut buf).await {
+            tracing::info!(error = %e, path = %self.path.display(), "reading the rollout failed");
+            return Vec::new();
+        }
+        let Some(last) = buf.iter().rposition(|b| *b == b'\n') else {
+            if buf.len() as u64 == ROLLOUT_READ_LIMIT {
+                self.offset += ROLLOUT_READ_LIMIT;
+                self.in_long_line = true;
+            }
+            return Vec::new();
+        };
+        self.offset += last as u64 + 1;
+        let mut lines = buf[..last].split(|b| *b == b'\n');
+        if std::mem::take(&mut self.in_long_line) {
+            lines.next();
+        }
+        lines
+            .map(|l| String::from_utf8_lossy(l).into_owned())
+            .collect()
+    }
+}
+
 struct Driver {
     io: Io,
     translator: Translator,
@@ -68,7 +153,13 @@ struct Driver {
     approvals: HashMap<String, ServerRequest>,
     /// A cancel came before the turn had an id.
     interrupt_pending: bool,
+    /// The open turn's `turn/start` was written and no `run.end` ended the turn yet (the
+    /// translator is in a turn only from `turn/started` on).
+    prompt_sent: bool,
     open_error: Option<OpenError>,
+    /// The session's cwd, which every `thread/*` request names.
+    cwd: String,
+    rollout: Option<RolloutTail>,
 }
 
 impl Driver {
@@ -77,7 +168,6 @@ impl Driver {
         mut child: Spawned,
         mut inputs: mpsc::Receiver<AgentInput>,
         native: Native,
-        cwd: String,
     ) {
         let mut closing: Option<Closing> = None;
         // A dead app-server whose stdout a child of it still holds never sends EOF: its
@@ -86,7 +176,7 @@ impl Driver {
         tokio::pin!(leader);
         // Opening may take long (a slow or hung app-server): a close is honoured meanwhile,
         // and what else the session sends (its first prompt) waits for the thread.
-        let mut session_gone = match open_or_close(self.open(&native, &cwd), &mut inputs).await {
+        let mut session_gone = match open_or_close(self.open(&native), &mut inputs).await {
             Opening::Opened(opened, early) => {
                 let mut gone = opened.is_err();
                 for input in early {
@@ -138,12 +228,16 @@ impl Driver {
                 }
             }
         }
-        let closing = rpc_driver::closing(&mut inputs, closing, session_gone, stdout_open);
+        let (closing, unsent) =
+            rpc_driver::closing(&mut inputs, closing, session_gone, stdout_open);
         // Unanswered approvals are refused as the process goes; then stdin closes (the
         // app-server exits cleanly on EOF) with the last handle to the client.
         self.approvals.clear();
         let Driver {
-            io, mut translator, ..
+            io,
+            mut translator,
+            mut prompt_sent,
+            ..
         } = self;
         let Io {
             rpc,
@@ -173,6 +267,9 @@ impl Driver {
                 .await
                 .unwrap_or_default();
                 for event in drained {
+                    if matches!(event, EventBody::RunEnd(_)) {
+                        prompt_sent = false;
+                    }
                     if events.send(AgentOutput::Event(event)).await.is_err() {
                         return;
                     }
@@ -183,12 +280,16 @@ impl Driver {
         let status = status.unwrap_or_default();
         let stderr = child.stderr_tail().await;
         let exit = describe_exit(status, &stderr);
-        let in_turn = translator.in_turn();
+        let in_turn = translator.in_turn() || prompt_sent;
         tracing::info!(%status, in_turn, skipped = translator.skipped(), "app-server ended");
         if session_gone {
             return;
         }
-        for event in translator.on_exit(in_turn, &exit) {
+        let mut last = translator.on_exit(in_turn, &exit);
+        if unsent {
+            last.extend(rpc_driver::unsent_prompt(&exit));
+        }
+        for event in last {
             if events.send(AgentOutput::Event(event)).await.is_err() {
                 return;
             }
@@ -196,7 +297,10 @@ impl Driver {
         let _session_gone = events.send(AgentOutput::Exited { status: exit }).await;
     }
 
-    async fn emit(&self, events: Vec<EventBody>) -> Result<(), Gone> {
+    async fn emit(&mut self, events: Vec<EventBody>) -> Result<(), Gone> {
+        if events.iter().any(|e| matches!(e, EventBody::RunEnd(_))) {
+            self.prompt_sent = false;
+        }
         self.io.emit(events).await
     }
 
@@ -218,7 +322,8 @@ impl Driver {
     }
 
     /// Handshake and thread. Failures are kept for the first prompt.
-    async fn open(&mut self, native: &Native, cwd: &str) -> Result<(), Gone> {
+    async fn open(&mut self, native: &Native) -> Result<(), Gone> {
+        let cwd = self.cwd.clone();
         if let Err(e) = self
             .call("initialize", codex::initialize_params(), OPEN_TIMEOUT)
             .await
@@ -234,14 +339,18 @@ impl Driver {
             Native::New(_) => {
                 self.call(
                     "thread/start",
-                    codex::thread_start_params(cwd),
+                    codex::thread_start_params(&cwd),
                     OPEN_TIMEOUT,
                 )
                 .await
             }
             Native::Resume(id) => {
                 let resumed = self
-                    .call("thread/resume", json!({"threadId": id}), OPEN_TIMEOUT)
+                    .call(
+                        "thread/resume",
+                        codex::thread_resume_params(id, &cwd),
+                        OPEN_TIMEOUT,
+                    )
                     .await;
                 match resumed {
                     Err(e) if e.remote_message().is_some_and(codex::is_foreign_writer) => {
@@ -260,6 +369,9 @@ impl Driver {
         match opened {
             Ok(result) => {
                 let events = self.translator.on_result(&result);
+                if let Some(path) = self.translator.rollout_path() {
+                    self.rollout = Some(RolloutTail::at_end(path.to_owned()).await);
+                }
                 self.emit(events).await
             }
             Err(e) => {
@@ -280,9 +392,8 @@ impl Driver {
 
     /// Continue in a fork of the thread; `why`, when the driver decided it, is published.
     async fn fork(&mut self, id: &str, why: Option<String>) -> Result<Value, RpcError> {
-        let forked = self
-            .call("thread/fork", json!({"threadId": id}), OPEN_TIMEOUT)
-            .await?;
+        let params = codex::thread_fork_params(id, &self.cwd);
+        let forked = self.call("thread/fork", params, OPEN_TIMEOUT).await?;
         let new_id = forked
             .pointer("/thread/id")
             .and_then(Value::as_str)
@@ -344,12 +455,30 @@ impl Driver {
             )
             .await;
         match started {
-            Ok(_) => Ok(()),
-            Err(RpcError::NoAnswer { .. } | RpcError::NotSent { .. }) => {
-                // The process is going: its exit ends the run.
+            Ok(_) => {
+                // What came meanwhile waits in the backlog: its `run.end` clears this.
+                self.prompt_sent = true;
                 Ok(())
             }
-            Err(e) => {
+            Err(RpcError::NoAnswer { .. }) => {
+                // Written, and the process is going: its exit ends the run, outcome unknown.
+                self.prompt_sent = true;
+                Ok(())
+            }
+            Err(RpcError::NotSent { .. }) => {
+                let why = "turn/start could not be written: the app-server's stdin is closed";
+                self.emit(AdapterError::prompt_not_sent(why).run_failed())
+                    .await
+            }
+            Err(RpcError::Timeout { after, .. }) => {
+                let why = format!(
+                    "the app-server did not answer turn/start within {} s",
+                    after.as_secs()
+                );
+                self.emit(AdapterError::result_unknown(why).run_failed())
+                    .await
+            }
+            Err(e @ RpcError::Remote { .. }) => {
                 let message = e.detail();
                 self.fail_turn(ErrorCategory::AgentFailed, message).await
             }
@@ -378,9 +507,25 @@ impl Driver {
         }
     }
 
+    /// What the rollout gained, through the translator (tool calls no item announced).
+    async fn feed_rollout(&mut self) -> Result<(), Gone> {
+        let Some(tail) = self.rollout.as_mut() else {
+            return Ok(());
+        };
+        let lines = tail.new_lines().await;
+        let events: Vec<EventBody> = lines
+            .iter()
+            .flat_map(|line| self.translator.on_rollout_line(line))
+            .collect();
+        self.emit(events).await
+    }
+
     async fn on_incoming(&mut self, msg: Incoming) -> Result<(), Gone> {
         match msg {
             Incoming::Notification { method, params } => {
+                if self.translator.ends_turn(&method, &params) {
+                    self.feed_rollout().await?;
+                }
                 let events = self.translator.on_notification(&method, &params);
                 self.emit(events).await?;
                 if method == "turn/started"
@@ -417,5 +562,77 @@ impl Driver {
                 self.emit(events).await
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::rpc_driver::test_support::{
+        ID, all_outputs, fake, file_appears, release, run_ends, until_run_end,
+    };
+    use super::*;
+    use crate::protocol::events::RunState;
+
+    /// A stand-in for `codex app-server`: it answers the handshake and `thread/start`; then, by
+    /// `mode`: `deaf` closes its stdin and waits to be released; `die` records `turn/start`
+    /// and is killed before answering it; `answer-then-die` answers it first (no
+    /// `turn/started`, no `turn/completed`).
+    fn app_server(mode: &str) -> (tempfile::TempDir, OpenSpec) {
+        let body = format!(
+            r#"while read line; do
+  {ID}
+  case "$line" in
+    *'"method":"initialize"'*) printf '{{"id":%s,"result":{{}}}}\n' "$id";;
+    *'"method":"thread/start"'*)
+      printf '{{"id":%s,"result":{{"thread":{{"id":"t1"}}}}}}\n' "$id"
+      if [ "$mode" = deaf ]; then exec 0<&-; : > "$dir/closed"; read x < "$dir/hold"; exit 0; fi;;
+    *'"method":"turn/start"'*)
+      printf '%s' "$line" > "$dir/got"
+      if [ "$mode" = answer-then-die ]; then printf '{{"id":%s,"result":{{"turn":{{"id":"u1"}}}}}}\n' "$id"; fi
+      kill -9 $$;;
+  esac
+done"#
+        );
+        fake(&body, mode)
+    }
+
+    /// `turn/start` written, then the app-server killed before any answer (or after only the
+    /// answer to `turn/start`): the run's outcome is unknown.
+    #[tokio::test]
+    async fn a_turn_start_sent_then_the_app_server_dies_is_result_delivery_unknown() {
+        for mode in ["die", "answer-then-die"] {
+            let (dir, spec) = app_server(mode);
+            let mut session = open(spec).unwrap();
+            session.send("hello there", "run-1").await.unwrap();
+            let outputs = all_outputs(&mut session).await;
+            let ends = run_ends(&outputs);
+            assert_eq!(ends.len(), 1, "{mode}: {outputs:?}");
+            assert_eq!(ends[0].state, RunState::Failed, "{mode}");
+            assert_eq!(
+                ends[0].category,
+                Some(ErrorCategory::ResultDeliveryUnknown),
+                "{mode}: {outputs:?}"
+            );
+            let got = std::fs::read_to_string(dir.path().join("got")).unwrap();
+            assert!(got.contains("hello there"), "{got}");
+        }
+    }
+
+    /// The app-server closed its stdin before the prompt: `turn/start` is never written, so
+    /// the run ends `transport_lost`, "not sent", before the process exits.
+    #[tokio::test]
+    async fn a_turn_start_that_cannot_be_written_is_transport_lost_not_sent() {
+        let (dir, spec) = app_server("deaf");
+        let mut session = open(spec).unwrap();
+        file_appears(dir.path(), "closed").await;
+        session.send("hello", "run-1").await.unwrap();
+        let (_, end) = until_run_end(&mut session).await;
+        assert_eq!(end.state, RunState::Failed);
+        assert_eq!(end.category, Some(ErrorCategory::TransportLost));
+        let message = end.message.unwrap_or_default();
+        assert!(message.contains("not sent"), "{message}");
+        release(dir.path());
+        let rest = all_outputs(&mut session).await;
+        assert!(run_ends(&rest).is_empty(), "a second end: {rest:?}");
     }
 }

@@ -1,152 +1,245 @@
-//! `docs/agents.md`, the conformance table (issue 8), generated and checked by a test so it
-//! cannot drift from the code: for the built-in families from their descriptors; for each ACP
-//! agent from the `initialize` answer in its recorded transcript (`fixtures/acp/*-basic.jsonl`)
-//! read through the same [`acp::AgentCaps`] the driver uses, with what the host does when a
-//! capability is missing. `AGENT_HOST_BLESS=1 cargo test --lib agents_md` rewrites it.
+//! `docs/agents.md`, generated from the conformance suite's results and checked by a test so
+//! it cannot drift: `tests/conformance.rs` runs the same cases over every agent of the registry
+//! with its real CLI and writes `fixtures/conformance/<agent>.json` (what `agent.list` showed of
+//! it, and each case's result); this module turns those files into the page. Nothing in the
+//! page is written by hand but its introduction. `AGENT_HOST_BLESS=1 cargo test --lib
+//! agents_md` rewrites it.
 
 use std::path::Path;
 
 use serde_json::Value;
 
-use super::acp::{self, AgentCaps};
-use super::{Descriptor, FAMILIES, ResumeKind};
+/// The suite's cases in the order the page lists them, with what each proves.
+const CASES: &[(&str, &str)] = &[
+    (
+        "probe_missing_binary",
+        "a missing binary is `binary_unavailable`, naming the path tried",
+    ),
+    (
+        "new_session_emits_id",
+        "the first turn binds the native session id (`session.bound`)",
+    ),
+    (
+        "multi_turn_continuity",
+        "a second turn sees the first (the mock counts the turns it is sent)",
+    ),
+    (
+        "resume_after_process_restart",
+        "after a host restart the conversation goes on in the same native session",
+    ),
+    (
+        "resume_wrong_workspace_rejected",
+        "importing a native session into another workspace is refused",
+    ),
+    (
+        "resume_rejected_fallback",
+        "a native session the agent does not have: a visible warning, then a fresh session",
+    ),
+    (
+        "tool_activity_visible",
+        "a command the agent runs shows as tool events, live and in the history",
+    ),
+    (
+        "permission_roundtrip",
+        "the agent asks, a client answers, the tool runs",
+    ),
+    (
+        "cancel_keeps_session",
+        "a cancelled turn ends `cancelled` and the next turn works",
+    ),
+    (
+        "fork",
+        "a fork continues the conversation without writing the parent's",
+    ),
+    (
+        "result_exactly_once_to_caller",
+        "a retried prompt (same `client_msg_id`) is one run with one result",
+    ),
+    (
+        "rate_limited",
+        "the provider's 429 ends the run `failed`, `rate_limited`; the next turn works",
+    ),
+    (
+        "auth_required",
+        "the provider's 401 ends the run `failed`, `auth_required`; the next turn works",
+    ),
+    (
+        "transport_lost",
+        "a model stream cut mid-reply ends the run `failed`, `transport_lost`",
+    ),
+    (
+        "transport_uncertainty",
+        "the agent killed mid-answer: `result_delivery_unknown`, `session.run` says so by \
+         `client_msg_id`, a resend runs nothing, the next turn works",
+    ),
+    (
+        "close_reaps_process_tree",
+        "deleting a session mid-turn leaves no process of its agent",
+    ),
+    (
+        "stdout_protocol_purity",
+        "lines on the agent's stdout that are not its protocol are skipped, never published",
+    ),
+    (
+        "unknown_event_forward_compatible",
+        "event and notification types this build does not know are skipped; the turn goes on",
+    ),
+    (
+        "redaction",
+        "the agent's credential reaches no file of the host",
+    ),
+];
 
-/// One row: an agent and how each capability is met.
-struct Row {
-    agent: String,
-    version: String,
-    protocol: &'static str,
-    resume: String,
-    fork: String,
-    permissions: &'static str,
-    cancel: &'static str,
-    usage: &'static str,
-    tested: &'static str,
+fn results_dir() -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/conformance")
 }
 
-fn pinned(package: &str) -> String {
-    let text =
-        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("agents/package.json"))
-            .unwrap_or_default();
-    serde_json::from_str::<Value>(&text)
-        .ok()
-        .and_then(|v| v["dependencies"][package].as_str().map(str::to_owned))
-        .unwrap_or_else(|| "?".to_owned())
-}
-
-fn family_row(d: &Descriptor) -> Option<Row> {
-    let (package, tested) = match d.agent_type {
-        "claude" => (
-            "@anthropic-ai/claude-code",
-            "`tests/claude_live.rs`, `claude_host.rs`, `ownership.rs`, `relay.rs`",
-        ),
-        "codex" => ("@openai/codex", "`tests/codex_host.rs`, `ownership.rs`"),
-        _ => return None,
+/// Every agent's results, in the registry's order (as the suite names them).
+fn results() -> Vec<Value> {
+    let mut all: Vec<Value> = std::fs::read_dir(results_dir())
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| e.path().extension().is_some_and(|x| x == "json"))
+        .filter_map(|e| std::fs::read_to_string(e.path()).ok())
+        .filter_map(|t| serde_json::from_str(&t).ok())
+        .collect();
+    let order = |v: &Value| {
+        let agent_type = v["agent_type"].as_str().unwrap_or_default();
+        super::family::FAMILIES
+            .iter()
+            .position(|f| f.descriptor().agent_type == agent_type)
+            .unwrap_or(usize::MAX)
     };
-    let native = |yes: bool| if yes { "native" } else { "absent" };
-    Some(Row {
-        agent: format!("`{}`", d.agent_type),
-        version: pinned(package),
-        protocol: d.protocol,
-        resume: match d.capabilities.resume {
-            ResumeKind::NativeId => {
-                "native (by native id, checked against the file's baseline)".to_owned()
-            }
-            ResumeKind::None => "absent".to_owned(),
-        },
-        fork: native(d.capabilities.fork).to_owned(),
-        permissions: native(d.capabilities.permissions),
-        cancel: native(d.capabilities.cancel),
-        usage: native(d.capabilities.usage),
-        tested,
-    })
+    all.sort_by_key(|v| (order(v), v["agent"].as_str().unwrap_or_default().to_owned()));
+    all
 }
 
-fn acp_row(transcript: &Path, tested: &'static str) -> Option<Row> {
-    let text = std::fs::read_to_string(transcript).ok()?;
-    let init = text.lines().find_map(|l| {
-        let v: Value = serde_json::from_str(l).ok()?;
-        let result = v.pointer("/msg/result")?;
-        result
-            .get("agentCapabilities")
-            .is_some()
-            .then(|| result.clone())
-    })?;
-    let caps = AgentCaps::from_initialize(&init);
-    let usage = text.contains("\"usage\": {") || text.contains("usage_update");
-    Some(Row {
-        agent: format!("`acp`: {}", caps.name.clone().unwrap_or_default()),
-        version: caps.version.clone().unwrap_or_default(),
-        protocol: "Agent Client Protocol v1",
-        resume: resume_of(&caps),
-        fork: if caps.fork {
-            "native (`session/fork`)".to_owned()
-        } else {
-            "degraded: a new session and a `warning` `fork_unsupported`".to_owned()
-        },
-        permissions: "native (the agent's own options)",
-        cancel: "native (`session/cancel`)",
-        usage: if usage { "native" } else { "absent" },
-        tested,
-    })
-}
-
-fn resume_of(caps: &AgentCaps) -> String {
-    match (caps.resume, caps.load) {
-        (true, _) => "native (`session/resume`)".to_owned(),
-        (false, true) => "native (`session/load`; its replay is not republished)".to_owned(),
-        (false, false) => {
-            "degraded: a fresh session and a visible `resume_rejected` warning".to_owned()
+fn resume_of(caps: &Value, declared: &Value) -> String {
+    match caps["resume"].as_str() {
+        Some("native_id") if caps["binding"] == true => {
+            "native (by native id; the file is checked first)".to_owned()
         }
+        Some("native_id") => "native (by native id)".to_owned(),
+        Some("negotiated") => match (declared["resume"] == true, declared["load"] == true) {
+            (true, true) => "native (`session/resume`, else `session/load`)".to_owned(),
+            (true, false) => "native (`session/resume`)".to_owned(),
+            (false, true) => "native (`session/load`; its replay is not republished)".to_owned(),
+            _ => "degraded: a fresh session and a visible `resume_rejected` warning".to_owned(),
+        },
+        _ => "degraded: a fresh session and a `resume_unsupported` warning".to_owned(),
+    }
+}
+
+fn fork_of(caps: &Value, declared: &Value) -> String {
+    match caps["fork"].as_str() {
+        Some("native") => "native".to_owned(),
+        Some("negotiated") if declared["fork"] == true => "native (`session/fork`)".to_owned(),
+        _ => "degraded: a new session and a `fork_unsupported` warning".to_owned(),
+    }
+}
+
+fn yes(v: &Value, what: &str) -> String {
+    if *v == true {
+        format!("native{what}")
+    } else {
+        "absent".to_owned()
     }
 }
 
 /// The whole of `docs/agents.md`.
 pub fn agents_markdown() -> String {
-    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/acp");
-    let mut rows: Vec<Row> = FAMILIES.iter().filter_map(family_row).collect();
-    for (file, tested) in [
-        (
-            "ref-claude-agent-acp-basic.jsonl",
-            "end to end (turns, history, permissions, cancel, resume): `tests/acp.rs`; \
-             transcripts: `fixtures/acp/`",
-        ),
-        (
-            "ref-qwen-basic.jsonl",
-            "end to end (turns, history, permissions; registered by command): `tests/acp.rs`; \
-             transcripts: `fixtures/acp/`",
-        ),
-        ("ref-gemini-basic.jsonl", "transcripts: `fixtures/acp/`"),
-        (
-            "ref-claude-code-acp-basic.jsonl",
-            "transcripts: `fixtures/acp/`",
-        ),
-    ] {
-        rows.extend(acp_row(&fixtures.join(file), tested));
-    }
+    let all = results();
     let mut out = String::from(
         "# Agents: what each one can do through agent-host\n\n\
-         Generated by `cargo test --lib agents_md` from the adapters' descriptors and, for ACP \
-         agents, from the `initialize` answer of each agent's recorded transcript (read by the \
-         same code the driver uses); `AGENT_HOST_BLESS=1` rewrites it. *native*: the agent does \
-         it and the host uses it; *degraded*: the host does the closest honest thing and says so \
-         on the session; *absent*: not available.\n\n\
-         | agent | version | protocol | resume | fork | permissions | cancel | usage | tested |\n\
-         | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n",
+         Generated by `cargo test --lib agents_md` from the results of the conformance suite \
+         (`tests/conformance.rs`), which runs the same cases over every agent below with its \
+         real, pinned CLI through the whole host, offline against the project's mock model. \
+         *native*: the agent does it and the host uses it; *degraded*: the host does the \
+         closest honest thing and says so on the session; *absent*: not available.\n\n\
+         | agent | `agent_type` | version | protocol | process | resume | fork | permissions | cancel | steer |\n\
+         | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n",
     );
-    for r in rows {
+    for r in &all {
+        let listed = &r["agent_list"];
+        let caps = &listed["capabilities"];
+        let declared = &listed["declared"];
+        let registered = if listed["registered"] == true {
+            " (registered in `config.toml`)"
+        } else {
+            ""
+        };
+        let permissions = if caps["permissions"] == true {
+            "native (the agent asks; any client answers)".to_owned()
+        } else {
+            format!(
+                "a declared policy: {}",
+                listed["permission_policy"].as_str().unwrap_or("none")
+            )
+        };
         out.push_str(&format!(
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
-            r.agent,
-            r.version,
-            r.protocol,
-            r.resume,
-            r.fork,
-            r.permissions,
-            r.cancel,
-            r.usage,
-            r.tested
+            "| {} | `{}`{} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
+            r["agent"].as_str().unwrap_or_default(),
+            r["agent_type"].as_str().unwrap_or_default(),
+            registered,
+            r["version"].as_str().unwrap_or_default(),
+            listed["protocol"].as_str().unwrap_or_default(),
+            match caps["process"].as_str() {
+                Some("per_turn") => "one per turn, resumed by id",
+                _ => "one per session",
+            },
+            resume_of(caps, declared),
+            fork_of(caps, declared),
+            permissions,
+            yes(&caps["cancel"], ""),
+            yes(&caps["steer"], ""),
         ));
+    }
+    out.push_str("\n## Conformance\n\nEach case, for each agent: *pass*; *pass (…)* says how; ");
+    out.push_str("*n/a* is a case the agent's declared capabilities, or what its real CLI does, ");
+    out.push_str("rule out, with the reason below. A case that fails fails the test run, so ");
+    out.push_str("none is listed here.\n\n");
+    out.push_str("| case | what it proves |");
+    for r in &all {
+        out.push_str(&format!(" {} |", r["agent"].as_str().unwrap_or_default()));
+    }
+    out.push_str("\n| --- | --- |");
+    for _ in &all {
+        out.push_str(" --- |");
+    }
+    out.push('\n');
+    let mut reasons: Vec<String> = Vec::new();
+    for (case, what) in CASES {
+        out.push_str(&format!("| `{case}` | {what} |"));
+        for r in &all {
+            let result = &r["cases"][case];
+            let cell = match result["result"].as_str() {
+                Some("pass") => match result["how"].as_str() {
+                    Some(how) => format!("pass ({how})"),
+                    None => "pass".to_owned(),
+                },
+                Some("not_applicable") => {
+                    let why = format!(
+                        "`{case}`: {}",
+                        result["because"].as_str().unwrap_or_default()
+                    );
+                    let n = reasons.iter().position(|w| *w == why).unwrap_or_else(|| {
+                        reasons.push(why);
+                        reasons.len() - 1
+                    });
+                    format!("n/a ({})", n + 1)
+                }
+                _ => "not run".to_owned(),
+            };
+            out.push_str(&format!(" {cell} |"));
+        }
+        out.push('\n');
+    }
+    if !reasons.is_empty() {
+        out.push_str("\nNot applicable:\n\n");
+        for (i, why) in reasons.iter().enumerate() {
+            out.push_str(&format!("{}. {why}\n", i + 1));
+        }
     }
     out.push_str(
         "\nAny other ACP agent is read the same way when it starts: `agent.list` probes it with \
@@ -154,9 +247,10 @@ pub fn agents_markdown() -> String {
          ```toml\n[agents.my-agent]\ncommand = [\"my-agent\", \"--acp\"]\nprotocol = \"acp\"   \
          # or \"claude-stream-json\", \"codex-app-server\"\nenv = { MY_AGENT_KEY = \"…\" }\n```\n\n\
          Session files: Claude's and Codex's are located and guarded (`docs/architecture.md`, \
-         \"Ownership\"). ACP defines no file format; for ACP agents the host relies on the \
-         agent's own refusal (an error on `session/load` or `session/resume` is a visible \
-         `resume_rejected`).\n",
+         \"Ownership\"), and a native session is resumed or imported only in the workspace it \
+         belongs to. ACP defines no file format; for ACP agents the host relies on the agent's \
+         own refusal (an error on `session/load` or `session/resume` is a visible \
+         `resume_rejected`). `docs/adding-an-agent.md` says how a family is added.\n",
     );
     out
 }
@@ -177,11 +271,31 @@ mod tests {
             have == want,
             "docs/agents.md is stale: run `AGENT_HOST_BLESS=1 cargo test --lib agents_md`"
         );
-        // Every recorded ACP agent made it into the table, with its version.
-        for name in ["claude-agent-acp", "qwen-code", "gemini-cli"] {
-            assert!(want.contains(name), "{name} missing");
+    }
+
+    #[test]
+    fn every_built_in_family_has_conformance_results() {
+        let all = results();
+        for family in super::super::family::FAMILIES {
+            let agent_type = family.descriptor().agent_type;
+            let found = all.iter().find(|r| r["agent_type"] == agent_type);
+            let Some(found) = found else {
+                panic!("no results in fixtures/conformance for {agent_type}");
+            };
+            // Every case has a result: a pass, or a reason it does not apply.
+            for (case, _) in CASES {
+                let result = found["cases"][case]["result"].as_str();
+                assert!(
+                    matches!(result, Some("pass" | "not_applicable")),
+                    "{agent_type} {case}: {result:?}"
+                );
+            }
+            // What the page says it can do is what the build declares now.
+            let declared = serde_json::to_value(family.descriptor().capabilities).unwrap();
+            assert_eq!(
+                found["agent_list"]["capabilities"], declared,
+                "{agent_type}"
+            );
         }
-        assert!(want.contains("0.49.0") && want.contains("0.61.0"));
-        let _ = acp::PROTOCOL_VERSION;
     }
 }

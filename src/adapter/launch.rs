@@ -12,34 +12,19 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;
 
+use super::family::{AgentFamily, FAMILIES, Vars, family_of_protocol, protocol_names};
 use super::reap::HomeMarker;
 use super::spawn::filter_env;
-use super::{AdapterError, AgentSession, Native, OpenSpec};
+use super::{AdapterError, AgentSession, Capabilities, Native, OpenSpec};
 use crate::adapter;
 use crate::config::Config;
 use crate::session::agent::{FileChanges, Launcher, NativeFile};
 
-/// Variables (by prefix, or exactly) a family's agents do not get from the host environment:
-/// another vendor's credentials and settings.
-fn foreign(agent_type: &str) -> &'static [&'static str] {
-    match agent_type {
-        "claude" => &[
-            "OPENAI_",
-            "AZURE_OPENAI_",
-            "OPENROUTER_",
-            "GEMINI_",
-            "CODEX_HOME",
-        ],
-        "codex" => &["ANTHROPIC_", "CLAUDE_CODE_", "CLAUDE_CONFIG_DIR", "GEMINI_"],
-        _ => &[],
-    }
-}
-
 /// One agent type the host can run: a built-in family, or a registered agent.
 #[derive(Clone)]
 pub struct AgentDef {
-    /// The protocol family's descriptor (its driver, capabilities, defaults).
-    pub family: &'static adapter::Descriptor,
+    /// The protocol family (its driver, capabilities, defaults).
+    pub family: &'static dyn AgentFamily,
     /// The binary configured (a path or a name on `PATH`), if any.
     pub binary: Option<String>,
     /// Arguments before the family's own (a registered agent's command).
@@ -52,7 +37,7 @@ pub struct AgentDef {
 impl std::fmt::Debug for AgentDef {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("AgentDef")
-            .field("family", &self.family.agent_type)
+            .field("family", &self.family.descriptor().agent_type)
             .field("binary", &self.binary)
             .field("args", &self.args)
             .field(
@@ -64,22 +49,24 @@ impl std::fmt::Debug for AgentDef {
     }
 }
 
+impl AgentDef {
+    /// The arguments before the family's own per-session ones: the family's, then a
+    /// registered agent's command's.
+    pub fn args(&self) -> Vec<String> {
+        self.family
+            .default_args()
+            .iter()
+            .map(|a| (*a).to_owned())
+            .chain(self.args.iter().cloned())
+            .collect()
+    }
+}
+
 /// Why a registered agent in `config.toml` cannot be used.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BadAgent {
     pub agent_type: String,
     pub reason: String,
-}
-
-/// The family a registered agent's `protocol` names.
-pub fn family_of_protocol(protocol: &str) -> Option<&'static adapter::Descriptor> {
-    let family = match protocol {
-        "acp" => "acp",
-        "claude-stream-json" => "claude",
-        "codex-app-server" => "codex",
-        _ => return None,
-    };
-    adapter::descriptor(family)
 }
 
 /// Every agent type of a configuration: the built-in families, then the registered agents
@@ -92,13 +79,14 @@ pub fn agent_defs(config: &Config) -> (BTreeMap<String, AgentDef>, Vec<BadAgent>
             .map(|a| a.env.iter().map(|(k, v)| (k.clone(), v.clone())).collect())
             .unwrap_or_default()
     };
-    let mut defs: BTreeMap<String, AgentDef> = adapter::FAMILIES
+    let mut defs: BTreeMap<String, AgentDef> = FAMILIES
         .iter()
-        .map(|d| {
+        .map(|&family| {
+            let d = family.descriptor();
             (
                 d.agent_type.to_owned(),
                 AgentDef {
-                    family: d,
+                    family,
                     binary: config.agent_binary(d.agent_type, d.binary_env),
                     args: Vec::new(),
                     env: env_of(d.agent_type),
@@ -124,7 +112,8 @@ pub fn agent_defs(config: &Config) -> (BTreeMap<String, AgentDef>, Vec<BadAgent>
         }
         let Some(family) = agent.protocol.as_deref().and_then(family_of_protocol) else {
             bad.push(bad_agent(format!(
-                "protocol must be \"acp\", \"claude-stream-json\" or \"codex-app-server\", not {:?}",
+                "protocol must be one of {:?}, not {:?}",
+                protocol_names(),
                 agent.protocol
             )));
             continue;
@@ -202,11 +191,11 @@ impl AgentSettings {
         })?;
         let program = adapter::resolve_binary(
             def.binary.as_deref(),
-            def.family.default_binary,
+            def.family.descriptor().default_binary,
             self.search_path(),
             cwd,
         )?;
-        let foreign = foreign(def.family.agent_type);
+        let foreign = def.family.foreign_env();
         let base_env = self
             .base_env
             .iter()
@@ -215,7 +204,7 @@ impl AgentSettings {
             .collect();
         Ok(OpenSpec {
             program,
-            args: def.args.clone(),
+            args: def.args(),
             cwd: cwd.to_owned(),
             base_env,
             extra_env: def.env.clone(),
@@ -228,7 +217,9 @@ impl AgentSettings {
 
 impl Launcher for AgentSettings {
     fn runs_turns(&self, agent_type: &str) -> bool {
-        self.agents.get(agent_type).is_some_and(|d| d.family.turns)
+        self.agents
+            .get(agent_type)
+            .is_some_and(|d| d.family.descriptor().turns)
     }
 
     fn knows(&self, agent_type: &str) -> bool {
@@ -240,7 +231,7 @@ impl Launcher for AgentSettings {
             // A registered agent is a promise the user made in config.toml: hold them to it.
             Some(def) if def.registered => adapter::resolve_binary(
                 def.binary.as_deref(),
-                def.family.default_binary,
+                def.family.descriptor().default_binary,
                 self.search_path(),
                 Path::new("/"),
             )
@@ -257,11 +248,28 @@ impl Launcher for AgentSettings {
         native: Native,
     ) -> Result<AgentSession, AdapterError> {
         let spec = self.open_spec(agent_type, cwd, host_session_id, native)?;
-        let family = self
-            .agents
+        match self.agents.get(agent_type) {
+            Some(def) => def.family.open(spec),
+            None => Err(AdapterError::new(
+                crate::protocol::events::ErrorCategory::ProtocolIncompatible,
+                format!("no agent type {agent_type:?}"),
+            )),
+        }
+    }
+
+    fn capabilities(&self, agent_type: &str) -> Capabilities {
+        self.agents
             .get(agent_type)
-            .map_or(agent_type, |d| d.family.agent_type);
-        super::open::open(family, spec)
+            .map_or(Capabilities::NONE, |d| d.family.descriptor().capabilities)
+    }
+
+    fn check_binding(&self, agent_type: &str, cwd: &Path, native_id: &str) -> Result<(), String> {
+        let Some(def) = self.agents.get(agent_type) else {
+            return Ok(());
+        };
+        let lookup = |name: &str| self.var(def, name);
+        def.family
+            .check_binding(&Vars::new(&lookup), cwd, native_id)
     }
 
     fn idle_timeout(&self) -> Option<Duration> {
@@ -282,41 +290,24 @@ impl Launcher for AgentSettings {
     }
 
     fn native_file(&self, agent_type: &str, cwd: &Path, native_id: &str) -> NativeFile {
-        let def = self.agents.get(agent_type);
-        let var = |name: &str| -> Option<String> {
-            def.and_then(|f| f.env.iter().rev().find(|(k, _)| k == name))
-                .or_else(|| self.base_env.iter().find(|(k, _)| k == name))
-                .map(|(_, v)| v.clone())
-                .filter(|v| !v.is_empty())
+        let Some(def) = self.agents.get(agent_type) else {
+            return NativeFile::default();
         };
-        let home = var("HOME").map(std::path::PathBuf::from);
         // A registered agent speaking a family's own protocol keeps that family's files.
-        match def.map_or(agent_type, |d| d.family.agent_type) {
-            "claude" => {
-                let config = var("CLAUDE_CONFIG_DIR")
-                    .map(std::path::PathBuf::from)
-                    .or_else(|| home.map(|h| h.join(".claude")));
-                let path = config.as_ref().and_then(|c| {
-                    super::claude::session_file(c, &cwd.to_string_lossy(), native_id)
-                });
-                NativeFile {
-                    path,
-                    claude_config: config,
-                    entries: Some(super::claude::file_entry),
-                }
-            }
-            "codex" => {
-                let codex_home = var("CODEX_HOME")
-                    .map(std::path::PathBuf::from)
-                    .or_else(|| home.map(|h| h.join(".codex")));
-                NativeFile {
-                    path: codex_home.and_then(|c| super::codex::rollout_file(&c, native_id)),
-                    claude_config: None,
-                    entries: None,
-                }
-            }
-            _ => NativeFile::default(),
-        }
+        let lookup = |name: &str| self.var(def, name);
+        def.family.native_file(&Vars::new(&lookup), cwd, native_id)
+    }
+}
+
+impl AgentSettings {
+    /// A variable as an agent of `def` sees it: its own env over the host's snapshot.
+    fn var(&self, def: &AgentDef, name: &str) -> Option<String> {
+        def.env
+            .iter()
+            .rev()
+            .find(|(k, _)| k == name)
+            .or_else(|| self.base_env.iter().find(|(k, _)| k == name))
+            .map(|(_, v)| v.clone())
     }
 }
 
@@ -405,11 +396,11 @@ mod tests {
         let config = Config::with_home(dir.path()).unwrap();
         let (defs, bad) = agent_defs(&config);
         let mine = &defs["mine"];
-        assert_eq!(mine.family.agent_type, "acp");
+        assert_eq!(mine.family.descriptor().agent_type, "acp");
         assert_eq!(mine.binary.as_deref(), Some("/opt/mine"));
         assert_eq!(mine.args, ["--acp"]);
         assert!(mine.registered);
-        assert_eq!(defs["old"].family.agent_type, "claude");
+        assert_eq!(defs["old"].family.descriptor().agent_type, "claude");
         assert!(!defs["claude"].registered);
         let mut refused: Vec<&str> = bad.iter().map(|b| b.agent_type.as_str()).collect();
         refused.sort_unstable();

@@ -11,10 +11,15 @@
 
 pub mod acp;
 pub mod acp_process;
+pub mod categories;
 pub mod claude;
 pub mod claude_process;
 pub mod codex;
 pub mod codex_process;
+pub mod families;
+pub mod family;
+pub mod gemini;
+pub mod oneshot_process;
 /// `agent.list`: each agent family and registered agent, probed at once (each may take up to
 /// its timeout), and the registered agents whose configuration is invalid.
 pub async fn agents_report(config: &crate::config::Config) -> serde_json::Value {
@@ -44,7 +49,10 @@ pub mod reap;
 mod rpc_driver;
 pub mod spawn;
 
-pub use crate::session::agent::{AdapterError, AgentInput, AgentOutput, AgentSession, Native};
+pub use crate::session::agent::{
+    AdapterError, AgentInput, AgentOutput, AgentSession, Capabilities, Native, ProcessModel,
+    ResumeKind, Support,
+};
 pub use launch::AgentSettings;
 pub use open::OpenSpec;
 
@@ -56,29 +64,7 @@ use tokio::io::AsyncReadExt;
 
 use crate::protocol::events::ErrorCategory;
 
-/// How a family resumes a session.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ResumeKind {
-    /// By the agent's native session id, in a new process.
-    NativeId,
-    /// Not at all.
-    None,
-}
-
-/// What a family can do. Read by the session layer before it promises anything to a client.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-pub struct Capabilities {
-    pub resume: ResumeKind,
-    pub permissions: bool,
-    pub cancel: bool,
-    pub steer: bool,
-    pub fork: bool,
-    pub usage: bool,
-    pub persistent_process: bool,
-}
-
-/// A protocol family.
+/// A protocol family's fixed facts (its [`family::AgentFamily`] gives them).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct Descriptor {
     pub agent_type: &'static str,
@@ -92,67 +78,14 @@ pub struct Descriptor {
     pub capabilities: Capabilities,
     /// Whether this build can run turns with it yet.
     pub turns: bool,
+    /// For a family without a permission round trip: the policy its agents run under.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub permission_policy: Option<&'static str>,
 }
 
-/// Every family this build knows.
-pub const FAMILIES: &[Descriptor] = &[
-    Descriptor {
-        agent_type: "claude",
-        protocol: "claude-code stream-json",
-        default_binary: "claude",
-        binary_env: "AGENT_HOST_CLAUDE_BIN",
-        version_args: &["--version"],
-        capabilities: Capabilities {
-            resume: ResumeKind::NativeId,
-            permissions: true,
-            cancel: true,
-            steer: false,
-            fork: true,
-            usage: true,
-            persistent_process: true,
-        },
-        turns: true,
-    },
-    Descriptor {
-        agent_type: "codex",
-        protocol: "codex app-server JSON-RPC",
-        default_binary: "codex",
-        binary_env: "AGENT_HOST_CODEX_BIN",
-        version_args: &["--version"],
-        capabilities: Capabilities {
-            resume: ResumeKind::NativeId,
-            permissions: true,
-            cancel: true,
-            steer: true,
-            fork: true,
-            usage: true,
-            persistent_process: true,
-        },
-        turns: true,
-    },
-    Descriptor {
-        agent_type: "acp",
-        protocol: "Agent Client Protocol v1",
-        default_binary: "claude-agent-acp",
-        binary_env: "AGENT_HOST_ACP_BIN",
-        version_args: &[],
-        capabilities: Capabilities {
-            resume: ResumeKind::NativeId,
-            permissions: true,
-            cancel: true,
-            steer: false,
-            // Per agent (`initialize`); without it a fork is a new session with a warning.
-            fork: false,
-            usage: true,
-            persistent_process: true,
-        },
-        turns: true,
-    },
-];
-
-/// The family of an agent type.
+/// The descriptor of a built-in agent type.
 pub fn descriptor(agent_type: &str) -> Option<&'static Descriptor> {
-    FAMILIES.iter().find(|d| d.agent_type == agent_type)
+    family::family(agent_type).map(|f| f.descriptor())
 }
 
 /// Where a family's binary is, or the error with the path (or name) tried.
@@ -200,6 +133,8 @@ pub struct ProbeReport {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub agent: Option<acp::AgentCaps>,
     pub capabilities: Capabilities,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub permission_policy: Option<&'static str>,
     /// The binary found (or tried).
     pub binary: String,
     pub version: Option<String>,
@@ -221,7 +156,7 @@ pub async fn probe(
     def: &launch::AgentDef,
     base_env: &[(String, String)],
 ) -> ProbeReport {
-    let family = def.family;
+    let family = def.family.descriptor();
     let configured = def.binary.as_deref();
     let search_path = base_env
         .iter()
@@ -234,6 +169,7 @@ pub async fn probe(
         registered: def.registered,
         agent: None,
         capabilities: family.capabilities,
+        permission_policy: family.permission_policy,
         binary: configured.unwrap_or(family.default_binary).to_owned(),
         version: None,
         usable: false,
@@ -250,17 +186,24 @@ pub async fn probe(
         }
     };
     report.binary = binary.display().to_string();
-    let probed = if family.agent_type == "acp" {
-        acp_process::probe(&binary, &def.args, base_env, &def.env, &cwd, PROBE_TIMEOUT)
-            .await
-            .map(|caps| {
-                let version = caps.version.clone().unwrap_or_default();
-                report.agent = Some(caps);
-                version
-            })
-    } else {
-        version_of(&binary, family, base_env, &cwd).await
-    };
+    let args = def.args();
+    let probed = def
+        .family
+        .probe(
+            family::ProbeSpec {
+                binary: &binary,
+                args: &args,
+                base_env,
+                extra_env: &def.env,
+                cwd: &cwd,
+            },
+            PROBE_TIMEOUT,
+        )
+        .await
+        .map(|probed| {
+            report.agent = probed.agent;
+            probed.version.unwrap_or_default()
+        });
     match probed {
         Ok(version) => {
             report.version = Some(version).filter(|v| !v.is_empty());
@@ -277,8 +220,8 @@ pub async fn probe(
 async fn version_of(
     binary: &Path,
     family: &Descriptor,
-    base_env: &[(String, String)],
-    cwd: &Path,
+    spec: family::ProbeSpec<'_>,
+    timeout: Duration,
 ) -> Result<String, AdapterError> {
     let mut child = spawn::spawn(&spawn::SpawnSpec {
         program: binary.to_owned(),
@@ -287,9 +230,9 @@ async fn version_of(
             .iter()
             .map(|a| (*a).to_owned())
             .collect(),
-        cwd: cwd.to_owned(),
-        base_env: base_env.to_vec(),
-        extra_env: Vec::new(),
+        cwd: spec.cwd.to_owned(),
+        base_env: spec.base_env.to_vec(),
+        extra_env: spec.extra_env.to_vec(),
         session_id: None,
         home: None,
         label: format!("{} probe", family.agent_type),
@@ -303,13 +246,13 @@ async fn version_of(
         }
         child.wait().await
     };
-    let status = tokio::time::timeout(PROBE_TIMEOUT, read)
+    let status = tokio::time::timeout(timeout, read)
         .await
         .map_err(|_| {
             AdapterError::new(
                 ErrorCategory::AgentFailed,
                 format!(
-                    "{} --version did not answer within {PROBE_TIMEOUT:?}",
+                    "{} --version did not answer within {timeout:?}",
                     binary.display()
                 ),
             )
@@ -392,15 +335,16 @@ mod tests {
     }
 
     #[test]
-    fn every_family_is_a_session_agent_type() {
-        for family in FAMILIES {
-            assert!(
-                crate::session::AGENT_FAMILIES
-                    .iter()
-                    .any(|f| f.agent_type == family.agent_type),
-                "{}",
-                family.agent_type
-            );
+    fn every_family_has_its_own_agent_type_and_protocol() {
+        let mut names: Vec<&str> = family::FAMILIES
+            .iter()
+            .map(|f| f.descriptor().agent_type)
+            .collect();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), family::FAMILIES.len());
+        for name in family::protocol_names() {
+            assert!(family::family_of_protocol(name).is_some(), "{name}");
         }
     }
 }

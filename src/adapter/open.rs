@@ -1,10 +1,9 @@
-//! Opening an agent of some family: [`OpenSpec`], everything one process needs, and [`open`],
-//! which starts the driver of the family.
+//! Opening an agent of some family: [`OpenSpec`], everything one process needs (a family's
+//! `AgentFamily::open` starts its driver with it).
 
 use std::path::PathBuf;
 
-use super::{AdapterError, AgentSession, Native};
-use crate::protocol::events::ErrorCategory;
+use super::Native;
 
 /// Everything needed to open a session.
 #[derive(Debug, Clone)]
@@ -20,17 +19,4 @@ pub struct OpenSpec {
     /// The host home its processes are marked with (see `adapter::reap`).
     pub home: Option<super::reap::HomeMarker>,
     pub native: Native,
-}
-
-/// Start the driver of a protocol family (a descriptor's `agent_type`).
-pub fn open(family: &str, spec: OpenSpec) -> Result<AgentSession, AdapterError> {
-    match family {
-        "claude" => super::claude_process::open(spec),
-        "codex" => super::codex_process::open(spec),
-        "acp" => super::acp_process::open(spec),
-        other => Err(AdapterError::new(
-            ErrorCategory::ProtocolIncompatible,
-            format!("this build cannot run turns with {other:?} agents"),
-        )),
-    }
 }

@@ -2,7 +2,13 @@
 //! process behind a [`RpcClient`], the [`Io`] a driver task owns (calls whose answer is awaited
 //! while what the agent sends is kept for after, events out), opening while a close is
 //! honoured ([`open_or_close`]), and how a driver decides to stop its process ([`closing`],
-//! [`stop`]). Each driver keeps its own loop: what it listens to differs by protocol.
+//! [`stop`]; a prompt still queued then ends "not sent", [`unsent_prompt`]). Each driver keeps
+//! its own loop: what it listens to differs by protocol.
+//!
+//! Both drivers end a turn without its answer by `session::agent`'s rule: a prompt request
+//! that was never written (`RpcError::NotSent`) is `transport_lost` "not sent"; one written
+//! and never answered (`RpcError::NoAnswer`, a timeout, the process gone) is
+//! `result_delivery_unknown`.
 
 use std::collections::VecDeque;
 use std::future::Future;
@@ -14,7 +20,7 @@ use tokio::sync::{mpsc, oneshot};
 use super::jsonrpc::{Dialect, Incoming, RpcClient, RpcError};
 use super::spawn::{SpawnSpec, Spawned, spawn};
 use super::{AdapterError, AgentInput, AgentOutput, AgentSession, OpenSpec};
-use crate::protocol::events::{ErrorCategory, ErrorNotice, EventBody, RunEnd, RunState};
+use crate::protocol::events::{ErrorCategory, EventBody};
 
 /// Events buffered between the process task and the session.
 const EVENT_QUEUE: usize = 256;
@@ -125,18 +131,8 @@ impl Io {
 
     /// A run that could not start: `error` and `run.end` failed.
     pub async fn fail_turn(&self, category: ErrorCategory, message: String) -> Result<(), Gone> {
-        self.emit(vec![
-            EventBody::Error(ErrorNotice {
-                category,
-                message: message.clone(),
-            }),
-            EventBody::RunEnd(RunEnd {
-                state: RunState::Failed,
-                category: Some(category),
-                message: Some(message),
-            }),
-        ])
-        .await
+        self.emit(AdapterError::new(category, message).run_failed())
+            .await
     }
 }
 
@@ -171,27 +167,39 @@ pub(super) async fn open_or_close<T>(
 
 /// After a driver's loop: how to stop the process. A close the session asked for (also one
 /// still queued); else a short grace when the session is gone or the process still talks;
-/// `None` when the process ended by itself (it is only reaped).
+/// `None` when the process ended by itself (it is only reaped). The `bool`: a prompt was
+/// still queued, so it never reached the agent (its run ends "not sent",
+/// [`AdapterError::prompt_not_sent`]).
 pub(super) fn closing(
     inputs: &mut mpsc::Receiver<AgentInput>,
     asked: Option<Closing>,
     session_gone: bool,
     stdout_open: bool,
-) -> Option<Closing> {
+) -> (Option<Closing>, bool) {
     inputs.close();
     let mut closing = asked;
-    if closing.is_none() {
-        while let Ok(input) = inputs.try_recv() {
-            if let AgentInput::Close { grace, done } = input {
+    let mut unsent = false;
+    while let Ok(input) = inputs.try_recv() {
+        match input {
+            AgentInput::Close { grace, done } if closing.is_none() => {
                 closing = Some((grace, done));
-                break;
             }
+            AgentInput::Prompt { .. } => unsent = true,
+            _ => {}
         }
     }
     if closing.is_none() && (session_gone || stdout_open) {
         closing = Some((ORPHAN_GRACE, oneshot::channel().0));
     }
-    closing
+    (closing, unsent)
+}
+
+/// The events that end a prompt left in the inputs as the process went (`closing`'s `bool`).
+pub(super) fn unsent_prompt(exit: &str) -> Vec<EventBody> {
+    AdapterError::prompt_not_sent(format!(
+        "the agent process ended ({exit}) before the prompt was written to it"
+    ))
+    .run_failed()
 }
 
 /// Stop the process as `closing` says (no grace: killed before it sees its stdin close and
@@ -209,4 +217,111 @@ pub(super) async fn stop(
     let status = child.stop(grace).await;
     let _caller_gone = done.send(());
     status
+}
+
+/// What the JSON-RPC drivers' tests share: a fake agent (a shell script in a temporary
+/// directory that answers by method), and reading what a driver reports.
+#[cfg(test)]
+pub(super) mod test_support {
+    use std::os::unix::fs::PermissionsExt;
+    use std::path::Path;
+
+    use super::*;
+    use crate::adapter::Native;
+    use crate::protocol::events::RunEnd;
+
+    /// Every wait in these tests.
+    pub const WAIT: Duration = Duration::from_secs(20);
+
+    /// A fake agent: `body` runs after `dir=` (its directory) and `mode=` (the contents of
+    /// `$dir/mode`, the test's choice); a `while read line` loop over `id=` (the request's
+    /// id) suits most. The spec opens it in that directory.
+    pub fn fake(body: &str, mode: &str) -> (tempfile::TempDir, OpenSpec) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("agent");
+        let script = format!(
+            "#!/bin/sh\ndir=\"$(dirname \"$0\")\"\nmode=\"$(cat \"$dir/mode\")\"\n{body}\n"
+        );
+        std::fs::write(&path, script).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+        std::fs::write(dir.path().join("mode"), mode).unwrap();
+        nix::unistd::mkfifo(&dir.path().join("hold"), nix::sys::stat::Mode::S_IRWXU).unwrap();
+        let spec = OpenSpec {
+            program: path,
+            args: Vec::new(),
+            cwd: dir.path().to_owned(),
+            base_env: vec![("PATH".to_owned(), "/usr/bin:/bin".to_owned())],
+            extra_env: Vec::new(),
+            host_session_id: "host-1".to_owned(),
+            home: None,
+            native: Native::New("n1".to_owned()),
+        };
+        (dir, spec)
+    }
+
+    /// The shell line that takes the id of the request on `$line`.
+    pub const ID: &str = r#"id=$(printf '%s' "$line" | sed -n 's/.*"id":\([0-9][0-9]*\).*/\1/p')"#;
+
+    /// Everything the driver reports, through its `Exited`.
+    pub async fn all_outputs(session: &mut AgentSession) -> Vec<AgentOutput> {
+        let mut seen = Vec::new();
+        loop {
+            let output = tokio::time::timeout(WAIT, session.events.recv())
+                .await
+                .unwrap_or_else(|_| panic!("no Exited in time; saw {seen:?}"));
+            match output {
+                Some(output @ AgentOutput::Exited { .. }) => {
+                    seen.push(output);
+                    return seen;
+                }
+                Some(output) => seen.push(output),
+                None => panic!("the driver ended without Exited; saw {seen:?}"),
+            }
+        }
+    }
+
+    /// Outputs until (and with) the first `run.end`.
+    pub async fn until_run_end(session: &mut AgentSession) -> (Vec<AgentOutput>, RunEnd) {
+        let mut seen = Vec::new();
+        loop {
+            let output = tokio::time::timeout(WAIT, session.events.recv())
+                .await
+                .unwrap_or_else(|_| panic!("no run.end in time; saw {seen:?}"))
+                .unwrap_or_else(|| panic!("the driver ended; saw {seen:?}"));
+            if let AgentOutput::Event(EventBody::RunEnd(end)) = &output {
+                let end = end.clone();
+                seen.push(output);
+                return (seen, end);
+            }
+            seen.push(output);
+        }
+    }
+
+    pub fn run_ends(outputs: &[AgentOutput]) -> Vec<&RunEnd> {
+        outputs
+            .iter()
+            .filter_map(|o| match o {
+                AgentOutput::Event(EventBody::RunEnd(end)) => Some(end),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Waits (bounded) until the fake leaves `name` in its directory.
+    pub async fn file_appears(dir: &Path, name: &str) {
+        let path = dir.join(name);
+        let appears = async {
+            while !path.exists() {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        };
+        tokio::time::timeout(WAIT, appears)
+            .await
+            .unwrap_or_else(|_| panic!("the fake never wrote {name}"));
+    }
+
+    /// Let a fake blocked on `read x < "$dir/hold"` go on.
+    pub fn release(dir: &Path) {
+        std::fs::write(dir.join("hold"), "go\n").unwrap();
+    }
 }

@@ -469,7 +469,14 @@ pub const COMMANDS: &[CommandSpec] = &[
         name: "session.runs",
         route: Route::Ipc,
         params: "{session_id: string}",
-        summary: "every run of the session, oldest first: {runs: [{run_id, state, client_msg_id, error_category, created_at_ms, ended_at_ms}]}",
+        summary: "every run of the session, oldest first: {runs: [{run_id, state, client_msg_id, error_category, message, created_at_ms, ended_at_ms}]}",
+        wire: true,
+    },
+    CommandSpec {
+        name: "session.run",
+        route: Route::Ipc,
+        params: "{session_id: string, client_msg_id?: string, run_id?: string} (exactly one of the two)",
+        summary: "the run a prompt became, by the client_msg_id it was sent with (or its run_id): {run_id, session_id, state, client_msg_id, error_category, message, created_at_ms, ended_at_ms}; run_not_found if no prompt was taken under it",
         wire: true,
     },
     CommandSpec {
@@ -613,6 +620,54 @@ pub struct SessionSendParams {
     pub text: String,
     #[serde(default)]
     pub client_msg_id: Option<String>,
+}
+
+/// `session.run`: one session and exactly one way to name the run.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(try_from = "SessionRunFields")]
+pub struct SessionRunParams {
+    pub session_id: String,
+    pub run: RunRef,
+}
+
+/// How `session.run` names a run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RunRef {
+    /// The key the prompt was sent with (`session.send`'s `client_msg_id`).
+    ClientMsgId(String),
+    /// The host's run id (`session.send`'s answer).
+    RunId(String),
+}
+
+/// The fields `session.run` takes, before the one-of rule is checked.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SessionRunFields {
+    session_id: String,
+    #[serde(default)]
+    client_msg_id: Option<String>,
+    #[serde(default)]
+    run_id: Option<String>,
+}
+
+impl TryFrom<SessionRunFields> for SessionRunParams {
+    type Error = String;
+
+    fn try_from(f: SessionRunFields) -> Result<Self, Self::Error> {
+        let run = match (f.client_msg_id, f.run_id) {
+            (Some(key), None) if !key.is_empty() => RunRef::ClientMsgId(key),
+            (None, Some(id)) if !id.is_empty() => RunRef::RunId(id),
+            (Some(_), Some(_)) => {
+                return Err("give client_msg_id or run_id, not both".to_owned());
+            }
+            (None, None) => return Err("give client_msg_id or run_id".to_owned()),
+            _ => return Err("client_msg_id and run_id must not be empty".to_owned()),
+        };
+        Ok(SessionRunParams {
+            session_id: f.session_id,
+            run,
+        })
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -776,6 +831,7 @@ pub enum Command {
     SessionGet(SessionIdParams),
     SessionActivate(SessionIdParams),
     SessionRuns(SessionIdParams),
+    SessionRun(SessionRunParams),
     SessionRename(SessionRenameParams),
     PermissionList(PermissionListParams),
     SessionDelete(SessionIdParams),
@@ -882,6 +938,7 @@ impl Command {
             "session.list" => Command::SessionList(typed(name, params)?),
             "session.activate" => Command::SessionActivate(typed(name, params)?),
             "session.runs" => Command::SessionRuns(typed(name, params)?),
+            "session.run" => Command::SessionRun(typed(name, params)?),
             "session.rename" => Command::SessionRename(typed(name, params)?),
             "permission.list" => Command::PermissionList(typed(name, params)?),
             "session.get" => Command::SessionGet(typed(name, params)?),
@@ -921,6 +978,7 @@ impl Command {
             Command::SessionList(_) => "session.list",
             Command::SessionActivate(_) => "session.activate",
             Command::SessionRuns(_) => "session.runs",
+            Command::SessionRun(_) => "session.run",
             Command::SessionRename(_) => "session.rename",
             Command::PermissionList(_) => "permission.list",
             Command::SessionGet(_) => "session.get",
@@ -992,6 +1050,7 @@ mod tests {
                     json!({"session_id": "x"})
                 }
                 "session.send" => json!({"session_id": "x", "text": "hi"}),
+                "session.run" => json!({"session_id": "x", "client_msg_id": "k"}),
                 "session.rename" => json!({"session_id": "x", "title": "t"}),
                 "session.fork" => json!({"session_id": "x"}),
                 "session.import" => {
@@ -1014,6 +1073,36 @@ mod tests {
                 .code,
             ErrorCode::UnknownCommand
         );
+    }
+
+    /// `session.run` names its run exactly one way.
+    #[test]
+    fn session_run_takes_one_of_client_msg_id_and_run_id() {
+        let parse = |params: Value| Command::parse_named("session.run", params);
+        let run_of = |params: Value| match parse(params) {
+            Ok(Command::SessionRun(p)) => p.run,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(
+            run_of(json!({"session_id": "s", "client_msg_id": "k"})),
+            RunRef::ClientMsgId("k".into())
+        );
+        assert_eq!(
+            run_of(json!({"session_id": "s", "run_id": "r"})),
+            RunRef::RunId("r".into())
+        );
+        for bad in [
+            json!({"session_id": "s"}),
+            json!({"session_id": "s", "client_msg_id": "k", "run_id": "r"}),
+            json!({"session_id": "s", "client_msg_id": ""}),
+            json!({"session_id": "s", "run_id": 7}),
+            json!({"session_id": "s", "run_id": "r", "extra": 1}),
+            json!({"client_msg_id": "k"}),
+        ] {
+            let err = parse(bad.clone()).unwrap_err();
+            assert_eq!(err.code, ErrorCode::InvalidParams, "{bad}");
+            assert!(err.message.contains("session.run"), "{}", err.message);
+        }
     }
 
     #[test]

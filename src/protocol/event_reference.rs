@@ -188,8 +188,14 @@ pub const WARNING_CODES: &[(&str, &str)] = &[
     ),
     (
         "fork_unsupported",
-        "The ACP agent cannot fork sessions: the conversation continues in a new agent session \
+        "The agent cannot fork sessions: the conversation continues in a new agent session \
          without the earlier turns.",
+    ),
+    (
+        "resume_unsupported",
+        "The agent cannot resume a session in a new process (its family declares no resume): \
+         the prompt continues in a fresh agent session that does not remember the earlier \
+         turns.",
     ),
     (
         "event_too_large",
@@ -253,7 +259,9 @@ pub const EVENTS: &[EventDoc] = &[
         kind: "run.end",
         class: EventClass::Bracket,
         when: "Exactly once per started run, and last: the agent ended its turn, the run could \
-               not start or the agent process died (`failed`), a cancel took effect \
+               not start or the agent process died (`failed`: `transport_lost` when the prompt \
+               never reached the agent, `result_delivery_unknown` when it had the prompt and \
+               went away before the result), a cancel took effect \
                (`cancelled`, within 3 s: an agent that ignores the interrupt is killed), or the \
                host stopped or could not store the run's events (`interrupted`, also written at \
                the next start for a run a crash left open). Permission requests still pending \
@@ -710,7 +718,11 @@ fn error_category_meaning(category: ErrorCategory) -> &'static str {
         }
         ErrorCategory::AuthRequired => "The agent needs a login, or its credentials were refused.",
         ErrorCategory::RateLimited => "The provider's rate or usage limit was hit.",
-        ErrorCategory::TransportLost => "The host lost its connection to the agent process.",
+        ErrorCategory::TransportLost => {
+            "The connection to the agent process (or the agent's own to its model) was lost. \
+             When the host lost the agent before it handed over the prompt, the message says \
+             the prompt was not sent: sending it again is safe."
+        }
         ErrorCategory::ProtocolIncompatible => {
             "The agent speaks no protocol (version) this build can drive."
         }
@@ -723,8 +735,11 @@ fn error_category_meaning(category: ErrorCategory) -> &'static str {
             "The conversation no longer fits the model's context or token limit."
         }
         ErrorCategory::WorkspaceUnavailable => "The session's working directory does not exist.",
-        ErrorCategory::AgentFailed => {
-            "Any other failure the agent reported, or its process exited mid-turn."
+        ErrorCategory::AgentFailed => "Any other failure the agent reported.",
+        ErrorCategory::ResultDeliveryUnknown => {
+            "The agent had the prompt, and its process or the connection to it ended (or stopped \
+             answering) before the turn's result: whether the agent acted on the prompt is \
+             unknown. Look at the workspace (and `session.run`) before sending it again."
         }
     }
 }
@@ -1143,7 +1158,7 @@ mod tests {
             names(values(run_state_meaning)),
             ["completed", "failed", "cancelled", "interrupted"]
         );
-        assert_eq!(names(values(error_category_meaning)).len(), 11);
+        assert_eq!(names(values(error_category_meaning)).len(), 12);
         assert_eq!(serde_names::<Truncated>(), ["fullBytes", "keptBytes"]);
     }
 

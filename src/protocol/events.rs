@@ -41,13 +41,17 @@ pub enum RunState {
     Interrupted,
 }
 
-/// The shared error taxonomy of design §9.
+/// The shared error taxonomy of design §9. What each one means to a user is in the event
+/// reference (`event_reference.rs`, rendered into `docs/protocol.md`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ErrorCategory {
     BinaryUnavailable,
     AuthRequired,
     RateLimited,
+    /// The connection to the agent (or the agent's own to its model) was lost. When the host
+    /// lost its agent before the prompt was handed over, the message says the prompt was not
+    /// sent: sending it again is safe.
     TransportLost,
     ProtocolIncompatible,
     PermissionDenied,
@@ -56,6 +60,11 @@ pub enum ErrorCategory {
     ContextExhausted,
     WorkspaceUnavailable,
     AgentFailed,
+    /// The prompt was handed to the agent, and its process or the transport to it ended (or
+    /// stopped answering) before the turn's result came: the host cannot know whether the
+    /// agent acted on it. Never written when the prompt provably did not reach the agent
+    /// (that is `transport_lost`), nor when the agent reported a failure itself.
+    ResultDeliveryUnknown,
 }
 
 /// The kind-specific part of an event, tagged by `"k"`.

@@ -120,14 +120,21 @@ pub struct SessionPage {
     pub next_cursor: Option<String>,
 }
 
-/// One run of `session.runs`.
+/// One run: a row of `session.runs`, and the reply of `session.run`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RunInfo {
     pub run_id: String,
     pub session_id: String,
     pub state: RunStatus,
     pub client_msg_id: Option<String>,
+    /// The error category of a run that did not complete (`transport_lost` with a `message`
+    /// saying the prompt was not sent; `result_delivery_unknown` when the agent had it and no
+    /// result came).
     pub error_category: Option<String>,
+    /// What the run's `run.end` said (or the warning of a queued prompt that never ran);
+    /// `None` for a plain completion, a run still going, and runs of hosts before schema 5.
+    #[serde(default)]
+    pub message: Option<String>,
     pub created_at_ms: i64,
     pub ended_at_ms: Option<i64>,
 }

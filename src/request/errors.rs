@@ -59,6 +59,17 @@ pub fn session_error(e: SessionError) -> Reply {
         SessionError::InvalidParams(_) => {
             Reply::error(ErrorCode::InvalidParams, message, Value::Null)
         }
+        // A request error (the caller named a session of another workspace), told apart by a
+        // stable `reason` until the code table has a code of its own for it.
+        SessionError::BindingMismatch {
+            native_session_id,
+            cwd,
+            ..
+        } => Reply::error(
+            ErrorCode::InvalidParams,
+            message,
+            json!({"reason": "binding_mismatch", "native_session_id": native_session_id, "cwd": cwd}),
+        ),
         SessionError::NoAgent(_) => Reply::error(ErrorCode::NoAgent, message, Value::Null),
         SessionError::AgentUnavailable(_) => {
             Reply::error(ErrorCode::AgentUnavailable, message, Value::Null)

@@ -260,6 +260,12 @@ impl Handler {
                     .map_err(session_error)?;
                 Reply::ok(RunList { runs })
             }
+            Command::SessionRun(p) => Reply::ok(
+                self.sessions
+                    .run(&p.session_id, p.run)
+                    .await
+                    .map_err(session_error)?,
+            ),
             Command::SessionRename(p) => {
                 let row = self
                     .sessions
@@ -430,6 +436,7 @@ fn authorize(caller: &Caller, command: &Command) -> Result<(), Reply> {
         Command::SessionGet(p) => access.session(&p.session_id),
         Command::SessionHistory(p) => access.session(&p.session_id),
         Command::SessionRuns(p) => access.session(&p.session_id),
+        Command::SessionRun(p) => access.session(&p.session_id),
         Command::PermissionList(p) => p
             .session_id
             .as_deref()

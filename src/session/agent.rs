@@ -7,7 +7,35 @@
 //!   (prompt, permission answer, interrupt, close) and [`AgentOutput`] out (canonical event
 //!   bodies, then one `Exited`).
 //! - [`AdapterError`] carries one of the shared error categories, everywhere.
-//! - [`Launcher`] says which agent types can run turns and opens one (new or resumed).
+//! - [`AdapterError::prompt_not_sent`] and [`AdapterError::result_unknown`] are the one rule for
+//!   a turn that ends without the agent's result (below); every driver and the session layer
+//!   end such a turn through them.
+//! - [`Launcher`] says which agent types can run turns, what each can do ([`Capabilities`],
+//!   which the session layer reads before it promises anything), and opens one.
+//! - [`NativeFile`] is where a native session lives and the ownership hooks its family gives
+//!   (who wrote a line, which other live CLIs claim it). The session layer knows no family.
+//!
+//! ## A turn without its result: was the prompt delivered?
+//!
+//! Every prompt a driver takes ends in exactly one `run.end`. When the agent's own result
+//! (a success, or a failure the agent reports: an error result, a JSON-RPC error answer, a
+//! failure its exit code or stderr names) never comes, the category says what the host knows
+//! about the prompt, never more:
+//! - **not delivered** — the write to the agent's stdin failed, the JSON-RPC request was never
+//!   written (`RpcError::NotSent`), the process or driver was gone before the prompt was
+//!   written, or the prompt was still in the driver's inputs when it stopped: `failed` with
+//!   `transport_lost`, and the message says the prompt was not sent (sending it again is
+//!   safe). A prompt the session could not hand to the driver at all is the same.
+//! - **delivered, no result** — the prompt was written and flushed (the request written, the
+//!   one-shot process started with it), then the process exited, its stdout or transport
+//!   ended, or the request went unanswered (`RpcError::NoAnswer`, a timeout): `failed` with
+//!   `result_delivery_unknown`. The agent may have acted on it; nothing says it did not.
+//! - **unknown to the host** — the session layer sees the process exit with a run open that
+//!   its driver did not end: it cannot know either, so `result_delivery_unknown` too.
+//!
+//! What the agent said itself keeps its category (`agent_failed`, `rate_limited`, …), and so
+//! do a family's refusals before the turn began (a rejected resume, missing credentials); a
+//! turn being cancelled still ends `cancelled`.
 
 use std::path::Path;
 use std::time::Duration;
@@ -15,7 +43,7 @@ use std::time::Duration;
 use serde_json::Value;
 use tokio::sync::{mpsc, oneshot};
 
-use crate::protocol::events::{ErrorCategory, EventBody};
+use crate::protocol::events::{ErrorCategory, ErrorNotice, EventBody, RunEnd, RunState};
 
 /// An adapter failure, always with one of the shared categories.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -32,6 +60,111 @@ impl AdapterError {
             message: message.into(),
         }
     }
+
+    /// The prompt provably did not reach the agent (module docs): `transport_lost`, and the
+    /// message says so. `why` says what happened ("the agent's stdin is closed").
+    pub fn prompt_not_sent(why: impl std::fmt::Display) -> Self {
+        AdapterError::new(
+            ErrorCategory::TransportLost,
+            format!("{why}; the prompt was not sent to the agent, so sending it again is safe"),
+        )
+    }
+
+    /// The prompt was handed to the agent and the turn's result never came (module docs):
+    /// `result_delivery_unknown`. `why` says what happened ("the agent process exited
+    /// mid-turn (signal: 9)").
+    pub fn result_unknown(why: impl std::fmt::Display) -> Self {
+        AdapterError::new(
+            ErrorCategory::ResultDeliveryUnknown,
+            format!(
+                "{why}, after it was given the prompt and before the turn's result: whether it \
+                 acted on the prompt is unknown"
+            ),
+        )
+    }
+
+    /// The events that end a turn with this error: `error`, then `run.end` `failed`.
+    pub fn run_failed(self) -> Vec<EventBody> {
+        vec![
+            EventBody::Error(ErrorNotice {
+                category: self.category,
+                message: self.message.clone(),
+            }),
+            EventBody::RunEnd(RunEnd {
+                state: RunState::Failed,
+                category: Some(self.category),
+                message: Some(self.message),
+            }),
+        ]
+    }
+}
+
+/// How a family resumes a session.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ResumeKind {
+    /// By the agent's native session id, in a new process.
+    NativeId,
+    /// As the agent declares when it starts (an ACP agent's `initialize`); without it the
+    /// driver starts a fresh session and says so (`resume_rejected`).
+    Negotiated,
+    /// Not at all: the session layer starts a fresh native session with a `warning`.
+    None,
+}
+
+/// Whether a family does something.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Support {
+    /// The agent does it and the host uses it.
+    Native,
+    /// As the agent declares when it starts; the driver degrades visibly when it does not.
+    Negotiated,
+    /// Not available: the session layer takes the degraded path itself.
+    Absent,
+}
+
+/// How a family's agent runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ProcessModel {
+    /// One process for many turns.
+    Persistent,
+    /// One process per turn, the next resumed by the native id (control mode 4).
+    PerTurn,
+}
+
+/// What a family can do. Read by the session layer to decide each degraded path; a capability
+/// is declared only where a test with the real CLI shows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct Capabilities {
+    pub resume: ResumeKind,
+    /// A tool permission round trip with the client (`false`: the family runs under a declared
+    /// policy, e.g. the agent's own approval mode, and never asks).
+    pub permissions: bool,
+    pub cancel: bool,
+    /// Input injected into a running turn.
+    pub steer: bool,
+    pub fork: Support,
+    pub usage: bool,
+    pub process: ProcessModel,
+    /// The family's own records say which workspace a native session belongs to, and the host
+    /// checks it before a resume or an import (`Launcher::check_binding`).
+    pub binding: bool,
+}
+
+impl Capabilities {
+    /// What an agent type nobody describes can be trusted with: nothing beyond a turn.
+    pub const NONE: Capabilities = Capabilities {
+        resume: ResumeKind::None,
+        permissions: false,
+        cancel: false,
+        steer: false,
+        fork: Support::Absent,
+        usage: false,
+        process: ProcessModel::PerTurn,
+        binding: false,
+    };
 }
 
 /// Which native session to open.
@@ -58,6 +191,12 @@ impl Native {
 #[derive(Debug, Clone, PartialEq)]
 pub enum AgentOutput {
     Event(EventBody),
+    /// The process that now runs the session, for a family whose process changes under one
+    /// handle ([`ProcessModel::PerTurn`]: each turn's process as it starts, `None` once it is
+    /// gone between turns). Sent before anything that process says, so the host knows its own
+    /// child before it checks who else holds the session. A persistent family need not send
+    /// it: the pid given to [`AgentSession::new`] stands.
+    Pid(Option<u32>),
     /// The process is gone; nothing follows.
     Exited {
         status: String,
@@ -105,9 +244,15 @@ impl AgentSession {
         AgentSession { input, events, pid }
     }
 
-    /// The process (and process group) id.
+    /// The process (and process group) id: the one given at the start, or the latest a driver
+    /// reported ([`AgentOutput::Pid`]); `None` while none runs.
     pub fn pid(&self) -> Option<u32> {
         self.pid
+    }
+
+    /// Record the process a driver reported ([`AgentOutput::Pid`]).
+    pub fn set_pid(&mut self, pid: Option<u32>) {
+        self.pid = pid;
     }
 
     async fn request(&self, input: AgentInput) -> Result<(), AdapterError> {
@@ -116,13 +261,17 @@ impl AgentSession {
         })
     }
 
-    /// Start a turn with a prompt, named by the host's run id.
+    /// Start a turn with a prompt, named by the host's run id. `Ok` means the driver took it
+    /// (it then ends the turn itself); an error means it never reached the driver, so not
+    /// the agent either.
     pub async fn send(&self, text: &str, id: &str) -> Result<(), AdapterError> {
-        self.request(AgentInput::Prompt {
-            text: text.to_owned(),
-            id: id.to_owned(),
-        })
-        .await
+        self.input
+            .send(AgentInput::Prompt {
+                text: text.to_owned(),
+                id: id.to_owned(),
+            })
+            .await
+            .map_err(|_| AdapterError::prompt_not_sent("the agent process is gone"))
     }
 
     /// Answer a `permission.request`.
@@ -180,6 +329,22 @@ pub trait Launcher: Send + Sync {
         self.runs_turns(agent_type)
     }
 
+    /// What agents of this type can do (an unknown type: [`Capabilities::NONE`]).
+    fn capabilities(&self, _agent_type: &str) -> Capabilities {
+        Capabilities::NONE
+    }
+
+    /// Whether the native session `native_id` belongs to `cwd`, as far as the family's own
+    /// records say (checked before a resume or an import): `Err` says why not.
+    fn check_binding(
+        &self,
+        _agent_type: &str,
+        _cwd: &Path,
+        _native_id: &str,
+    ) -> Result<(), String> {
+        Ok(())
+    }
+
     /// Whether a session of `agent_type` can be created now (a registered agent's binary must
     /// be there).
     fn check(&self, _agent_type: &str) -> Result<(), AdapterError> {
@@ -223,18 +388,44 @@ impl std::fmt::Debug for FileChanges {
     }
 }
 
-/// Where a native session lives on disk, as far as the family says.
-#[derive(Debug, Clone, Default)]
+/// Where a native session lives on disk, and the family's ownership hooks.
+#[derive(Clone, Default)]
 pub struct NativeFile {
     /// The session file, if it exists.
     pub path: Option<std::path::PathBuf>,
-    /// Claude's config dir, whose `sessions/` registry names live CLIs.
-    pub claude_config: Option<std::path::PathBuf>,
+    /// The live processes, other than ours, that the family's own registry says hold the
+    /// session (a family whose CLIs register themselves); `None`: it keeps no such registry.
+    pub claimants: Option<Claimants>,
     /// How to read who wrote a line of the file, for a family whose file names the host's
-    /// prompts (Claude). Without it, any line the host's child did not write while the host
-    /// watched is someone else's.
+    /// prompts. Without it, any line the host's child did not write while the host watched is
+    /// someone else's.
     pub entries: Option<EntryReader>,
 }
+
+impl NativeFile {
+    /// The live processes the family's registry names for `native_id`, other than `ours`.
+    /// Reads files: call off the runtime.
+    pub fn claimed_by(&self, native_id: &str, ours: &[super::ownership::OwnedPid]) -> Vec<u32> {
+        self.claimants
+            .as_ref()
+            .map(|c| c(native_id, ours))
+            .unwrap_or_default()
+    }
+}
+
+impl std::fmt::Debug for NativeFile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NativeFile")
+            .field("path", &self.path)
+            .field("claimants", &self.claimants.is_some())
+            .field("entries", &self.entries.is_some())
+            .finish()
+    }
+}
+
+/// A family's registry of live CLIs: the pids, other than ours, that claim a native session.
+pub type Claimants =
+    std::sync::Arc<dyn Fn(&str, &[super::ownership::OwnedPid]) -> Vec<u32> + Send + Sync>;
 
 /// Reads one complete line of a session file.
 pub type EntryReader = fn(&[u8]) -> FileEntry;
@@ -259,6 +450,11 @@ pub struct NoAgents;
 impl Launcher for NoAgents {
     fn runs_turns(&self, _agent_type: &str) -> bool {
         false
+    }
+
+    /// Holds sessions of any type (their history can be read); runs none.
+    fn knows(&self, _agent_type: &str) -> bool {
+        true
     }
 
     fn open(

@@ -35,30 +35,7 @@ use crate::protocol::events::{
     Event, EventBody, Notice, RunEnd, RunState, SessionForked, SessionStateChange,
 };
 use crate::protocol::states::{PermissionState, RunStatus, SessionState};
-use crate::store::{SessionRow, Store, StoreError, StoredEvent, now_ms};
-
-/// The adapter families this build knows the names of (design §9). A session of any of these
-/// can be created and followed; running a turn needs the family's adapter.
-pub const AGENT_FAMILIES: &[AgentFamily] = &[
-    AgentFamily {
-        agent_type: "claude",
-        protocol: "claude-code stream-json",
-    },
-    AgentFamily {
-        agent_type: "codex",
-        protocol: "codex app-server JSON-RPC",
-    },
-    AgentFamily {
-        agent_type: "acp",
-        protocol: "Agent Client Protocol v1",
-    },
-];
-
-#[derive(Debug, Clone, Copy, serde::Serialize)]
-pub struct AgentFamily {
-    pub agent_type: &'static str,
-    pub protocol: &'static str,
-}
+use crate::store::{SessionRow, Store, StoreError, StoreHealth, StoredEvent, now_ms};
 
 /// The most a page of history may hold.
 pub const MAX_HISTORY_LIMIT: u32 = 5000;
@@ -78,6 +55,17 @@ pub enum SessionError {
     UnknownAgentType(String),
     #[error("invalid params: {0}")]
     InvalidParams(String),
+    /// The agent's own records say the native session is not the workspace's: it is never
+    /// resumed or imported there.
+    #[error(
+        "the agent session {native_session_id:?} does not belong to {cwd:?}: {reason}; it is not \
+         imported"
+    )]
+    BindingMismatch {
+        native_session_id: String,
+        cwd: String,
+        reason: String,
+    },
     #[error("no agent can run this session: {0}")]
     NoAgent(String),
     #[error("the agent cannot be started: {0}")]
@@ -122,9 +110,6 @@ pub struct NewSession {
 
 pub use crate::protocol::replies::PendingPermission;
 
-/// Agent families whose native sessions can be forked (and so imported).
-const FORKABLE: &[&str] = &["claude", "codex"];
-
 /// Commands waiting for one session actor.
 const INBOX: usize = 64;
 /// How long stopping all actors may take at shutdown.
@@ -149,15 +134,29 @@ pub struct SessionManager {
     store: Store,
     bus: Bus,
     launcher: Arc<dyn Launcher>,
+    /// The store's health as the sessions follow it (the store's own watch; a test's).
+    health: tokio::sync::watch::Receiver<StoreHealth>,
     actors: Arc<Mutex<Actors>>,
 }
 
 impl SessionManager {
     pub fn new(store: Store, bus: Bus, launcher: Arc<dyn Launcher>) -> SessionManager {
+        let health = store.watch_health();
+        SessionManager::with_health(store, bus, launcher, health)
+    }
+
+    /// A manager whose sessions follow `health` for the store's (tests play outages with it).
+    pub(crate) fn with_health(
+        store: Store,
+        bus: Bus,
+        launcher: Arc<dyn Launcher>,
+        health: tokio::sync::watch::Receiver<StoreHealth>,
+    ) -> SessionManager {
         SessionManager {
             store,
             bus,
             launcher,
+            health,
             actors: Arc::new(Mutex::new(Actors::default())),
         }
     }
@@ -202,6 +201,7 @@ impl SessionManager {
             self.store.clone(),
             self.bus.clone(),
             self.launcher.clone(),
+            self.health.clone(),
         );
         let span = tracing::info_span!("session", session_id = %row.session_id);
         let task = tokio::spawn(actor.run(messages).instrument(span));
@@ -239,14 +239,14 @@ impl SessionManager {
     }
 
     /// Whether the store can commit now.
-    pub fn store_health(&self) -> crate::store::StoreHealth {
-        self.store.health()
+    pub fn store_health(&self) -> StoreHealth {
+        self.health.borrow().clone()
     }
 
     /// New work (a prompt, a session, a permission answer) is taken only while the store can
     /// commit: nothing reaches an agent that is not durable first.
     fn writable(&self) -> Result<(), SessionError> {
-        match self.store.health().error {
+        match self.store_health().error {
             None => Ok(()),
             Some(why) => Err(SessionError::StoreUnavailable(why)),
         }
@@ -453,7 +453,12 @@ impl SessionManager {
                 .store
                 .run_lifecycle(run.session_id.clone(), run.run_id.clone())
                 .await?;
-            let (state, publish) = recovered(&lifecycle);
+            let Recovered {
+                state,
+                category,
+                message,
+                publish,
+            } = recovered(&lifecycle);
             tracing::info!(run_id = %run.run_id, %state, "closing a run the last host left open");
             if let Some(body) = publish {
                 let event = Event::new(&run.session_id, Some(run.run_id.clone()), body);
@@ -466,7 +471,9 @@ impl SessionManager {
                     Err(e) => tracing::error!(error = %e, "publishing a recovered run failed"),
                 }
             }
-            self.store.set_run_state(run.run_id, state, None).await?;
+            self.store
+                .set_run_state(run.run_id, state, category, message)
+                .await?;
         }
         for (session_id, previous) in self.store.reset_busy_sessions().await? {
             let body = EventBody::SessionState(SessionStateChange {
@@ -534,20 +541,16 @@ impl SessionManager {
         }
     }
 
-    /// Whether sessions of this type can be forked (or imported, which forks): the families
-    /// with a native fork, and every agent the launcher runs (an ACP agent without fork
-    /// starts a new session, with a warning).
+    /// Whether sessions of this type can be forked (or imported, which forks): every agent
+    /// the launcher knows. Whether the fork is the agent's own is its family's capability;
+    /// without one the actor starts a new native session and says so (`fork_unsupported`).
     fn forkable(&self, agent_type: &str) -> bool {
-        FORKABLE.contains(&agent_type) || self.launcher.knows(agent_type)
+        self.launcher.knows(agent_type)
     }
 
     pub async fn create(&self, new: NewSession) -> Result<SessionRow, SessionError> {
         self.writable()?;
-        if !AGENT_FAMILIES
-            .iter()
-            .any(|f| f.agent_type == new.agent_type)
-            && !self.launcher.knows(&new.agent_type)
-        {
+        if !self.launcher.knows(&new.agent_type) {
             return Err(SessionError::UnknownAgentType(new.agent_type));
         }
         if let Err(e) = self.launcher.check(&new.agent_type) {
@@ -629,6 +632,9 @@ impl SessionManager {
 
     /// Bring a session started outside the host (in a terminal) under it: a new session whose
     /// first prompt continues that conversation in a fork — the host never owned the original.
+    /// The family's own records must place the native session in `cwd`
+    /// ([`Launcher::check_binding`]); one they place elsewhere is refused
+    /// ([`SessionError::BindingMismatch`]) and no session is made.
     pub async fn import(
         &self,
         agent_type: String,
@@ -656,6 +662,31 @@ impl SessionManager {
                  with '-'"
                     .to_owned(),
             ));
+        }
+        // The family's own records must place the native session in this directory: a session
+        // of another workspace is never imported (nor resumed) here.
+        let dir = cwd.clone();
+        let cwd = tokio::task::spawn_blocking(move || canonical_dir(&dir))
+            .await
+            .map_err(|e| SessionError::InvalidParams(e.to_string()))??;
+        let (launcher, family, id, dir) = (
+            self.launcher.clone(),
+            agent_type.clone(),
+            native_session_id.clone(),
+            cwd.clone(),
+        );
+        let bound = tokio::task::spawn_blocking(move || {
+            launcher.check_binding(&family, Path::new(&dir), &id)
+        })
+        .await
+        .map_err(|e| SessionError::InvalidParams(e.to_string()))?;
+        if let Err(reason) = bound {
+            tracing::warn!(native = %native_session_id, %cwd, %reason, "import refused");
+            return Err(SessionError::BindingMismatch {
+                native_session_id,
+                cwd,
+                reason,
+            });
         }
         let mut row = self
             .create(NewSession {
@@ -759,53 +790,98 @@ impl SessionManager {
         self.get(session_id).await?;
         Ok(self.store.list_runs(session_id.to_owned()).await?)
     }
+
+    /// The run a prompt became, by its run id or the `client_msg_id` it was sent with: what a
+    /// client asks after an answer was lost or a run ended `result_delivery_unknown`. One
+    /// indexed lookup; `RunNotFound` when the session has no such run (a prompt never taken).
+    pub async fn run(
+        &self,
+        session_id: &str,
+        key: crate::protocol::envelope::RunRef,
+    ) -> Result<crate::store::RunRow, SessionError> {
+        self.get(session_id).await?;
+        let missing = match &key {
+            crate::protocol::envelope::RunRef::RunId(id) => format!("no run {id} in this session"),
+            crate::protocol::envelope::RunRef::ClientMsgId(key) => {
+                format!("no run was sent with client_msg_id {key:?} in this session")
+            }
+        };
+        self.store
+            .find_run(session_id.to_owned(), key)
+            .await?
+            .ok_or(SessionError::RunNotFound(missing))
+    }
 }
 
-/// What the event log of an unfinished run says: the state its row should get, and the event
-/// to publish when the log has no terminal one yet.
-fn recovered(lifecycle: &[(String, String)]) -> (RunStatus, Option<EventBody>) {
+/// What the event log of an unfinished run says: the row it should get, and the event to
+/// publish when the log has no terminal one yet.
+struct Recovered {
+    state: RunStatus,
+    /// The category and message of its end, as the log (or the event published now) says.
+    category: Option<String>,
+    message: Option<String>,
+    publish: Option<EventBody>,
+}
+
+fn recovered(lifecycle: &[(String, String)]) -> Recovered {
     let payload_of = |kind: &str| {
         lifecycle
             .iter()
             .find(|(k, _)| k == kind)
             .and_then(|(_, p)| serde_json::from_str::<serde_json::Value>(p).ok())
     };
+    let text = |v: &serde_json::Value, key: &str| v[key].as_str().map(str::to_owned);
     if let Some(end) = payload_of("run.end") {
         let state = serde_json::from_value::<RunState>(end["state"].clone())
             .map_or(RunStatus::Interrupted, RunStatus::from);
-        return (state, None);
+        return Recovered {
+            state,
+            category: text(&end, "category"),
+            message: text(&end, "message"),
+            publish: None,
+        };
     }
     let retired = lifecycle.iter().find_map(|(k, p)| {
-        let code = serde_json::from_str::<serde_json::Value>(p).ok()?["code"]
-            .as_str()?
-            .to_owned();
-        (k == "warning" && code.starts_with("followup_")).then_some(code)
+        let warning = serde_json::from_str::<serde_json::Value>(p).ok()?;
+        let code = warning["code"].as_str()?.to_owned();
+        (k == "warning" && code.starts_with("followup_")).then(|| (code, text(&warning, "message")))
     });
-    if let Some(code) = retired {
+    if let Some((code, message)) = retired {
         let state = if code == "followup_cancelled" {
             RunStatus::Cancelled
         } else {
             RunStatus::Dropped
         };
-        return (state, None);
+        return Recovered {
+            state,
+            category: None,
+            message,
+            publish: None,
+        };
     }
     if payload_of("run.start").is_some() {
-        return (
-            RunStatus::Interrupted,
-            Some(EventBody::RunEnd(RunEnd {
+        let message = "the host stopped during this run".to_owned();
+        return Recovered {
+            state: RunStatus::Interrupted,
+            category: None,
+            message: Some(message.clone()),
+            publish: Some(EventBody::RunEnd(RunEnd {
                 state: RunState::Interrupted,
                 category: None,
-                message: Some("the host stopped during this run".to_owned()),
+                message: Some(message),
             })),
-        );
+        };
     }
-    (
-        RunStatus::Dropped,
-        Some(EventBody::Warning(Notice {
+    let message = "the host stopped before this prompt ran".to_owned();
+    Recovered {
+        state: RunStatus::Dropped,
+        category: None,
+        message: Some(message.clone()),
+        publish: Some(EventBody::Warning(Notice {
             code: "followup_dropped".to_owned(),
-            message: "the host stopped before this prompt ran".to_owned(),
+            message,
         })),
-    )
+    }
 }
 
 fn title_fits(title: &str) -> Result<(), SessionError> {
@@ -845,7 +921,7 @@ mod tests {
     /// request; the next host closes each, visibly, before serving anyone.
     #[tokio::test]
     async fn recover_closes_what_a_crashed_host_left_open() {
-        let dir = tempfile::tempdir().unwrap();
+        let dir = scripted_tests::tempdir();
         let (store, threads) = Store::open(&dir.path().join("t.db")).unwrap();
         let (bus, bus_tasks) = Bus::start(store.clone()).await.unwrap();
         let sessions = SessionManager::new(store.clone(), bus.clone(), Arc::new(NoAgents));
@@ -897,6 +973,7 @@ mod tests {
                     state: crate::protocol::states::RunStatus::parse(state).unwrap(),
                     client_msg_id: None,
                     error_category: None,
+                    message: None,
                     created_at_ms: now_ms(),
                     ended_at_ms: None,
                 })

@@ -350,13 +350,13 @@ fn stat_field(pid: u32, n: usize) -> Option<u64> {
 }
 
 /// When the process started (clock ticks since boot).
-fn start_time(pid: u32) -> Option<u64> {
+pub fn start_time(pid: u32) -> Option<u64> {
     stat_field(pid, 19)
 }
 
 /// Whether `pid` is one of ours: an owned process, or in an owned process's group (agents
 /// are group leaders; a CLI's launcher runs the real binary as its child).
-fn is_ours(pid: u32, ours: &[OwnedPid]) -> bool {
+pub fn is_ours(pid: u32, ours: &[OwnedPid]) -> bool {
     let live: Vec<&OwnedPid> = ours.iter().filter(|o| o.is_alive()).collect();
     if live.iter().any(|o| o.pid == pid) {
         return true;
@@ -392,35 +392,6 @@ pub fn holders(path: &Path, ours: &[OwnedPid]) -> Vec<u32> {
         }
     }
     found
-}
-
-/// Live CLIs that Claude's own registry (`<config>/sessions/<pid>.json`, written by each
-/// running CLI) names for this session, other than `ours`. An entry whose recorded process
-/// start time (`procStart`) is not the pid's now is stale.
-pub fn claude_registry_holders(config_dir: &Path, native_id: &str, ours: &[OwnedPid]) -> Vec<u32> {
-    let Ok(entries) = std::fs::read_dir(config_dir.join("sessions")) else {
-        return Vec::new();
-    };
-    entries
-        .flatten()
-        .filter_map(|e| {
-            let text = std::fs::read_to_string(e.path()).ok()?;
-            let v: Value = serde_json::from_str(&text).ok()?;
-            let pid = u32::try_from(v.get("pid")?.as_u64()?).ok()?;
-            if v.get("sessionId")?.as_str()? != native_id {
-                return None;
-            }
-            let started = start_time(pid)?;
-            // The CLI records its own start time (as `/proc/<pid>/stat` has it): a file left by
-            // a CLI that died, whose pid now names another process, does not count.
-            let recorded = v.get("procStart").and_then(|s| match s {
-                Value::String(s) => s.parse::<u64>().ok(),
-                other => other.as_u64(),
-            });
-            recorded.is_none_or(|r| r == started).then_some(pid)
-        })
-        .filter(|pid| !is_ours(*pid, ours))
-        .collect()
 }
 
 /// What to do with a session before the host (re)opens its agent.
@@ -755,40 +726,5 @@ mod tests {
             !impostor.is_alive(),
             "a pid whose start time differs is someone else"
         );
-    }
-
-    #[test]
-    fn claude_registry_names_live_holders() {
-        let dir = tempfile::tempdir().unwrap();
-        std::fs::create_dir(dir.path().join("sessions")).unwrap();
-        let me = std::process::id();
-        std::fs::write(
-            dir.path().join(format!("sessions/{me}.json")),
-            format!(r#"{{"pid":{me},"sessionId":"s1","cwd":"/"}}"#),
-        )
-        .unwrap();
-        std::fs::write(
-            dir.path().join("sessions/999999999.json"),
-            r#"{"pid":999999999,"sessionId":"s1"}"#,
-        )
-        .unwrap();
-        assert_eq!(claude_registry_holders(dir.path(), "s1", &[]), [me]);
-        // Left by a CLI that died, its pid now someone else's (ours here): stale.
-        std::fs::write(
-            dir.path().join(format!("sessions/{me}.json")),
-            format!(r#"{{"pid":{me},"sessionId":"s1","procStart":"1"}}"#),
-        )
-        .unwrap();
-        assert!(claude_registry_holders(dir.path(), "s1", &[]).is_empty());
-        let started = start_time(me).unwrap();
-        std::fs::write(
-            dir.path().join(format!("sessions/{me}.json")),
-            format!(r#"{{"pid":{me},"sessionId":"s1","procStart":"{started}"}}"#),
-        )
-        .unwrap();
-        assert_eq!(claude_registry_holders(dir.path(), "s1", &[]), [me]);
-        assert!(claude_registry_holders(dir.path(), "s2", &[]).is_empty());
-        let ours = OwnedPid::of(me).unwrap();
-        assert!(claude_registry_holders(dir.path(), "s1", &[ours]).is_empty());
     }
 }

@@ -31,6 +31,11 @@ impl Launcher for Scripted {
         agent_type == "acp"
     }
 
+    /// Sessions of another family can be made (and not run).
+    fn knows(&self, agent_type: &str) -> bool {
+        matches!(agent_type, "acp" | "claude")
+    }
+
     fn open(
         &self,
         _agent_type: &str,
@@ -116,6 +121,15 @@ async fn drive(
     }
 }
 
+/// A directory for a test's store: on a memory file system where there is one, so commits do
+/// not wait on a disk's fsync (the session tests run in well under a second).
+pub(super) fn tempdir() -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .tempdir_in("/dev/shm")
+        .or_else(|_| tempfile::tempdir())
+        .unwrap()
+}
+
 struct World {
     dir: tempfile::TempDir,
     store: Store,
@@ -127,7 +141,7 @@ struct World {
 
 impl World {
     async fn start(launcher: Scripted) -> World {
-        let dir = tempfile::tempdir().unwrap();
+        let dir = tempdir();
         let (store, threads) = Store::open(&dir.path().join("t.db")).unwrap();
         let (bus, bus_tasks) = Bus::start(store.clone()).await.unwrap();
         let launcher = Arc::new(launcher);

@@ -656,22 +656,12 @@ impl Store {
     /// A session's runs, oldest first.
     pub async fn list_runs(&self, session_id: String) -> StoreResult<Vec<RunRow>> {
         self.read(move |conn| {
-            let mut stmt = conn.prepare_cached(
-                "SELECT id, session_id, state, client_msg_id, error_category, created_at, ended_at \
-                 FROM runs WHERE session_id = ?1 ORDER BY created_at, id",
-            )?;
+            let mut stmt = conn.prepare_cached(&format!(
+                "{} WHERE session_id = ?1 ORDER BY created_at, id",
+                runs::RUN_SELECT
+            ))?;
             let rows = stmt
-                .query_map([&session_id], |r| {
-                    Ok(RunRow {
-                        run_id: r.get(0)?,
-                        session_id: r.get(1)?,
-                        state: runs::state_column(r, 2, crate::protocol::states::RunStatus::parse)?,
-                        client_msg_id: r.get(3)?,
-                        error_category: r.get(4)?,
-                        created_at_ms: r.get(5)?,
-                        ended_at_ms: r.get(6)?,
-                    })
-                })?
+                .query_map([&session_id], runs::run_from_row)?
                 .collect::<Result<Vec<_>, _>>()?;
             Ok(rows)
         })

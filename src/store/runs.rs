@@ -6,6 +6,7 @@ use rusqlite::{OptionalExtension, params};
 use serde::Serialize;
 
 use super::{RunRow, Store, StoreResult, now_ms};
+use crate::protocol::envelope::RunRef;
 use crate::protocol::states::{PermissionState, RunStatus, SessionState};
 
 /// What inserting a run found.
@@ -55,8 +56,8 @@ pub enum Resolve {
     NotFound,
 }
 
-const RUN_SELECT: &str = "SELECT id, session_id, state, client_msg_id, error_category, \
-     created_at, ended_at FROM runs";
+pub(super) const RUN_SELECT: &str = "SELECT id, session_id, state, client_msg_id, \
+     error_category, created_at, ended_at, message FROM runs";
 
 /// A column holding one of the state names of [`crate::protocol::states`].
 pub(super) fn state_column<T>(
@@ -74,7 +75,7 @@ pub(super) fn state_column<T>(
     })
 }
 
-fn run_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<RunRow> {
+pub(super) fn run_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<RunRow> {
     Ok(RunRow {
         run_id: r.get(0)?,
         session_id: r.get(1)?,
@@ -83,6 +84,7 @@ fn run_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<RunRow> {
         error_category: r.get(4)?,
         created_at_ms: r.get(5)?,
         ended_at_ms: r.get(6)?,
+        message: r.get(7)?,
     })
 }
 
@@ -122,7 +124,7 @@ impl Store {
             }
             tx.execute(
                 "INSERT INTO runs (id, session_id, state, client_msg_id, error_category, \
-                 created_at, ended_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+                 created_at, ended_at, message) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
                 params![
                     row.run_id,
                     row.session_id,
@@ -130,7 +132,8 @@ impl Store {
                     row.client_msg_id,
                     row.error_category,
                     row.created_at_ms,
-                    row.ended_at_ms
+                    row.ended_at_ms,
+                    row.message
                 ],
             )?;
             tx.commit()?;
@@ -139,24 +142,49 @@ impl Store {
         .await
     }
 
-    /// Move a run to `state`; a terminal state stamps `ended_at`.
+    /// Move a run to `state`, with the category and message of its end; a terminal state
+    /// stamps `ended_at`.
     pub async fn set_run_state(
         &self,
         run_id: String,
         state: RunStatus,
         error_category: Option<String>,
+        message: Option<String>,
     ) -> StoreResult<()> {
         self.write(move |conn| {
             conn.execute(
-                "UPDATE runs SET state = ?2, error_category = ?3, ended_at = ?4 WHERE id = ?1",
+                "UPDATE runs SET state = ?2, error_category = ?3, ended_at = ?4, message = ?5 \
+                 WHERE id = ?1",
                 params![
                     run_id,
                     state.as_str(),
                     error_category,
-                    state.is_terminal().then(now_ms)
+                    state.is_terminal().then(now_ms),
+                    message
                 ],
             )?;
             Ok(())
+        })
+        .await
+    }
+
+    /// The run of `session_id` that `key` names: by its id (the primary key) or by its
+    /// `client_msg_id` (the unique index `runs_client_msg`), never a scan.
+    pub async fn find_run(&self, session_id: String, key: RunRef) -> StoreResult<Option<RunRow>> {
+        self.read(move |conn| {
+            let found = match &key {
+                RunRef::RunId(id) => conn
+                    .prepare_cached(&format!("{RUN_SELECT} WHERE id = ?1 AND session_id = ?2"))?
+                    .query_row(params![id, session_id], run_from_row)
+                    .optional()?,
+                RunRef::ClientMsgId(key) => conn
+                    .prepare_cached(&format!(
+                        "{RUN_SELECT} WHERE session_id = ?1 AND client_msg_id = ?2"
+                    ))?
+                    .query_row(params![session_id, key], run_from_row)
+                    .optional()?,
+            };
+            Ok(found)
         })
         .await
     }
@@ -545,6 +573,7 @@ mod tests {
             state: crate::protocol::states::RunStatus::Queued,
             client_msg_id: key.map(str::to_owned),
             error_category: None,
+            message: None,
             created_at_ms: 1,
             ended_at_ms: None,
         }
@@ -570,11 +599,16 @@ mod tests {
             RunInsert::Inserted
         );
         store
-            .set_run_state("r1".into(), RunStatus::Running, None)
+            .set_run_state("r1".into(), RunStatus::Running, None, None)
             .await
             .unwrap();
         store
-            .set_run_state("r3".into(), RunStatus::Failed, Some("agent_failed".into()))
+            .set_run_state(
+                "r3".into(),
+                RunStatus::Failed,
+                Some("agent_failed".into()),
+                Some("it broke".into()),
+            )
             .await
             .unwrap();
         let unfinished: Vec<String> = store
@@ -587,7 +621,50 @@ mod tests {
         assert_eq!(unfinished, ["r1", "r4"]);
         let r3 = store.get_run("r3".into()).await.unwrap().unwrap();
         assert_eq!(r3.error_category.as_deref(), Some("agent_failed"));
+        assert_eq!(r3.message.as_deref(), Some("it broke"));
         assert!(r3.ended_at_ms.is_some());
+        threads.shutdown().await;
+    }
+
+    /// `session.run`'s lookup: by run id or by client key, within the one session only.
+    #[tokio::test]
+    async fn a_run_is_found_by_its_id_or_its_client_msg_id_in_its_session() {
+        let (_dir, store, threads) = store_with_session().await;
+        store.insert_run(run("r1", Some("k"))).await.unwrap();
+        store.insert_run(run("r2", None)).await.unwrap();
+        let find = |session: &str, key: RunRef| store.find_run(session.to_owned(), key);
+        let by_key = find("s", RunRef::ClientMsgId("k".into())).await.unwrap();
+        assert_eq!(by_key.map(|r| r.run_id).as_deref(), Some("r1"));
+        let by_id = find("s", RunRef::RunId("r2".into())).await.unwrap();
+        assert_eq!(by_id.map(|r| r.run_id).as_deref(), Some("r2"));
+        assert_eq!(
+            find("s", RunRef::ClientMsgId("nope".into())).await.unwrap(),
+            None
+        );
+        assert_eq!(
+            find("other", RunRef::RunId("r1".into())).await.unwrap(),
+            None
+        );
+        assert_eq!(
+            find("other", RunRef::ClientMsgId("k".into()))
+                .await
+                .unwrap(),
+            None
+        );
+        // The key lookup is the unique index, not a scan of the table.
+        let plan = store
+            .read(|conn| {
+                let mut stmt = conn.prepare(&format!(
+                    "EXPLAIN QUERY PLAN {RUN_SELECT} WHERE session_id = ?1 AND client_msg_id = ?2"
+                ))?;
+                let rows = stmt
+                    .query_map(params!["s", "k"], |r| r.get::<_, String>(3))?
+                    .collect::<Result<Vec<_>, _>>()?;
+                Ok(rows.join("; "))
+            })
+            .await
+            .unwrap();
+        assert!(plan.contains("USING INDEX runs_client_msg"), "{plan}");
         threads.shutdown().await;
     }
 

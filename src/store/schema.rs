@@ -7,7 +7,7 @@ use rusqlite::Connection;
 use super::{StoreError, StoreResult};
 
 /// The schema version this build writes.
-pub const SCHEMA_VERSION: i64 = 4;
+pub const SCHEMA_VERSION: i64 = 5;
 
 /// Migration `i` takes a database from version `i` to `i + 1`.
 const MIGRATIONS: &[&str] = &[
@@ -15,7 +15,16 @@ const MIGRATIONS: &[&str] = &[
     MIGRATION_2,
     MIGRATION_3,
     MIGRATION_4,
+    MIGRATION_5,
 ];
+
+/// Version 5: `runs.message`, the sentence the run's end (or its retirement from the queue)
+/// said, so that `session.run` answers "did my prompt run, and how did it end" from the row
+/// alone — whether a failed prompt was sent at all is in it. Earlier runs have none. A run is
+/// found by its `client_msg_id` through the unique index `runs_client_msg` that version 1 has.
+const MIGRATION_5: &str = "
+ALTER TABLE runs ADD COLUMN message TEXT;
+";
 
 /// Version 4: what the paged session list reads without touching `messages`, and a
 /// subscriber's scope.

@@ -247,3 +247,118 @@ exporter = "none"
     );
     std::fs::write(codex_home.join("config.toml"), config).unwrap();
 }
+
+/// The pinned Gemini CLI (`gemini`), installed if missing.
+pub fn ensure_gemini() -> PathBuf {
+    ensure_npm_agent("gemini", "@google/gemini-cli")
+}
+
+/// The pinned OpenCode (`opencode acp`), installed if missing.
+pub fn ensure_opencode() -> PathBuf {
+    ensure_npm_agent("opencode", "opencode-ai")
+}
+
+/// What OpenCode needs to run offline against the mock's Chat Completions API, written under
+/// `home` (its HOME and XDG dirs): `opencode.json` naming the mock as its only provider, bash
+/// and edits asked about, and a stub of the plugin package in its config folder (without it
+/// OpenCode starts an npm install of `@opencode-ai/plugin` at every start, which fails
+/// offline). Returns the variables to run it with; the key in the config is `api_key`.
+pub fn opencode_setup(
+    home: &Path,
+    mock: &super::mock_model::MockModel,
+    api_key: &str,
+) -> Vec<(String, String)> {
+    let version =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("agents/package.json"))
+            .ok()
+            .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+            .and_then(|v| v["dependencies"]["opencode-ai"].as_str().map(str::to_owned))
+            .unwrap();
+    let config = home.join(".config");
+    let dir = config.join("opencode");
+    std::fs::create_dir_all(dir.join("node_modules")).unwrap();
+    let plugin = serde_json::json!({"dependencies": {"@opencode-ai/plugin": version}});
+    std::fs::write(dir.join("package.json"), plugin.to_string()).unwrap();
+    let lock = serde_json::json!({"lockfileVersion": 3, "packages": {"": plugin}});
+    std::fs::write(dir.join("package-lock.json"), lock.to_string()).unwrap();
+    let settings = serde_json::json!({
+        "model": "mock/mock-model",
+        "small_model": "mock/mock-model",
+        "enabled_providers": ["mock"],
+        "autoupdate": false,
+        "share": "disabled",
+        "permission": {"bash": "ask", "edit": "ask"},
+        "provider": {"mock": {
+            "npm": "@ai-sdk/openai-compatible",
+            "name": "Mock LLM",
+            "options": {"baseURL": format!("{}/v1", mock.base_url()), "apiKey": api_key},
+            "models": {"mock-model": {"name": "Mock Model", "tool_call": true,
+                                       "limit": {"context": 128000, "output": 8192}}}
+        }}
+    });
+    std::fs::write(dir.join("opencode.json"), settings.to_string()).unwrap();
+    let at = |p: &str| home.join(p).to_str().unwrap().to_owned();
+    [
+        ("XDG_CONFIG_HOME", at(".config")),
+        ("XDG_DATA_HOME", at(".local/share")),
+        ("XDG_CACHE_HOME", at(".cache")),
+        ("XDG_STATE_HOME", at(".local/state")),
+        ("OPENCODE_DISABLE_MODELS_FETCH", "1".to_owned()),
+        ("OPENCODE_DISABLE_AUTOUPDATE", "1".to_owned()),
+        ("OPENCODE_DISABLE_SHARE", "1".to_owned()),
+        ("OPENCODE_DISABLE_LSP_DOWNLOAD", "1".to_owned()),
+        ("OPENCODE_DISABLE_CLAUDE_CODE", "1".to_owned()),
+    ]
+    .map(|(k, v)| (k.to_owned(), v))
+    .to_vec()
+}
+
+/// What `gemini` needs to run offline against the mock: a private HOME (where
+/// `write_gemini_settings` puts `.gemini/settings.json`), the mock as the Gemini API's base URL
+/// (allowed over plain HTTP because it is 127.0.0.1), a key it never checks, no relaunch (by
+/// default the CLI re-spawns itself as a child node process with a bigger heap, which doubles
+/// the start-up and puts a parent that ignores SIGINT and SIGTERM between the caller and the
+/// agent), and TMPDIR inside HOME (the CLI writes an error report there, `/tmp` otherwise).
+pub fn gemini_env(home: &Path, mock: &super::mock_model::MockModel) -> Vec<(String, String)> {
+    let home = home.to_str().unwrap().to_owned();
+    [
+        ("HOME", home.clone()),
+        ("PATH", "/usr/bin:/bin".to_owned()),
+        ("TMPDIR", home),
+        ("GEMINI_API_KEY", "mock-key".to_owned()),
+        ("GOOGLE_GEMINI_BASE_URL", mock.base_url()),
+        ("GEMINI_CLI_NO_RELAUNCH", "1".to_owned()),
+    ]
+    .map(|(k, v)| (k.to_owned(), v))
+    .to_vec()
+}
+
+/// Write `home/.gemini/settings.json`: API-key auth (without it the CLI exits 41, "Invalid auth
+/// method selected"), no session clean-up (with it, a new process was seen deleting the
+/// sessions of earlier ones), one attempt per model call (the CLI retries 429s and 5xx up to
+/// 10 times with 5-30 s back-off otherwise), and usage statistics, telemetry, update checks,
+/// the IDE integration, ripgrep (not bundled: it would look for one) and the terminal warnings
+/// off. The workspace is trusted per run, with `--skip-trust`.
+pub fn write_gemini_settings(home: &Path) {
+    let dir = home.join(".gemini");
+    std::fs::create_dir_all(&dir).unwrap();
+    let settings = serde_json::json!({
+        "security": {"auth": {"selectedType": "gemini-api-key"}},
+        "general": {
+            "sessionRetention": {"enabled": false},
+            "maxAttempts": 1,
+            "enableAutoUpdate": false,
+            "enableAutoUpdateNotification": false
+        },
+        "privacy": {"usageStatisticsEnabled": false},
+        "telemetry": {"enabled": false},
+        "ide": {"enabled": false},
+        "tools": {"useRipgrep": false},
+        "ui": {"showCompatibilityWarnings": false}
+    });
+    std::fs::write(
+        dir.join("settings.json"),
+        serde_json::to_string_pretty(&settings).unwrap(),
+    )
+    .unwrap();
+}

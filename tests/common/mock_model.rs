@@ -1,25 +1,44 @@
 //! The project's own mock model server on 127.0.0.1, with scripted replies, for driving the
-//! real agent CLIs offline: the Anthropic Messages API (`POST /v1/messages`, for `claude`) and
-//! the OpenAI Responses API (`POST /v1/responses`, for `codex`) and the OpenAI Chat Completions
-//! API (`POST /v1/chat/completions`, for Qwen Code), all streaming SSE. Stateless:
-//! each reply is decided from the conversation in the request, so history continuity is
-//! checkable (`[user turns seen: N; first: …]`; for Codex only the prompts the user typed count,
-//! not the context items it adds as user messages, such as `<environment_context>`).
+//! real agent CLIs offline: the Anthropic Messages API (`POST /v1/messages`, for `claude`), the
+//! OpenAI Responses API (`POST /v1/responses`, for `codex`), the OpenAI Chat Completions API
+//! (`POST /v1/chat/completions`, for Qwen Code) and the Gemini API
+//! (`POST /v1beta/models/<model>:generateContent` and `:streamGenerateContent?alt=sse`, for the
+//! Gemini CLI), streaming SSE where the client asks for it. Stateless: each reply is decided
+//! from the conversation in the request, so history continuity is checkable (`[user turns
+//! seen: N; first: …]`; only the prompts the user typed count, not the context the CLIs add as
+//! user messages, such as Codex's `<environment_context>` or Gemini's `<session_context>`).
 //!
 //! Scripts, by the text of the last user message:
 //! - plain text → `echo: <text> [user turns seen: N; first: <first user text>]`;
 //! - `TOOLCALL` (optionally ``TOOLCALL `cmd` ``) → a shell tool call (Claude `Bash`, Codex
-//!   `exec_command`, Qwen `run_shell_command`), then, once the tool result comes back, `tool said: <result>`;
+//!   `exec_command`, Qwen and Gemini `run_shell_command`), then, once the tool result comes
+//!   back, `tool said: <result>`;
 //!   ``TOOLCALL ESCALATE `cmd` `` has the Codex call ask for
 //!   `sandbox_permissions: require_escalated` (so app-server asks the client to approve it);
-//! - `THINK` → a thinking block (Codex: a reasoning summary), then the echo;
+//! - `THINK` → a thinking block (Codex: a reasoning summary; Gemini: a thought part), then the
+//!   echo;
 //! - `SLOW` → 40 text chunks 250 ms apart (something to cancel);
 //! - `FAIL500` → HTTP 500 with an API error body;
+//! - `FAIL429` → HTTP 429, the vendor's rate-limit error (Anthropic `rate_limit_error`, OpenAI
+//!   `rate_limit_exceeded`, Gemini `RESOURCE_EXHAUSTED`), with `retry-after: 0` and
+//!   `x-should-retry: false` (the Anthropic and OpenAI SDKs then do not retry it);
+//! - `FAIL401` → HTTP 401, the vendor's authentication error (Anthropic
+//!   `authentication_error`, OpenAI `invalid_api_key`, Gemini `UNAUTHENTICATED`);
 //! - `OVERFLOW` → HTTP 400 `prompt is too long` (context exhausted; Codex: code
-//!   `context_length_exceeded`).
+//!   `context_length_exceeded`; Gemini: `INVALID_ARGUMENT`, "The input token count … exceeds
+//!   the maximum …");
+//! - `CUTSTREAM` → a 200 reply that starts like any other (headers, then the vendor's first
+//!   events with the text `partial `), then the connection closes mid-body: the body is sent
+//!   with chunked transfer encoding and its last chunk never comes, so the client sees a broken
+//!   stream, not one that ended cleanly.
+//!
+//! JSON-mode side calls (Qwen's `response_format`, Gemini's `responseMimeType:
+//! application/json`, as the Gemini CLI's `auto` model router sends) get the smallest value
+//! that fits their schema, whatever their text says.
 //!
 //! Anything else: `GET /v1/models` → an empty model list, any other `GET`/`HEAD` → `{}`,
-//! `POST /v1/messages/count_tokens` → 10 tokens, other paths → 404.
+//! `POST /v1/messages/count_tokens` → 10 tokens, Gemini `:countTokens` → 10 tokens, other
+//! paths → 404.
 //!
 //! A hand-written HTTP/1.1 responder is enough here (one request per connection, then close):
 //! this is a test fixture, and keeping it free of an HTTP stack keeps the test build small.
@@ -115,6 +134,10 @@ async fn serve(stream: TcpStream) -> std::io::Result<()> {
     if method == "HEAD" || method == "GET" {
         return respond(&mut stream, 200, "application/json", "{}").await;
     }
+    if path.contains("/models/") && path.contains(':') {
+        let request: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+        return gemini::serve(&mut stream, path, &request).await;
+    }
     if path.starts_with("/v1/responses") {
         let request: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
         return responses::serve(&mut stream, &request).await;
@@ -145,13 +168,35 @@ async fn serve(stream: TcpStream) -> std::io::Result<()> {
     let reply = script(&request);
     match reply {
         Reply::Error(status, message) => {
-            let kind = if status == 400 {
-                "invalid_request_error"
-            } else {
-                "api_error"
+            let kind = match status {
+                400 => "invalid_request_error",
+                401 => "authentication_error",
+                429 => "rate_limit_error",
+                _ => "api_error",
             };
             let body = json!({"type": "error", "error": {"type": kind, "message": message}});
-            respond(&mut stream, status, "application/json", &body.to_string()).await
+            respond_error(&mut stream, status, &body).await
+        }
+        Reply::Cut(text) => {
+            let frames = [
+                sse_frame(
+                    "message_start",
+                    &json!({"type": "message_start", "message": {
+                        "id": message_id(), "type": "message", "role": "assistant",
+                        "model": model_of(&request), "content": [], "stop_reason": null,
+                        "stop_sequence": null, "usage": {"input_tokens": 10, "output_tokens": 1}
+                    }}),
+                ),
+                sse_frame(
+                    "content_block_start",
+                    &json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}),
+                ),
+                sse_frame(
+                    "content_block_delta",
+                    &json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": text}}),
+                ),
+            ];
+            cut_off(&mut stream, "text/event-stream", &frames.concat()).await
         }
         Reply::Blocks(blocks, delay) => {
             if request["stream"] == true {
@@ -181,19 +226,130 @@ async fn respond(
     kind: &str,
     body: &str,
 ) -> std::io::Result<()> {
+    respond_with(stream, status, kind, "", body).await
+}
+
+/// A whole reply; `extra` is more header lines, each ending in `\r\n`.
+async fn respond_with(
+    stream: &mut TcpStream,
+    status: u16,
+    kind: &str,
+    extra: &str,
+    body: &str,
+) -> std::io::Result<()> {
     let reason = match status {
         200 => "OK",
         400 => "Bad Request",
+        401 => "Unauthorized",
         404 => "Not Found",
+        429 => "Too Many Requests",
         _ => "Internal Server Error",
     };
     let head = format!(
-        "HTTP/1.1 {status} {reason}\r\ncontent-type: {kind}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+        "HTTP/1.1 {status} {reason}\r\ncontent-type: {kind}\r\ncontent-length: {}\r\n{extra}connection: close\r\n\r\n",
         body.len()
     );
     stream.write_all(head.as_bytes()).await?;
     stream.write_all(body.as_bytes()).await?;
     stream.shutdown().await
+}
+
+/// An API error reply. A 429 says to retry at once (`retry-after: 0`) and not at all
+/// (`x-should-retry: false`, which the Anthropic and OpenAI SDKs obey), so a client fails fast
+/// instead of backing off.
+async fn respond_error(stream: &mut TcpStream, status: u16, body: &Value) -> std::io::Result<()> {
+    let extra = if status == 429 {
+        "retry-after: 0\r\nx-should-retry: false\r\n"
+    } else {
+        ""
+    };
+    respond_with(stream, status, "application/json", extra, &body.to_string()).await
+}
+
+/// A 200 reply that is cut off: `first` goes out as the first chunk of a chunked body, then
+/// the connection closes without the last chunk, so the client sees an unfinished body. There
+/// is no `connection: close`: with it, Node's fetch (undici) takes the close as the end of the
+/// body, and the Gemini CLI reads a stream that just stopped. The pause lets the client take
+/// in the first chunk before the close.
+async fn cut_off(stream: &mut TcpStream, kind: &str, first: &str) -> std::io::Result<()> {
+    let head = format!(
+        "HTTP/1.1 200 OK\r\ncontent-type: {kind}\r\ncache-control: no-cache\r\ntransfer-encoding: chunked\r\n\r\n"
+    );
+    stream.write_all(head.as_bytes()).await?;
+    let chunk = format!("{:x}\r\n{first}\r\n", first.len());
+    stream.write_all(chunk.as_bytes()).await?;
+    stream.flush().await?;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    stream.shutdown().await
+}
+
+/// One Anthropic SSE event.
+fn sse_frame(event: &str, data: &Value) -> String {
+    format!("event: {event}\ndata: {data}\n\n")
+}
+
+/// The smallest JSON value a schema accepts: the first `enum` value (or `anyOf`/`oneOf`
+/// choice), the required properties only, `minItems` items, `minLength` characters, and
+/// `minimum` for numbers, else `least`. Type names are read in any case (Gemini's say
+/// `OBJECT`, `INTEGER`).
+fn smallest(schema: &Value, least: i64) -> Value {
+    if let Some(first) = schema["enum"].as_array().and_then(|e| e.first()) {
+        return first.clone();
+    }
+    for key in ["anyOf", "oneOf"] {
+        if let Some(first) = schema[key].as_array().and_then(|c| c.first()) {
+            return smallest(first, least);
+        }
+    }
+    let kind = match &schema["type"] {
+        Value::String(kind) => kind.to_ascii_lowercase(),
+        Value::Array(kinds) => kinds
+            .iter()
+            .filter_map(Value::as_str)
+            .find(|k| !k.eq_ignore_ascii_case("null"))
+            .unwrap_or("null")
+            .to_ascii_lowercase(),
+        _ => String::new(),
+    };
+    let at_least = |key: &str| schema[key].as_u64().unwrap_or(0) as usize;
+    match kind.as_str() {
+        "object" => {
+            let required: Vec<&str> = schema["required"]
+                .as_array()
+                .map(|r| r.iter().filter_map(Value::as_str).collect())
+                .unwrap_or_default();
+            let mut out = serde_json::Map::new();
+            if let Some(props) = schema["properties"].as_object() {
+                for (name, prop) in props {
+                    if required.contains(&name.as_str()) {
+                        out.insert(name.clone(), smallest(prop, least));
+                    }
+                }
+            }
+            Value::Object(out)
+        }
+        "array" => json!(vec![
+            smallest(&schema["items"], least);
+            at_least("minItems")
+        ]),
+        "string" => json!("a".repeat(at_least("minLength"))),
+        "number" | "integer" => schema.get("minimum").cloned().unwrap_or(json!(least)),
+        "boolean" => json!(false),
+        _ => Value::Null,
+    }
+}
+
+/// Whether a user-role text is a whole `<tag>…</tag>` block, the shape of the context the
+/// CLIs add as user messages (`<environment_context>`, `<session_context>`, …), not a prompt.
+fn tag_block(text: &str) -> bool {
+    let text = text.trim();
+    let tag = text
+        .strip_prefix('<')
+        .and_then(|rest| rest.split_once('>'))
+        .map_or("", |(tag, _)| tag);
+    !tag.is_empty()
+        && tag.chars().all(|c| c.is_ascii_lowercase() || c == '_')
+        && text.ends_with(&format!("</{tag}>"))
 }
 
 #[derive(Debug, Clone)]
@@ -226,6 +382,8 @@ impl Block {
 enum Reply {
     Blocks(Vec<Block>, Duration),
     Error(u16, String),
+    /// Start streaming this text, then cut the connection.
+    Cut(String),
 }
 
 fn model_of(request: &Value) -> String {
@@ -268,7 +426,7 @@ fn script(request: &Value) -> Reply {
 }
 
 /// The reply to a conversation, from its user prompts (oldest first) and, when the last thing
-/// in it is a tool result, that result. Shared by both APIs.
+/// in it is a tool result, that result. Shared by all the APIs.
 fn decide(user_texts: &[String], tool_result: Option<String>) -> Reply {
     // A tool result coming back: finish the turn with what the tool said.
     if let Some(said) = tool_result {
@@ -285,10 +443,26 @@ fn decide(user_texts: &[String], tool_result: Option<String>) -> Reply {
         user_texts.len(),
         first.trim()
     );
-    if text.contains("FAIL500") {
+    // The failure scripts look at the last line only: a CLI that merges a prompt that got no
+    // answer into the next user message (Claude does) gets the next prompt's reply.
+    let last_line = text
+        .lines()
+        .rev()
+        .find(|l| !l.trim().is_empty())
+        .unwrap_or_default();
+    if last_line.contains("FAIL500") {
         return Reply::Error(500, "mock: internal error".into());
     }
-    if text.contains("OVERFLOW") {
+    if last_line.contains("FAIL429") {
+        return Reply::Error(429, "mock: rate limit exceeded".into());
+    }
+    if last_line.contains("FAIL401") {
+        return Reply::Error(401, "mock: invalid API key".into());
+    }
+    if last_line.contains("CUTSTREAM") {
+        return Reply::Cut("partial ".into());
+    }
+    if last_line.contains("OVERFLOW") {
         return Reply::Error(
             400,
             "prompt is too long: 250000 tokens > 200000 maximum".into(),
@@ -337,8 +511,7 @@ async fn stream_sse(
     let head = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncache-control: no-cache\r\nconnection: close\r\n\r\n";
     stream.write_all(head.as_bytes()).await?;
     let mut send = async |event: &str, data: Value| -> std::io::Result<()> {
-        let frame = format!("event: {event}\ndata: {data}\n\n");
-        stream.write_all(frame.as_bytes()).await?;
+        stream.write_all(sse_frame(event, &data).as_bytes()).await?;
         stream.flush().await
     };
     send(
@@ -402,7 +575,7 @@ async fn stream_sse(
 /// `function_call_output` items, and the reply streams as `response.*` SSE events whose `type`
 /// is repeated in each data object (Codex reads it from there).
 mod responses {
-    use super::{Block, Reply, decide, model_of, respond};
+    use super::{Block, Reply, cut_off, decide, model_of, respond, respond_error, tag_block};
     use serde_json::{Value, json};
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::time::Duration;
@@ -422,8 +595,26 @@ mod responses {
     pub(super) async fn serve(stream: &mut TcpStream, request: &Value) -> std::io::Result<()> {
         match script(request) {
             Reply::Error(status, message) => {
-                let body = error_body(status, &message);
-                respond(stream, status, "application/json", &body.to_string()).await
+                respond_error(stream, status, &error_body(status, &message)).await
+            }
+            Reply::Cut(text) => {
+                let id = next_id("resp");
+                let item = item(&Block::Text(vec![text.clone()]));
+                let at = json!({"output_index": 0, "item_id": item["id"], "content_index": 0});
+                let empty = json!({"type": "output_text", "text": "", "annotations": []});
+                let created = response(request, &id, "in_progress", Vec::new());
+                let frames = [
+                    frame("created", &json!({}), "response", created),
+                    frame(
+                        "output_item.added",
+                        &json!({"output_index": 0}),
+                        "item",
+                        started(&item),
+                    ),
+                    frame("content_part.added", &at, "part", empty),
+                    frame("output_text.delta", &at, "delta", json!(text)),
+                ];
+                cut_off(stream, "text/event-stream", &frames.concat()).await
             }
             Reply::Blocks(blocks, delay) if request["stream"] == true => {
                 stream_sse(stream, request, &blocks, delay).await
@@ -436,13 +627,14 @@ mod responses {
         }
     }
 
-    /// An OpenAI error body; a 400 here is the context overflow, which Codex recognises by its
-    /// code (`contextWindowExceeded`).
-    fn error_body(status: u16, message: &str) -> Value {
-        let (kind, code) = if status == 400 {
-            ("invalid_request_error", "context_length_exceeded")
-        } else {
-            ("server_error", "server_error")
+    /// An OpenAI error body (Responses and Chat Completions alike); a 400 here is the context
+    /// overflow, which Codex recognises by its code (`contextWindowExceeded`).
+    pub(super) fn error_body(status: u16, message: &str) -> Value {
+        let (kind, code) = match status {
+            400 => ("invalid_request_error", "context_length_exceeded"),
+            401 => ("invalid_request_error", "invalid_api_key"),
+            429 => ("requests", "rate_limit_exceeded"),
+            _ => ("server_error", "server_error"),
         };
         json!({"error": {"type": kind, "code": code, "message": message, "param": null}})
     }
@@ -490,17 +682,7 @@ mod responses {
     /// block (`<environment_context>`, `<turn_aborted>` after an interrupt, …) or the
     /// `# AGENTS.md instructions for <dir>` block.
     fn codex_context(text: &str) -> bool {
-        let text = text.trim();
-        if text.starts_with("# AGENTS.md") {
-            return true;
-        }
-        let tag = text
-            .strip_prefix('<')
-            .and_then(|rest| rest.split_once('>'))
-            .map_or("", |(tag, _)| tag);
-        !tag.is_empty()
-            && tag.chars().all(|c| c.is_ascii_lowercase() || c == '_')
-            && text.ends_with(&format!("</{tag}>"))
+        text.trim().starts_with("# AGENTS.md") || tag_block(text)
     }
 
     /// A `function_call_output`'s output: a string, or content items with text.
@@ -579,6 +761,14 @@ mod responses {
     /// One SSE event, `response.<kind>`, at a place in the output (`at`: output index, item
     /// id, part index), carrying `value` under `key`. The event name is repeated in the data's
     /// `type`, which is what Codex reads.
+    fn frame(kind: &str, at: &Value, key: &str, value: Value) -> String {
+        let mut data = at.clone();
+        data["type"] = json!(format!("response.{kind}"));
+        data[key] = value;
+        format!("event: response.{kind}\ndata: {data}\n\n")
+    }
+
+    /// Send one event (see `frame`).
     async fn emit(
         stream: &mut TcpStream,
         kind: &str,
@@ -586,11 +776,9 @@ mod responses {
         key: &str,
         value: Value,
     ) -> std::io::Result<()> {
-        let mut data = at.clone();
-        data["type"] = json!(format!("response.{kind}"));
-        data[key] = value;
-        let frame = format!("event: response.{kind}\ndata: {data}\n\n");
-        stream.write_all(frame.as_bytes()).await?;
+        stream
+            .write_all(frame(kind, at, key, value).as_bytes())
+            .await?;
         stream.flush().await
     }
 
@@ -692,18 +880,32 @@ mod responses {
 /// `chat.completion.chunk`s and `[DONE]`. A JSON-mode side call (`response_format` with a
 /// schema) gets the smallest value that fits the schema.
 mod chat {
-    use super::{Block, Reply, decide, model_of, respond, text_of};
+    use super::{
+        Block, Reply, cut_off, decide, model_of, respond, respond_error, smallest, text_of,
+    };
     use serde_json::{Value, json};
     use std::time::Duration;
     use tokio::io::AsyncWriteExt;
     use tokio::net::TcpStream;
 
-    /// Qwen's shell tool: `run_shell_command {command}`.
-    const SHELL_TOOL: &str = "run_shell_command";
+    /// The shell tool the request offers: Qwen's `run_shell_command {command}`, OpenCode's
+    /// `bash {command}`.
+    fn shell_tool(request: &Value) -> &'static str {
+        let offered = |name: &str| {
+            request["tools"]
+                .as_array()
+                .is_some_and(|t| t.iter().any(|t| t["function"]["name"] == name))
+        };
+        if !offered("run_shell_command") && offered("bash") {
+            "bash"
+        } else {
+            "run_shell_command"
+        }
+    }
 
     pub(super) async fn serve(stream: &mut TcpStream, request: &Value) -> std::io::Result<()> {
         if let Some(schema) = request.pointer("/response_format/json_schema/schema") {
-            let text = smallest(schema).to_string();
+            let text = smallest(schema, 0).to_string();
             return reply(stream, request, &[Block::Text(vec![text])], Duration::ZERO).await;
         }
         if request["response_format"]["type"] == "json_object" {
@@ -717,39 +919,17 @@ mod chat {
         }
         match script(request) {
             Reply::Error(status, message) => {
-                let body = json!({"error": {"message": message, "type": "server_error"}});
-                respond(stream, status, "application/json", &body.to_string()).await
+                let body = super::responses::error_body(status, &message);
+                respond_error(stream, status, &body).await
+            }
+            Reply::Cut(text) => {
+                let frames = [
+                    chunk(request, json!({"role": "assistant", "content": ""}), None),
+                    chunk(request, json!({"content": text}), None),
+                ];
+                cut_off(stream, "text/event-stream", &frames.concat()).await
             }
             Reply::Blocks(blocks, delay) => reply(stream, request, &blocks, delay).await,
-        }
-    }
-
-    /// The smallest JSON value a schema accepts.
-    fn smallest(schema: &Value) -> Value {
-        if let Some(first) = schema["enum"].as_array().and_then(|e| e.first()) {
-            return first.clone();
-        }
-        match schema["type"].as_str() {
-            Some("object") => {
-                let mut out = serde_json::Map::new();
-                let required: Vec<&str> = schema["required"]
-                    .as_array()
-                    .map(|r| r.iter().filter_map(Value::as_str).collect())
-                    .unwrap_or_default();
-                if let Some(props) = schema["properties"].as_object() {
-                    for (name, prop) in props {
-                        if required.contains(&name.as_str()) {
-                            out.insert(name.clone(), smallest(prop));
-                        }
-                    }
-                }
-                Value::Object(out)
-            }
-            Some("array") => json!([]),
-            Some("string") => json!(""),
-            Some("number" | "integer") => json!(0),
-            Some("boolean") => json!(false),
-            _ => Value::Null,
         }
     }
 
@@ -800,7 +980,7 @@ mod chat {
                     Block::Text(chunks) => content.push_str(&chunks.concat()),
                     Block::Thinking(_) => {}
                     Block::Tool { id, command, .. } => calls.push(json!({"id": id, "type": "function",
-                        "function": {"name": SHELL_TOOL, "arguments": json!({"command": command}).to_string()}})),
+                        "function": {"name": shell_tool(request), "arguments": json!({"command": command}).to_string()}})),
                 }
             }
             let mut message = json!({"role": "assistant", "content": content});
@@ -845,7 +1025,7 @@ mod chat {
                 }
                 Block::Tool { id, command, .. } => {
                     let call = json!({"tool_calls": [{"index": tools, "id": id, "type": "function",
-                        "function": {"name": SHELL_TOOL, "arguments": json!({"command": command}).to_string()}}]});
+                        "function": {"name": shell_tool(request), "arguments": json!({"command": command}).to_string()}}]});
                     stream
                         .write_all(chunk(request, call, None).as_bytes())
                         .await?;
@@ -864,5 +1044,230 @@ mod chat {
             .write_all(format!("data: {usage}\n\ndata: [DONE]\n\n").as_bytes())
             .await?;
         stream.flush().await
+    }
+}
+
+/// The Gemini API (`POST /v1beta/models/<model>:generateContent`, and
+/// `:streamGenerateContent?alt=sse`), as the Gemini CLI uses it with `GOOGLE_GEMINI_BASE_URL`:
+/// the conversation is `contents` (roles `user` and `model`; a tool result is a
+/// `functionResponse` part in a user content), the reply is a `GenerateContentResponse`, whole
+/// or as SSE `data:` chunks of one part each, the last with `finishReason` and `usageMetadata`.
+/// A JSON-mode call (`generationConfig.responseMimeType: application/json`; the `auto` model
+/// router's, with `responseJsonSchema`) gets the smallest value that fits its schema.
+mod gemini {
+    use super::{Block, Reply, cut_off, decide, respond, respond_error, smallest, tag_block};
+    use serde_json::{Value, json};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::time::Duration;
+    use tokio::io::AsyncWriteExt;
+    use tokio::net::TcpStream;
+
+    /// The Gemini CLI's shell tool: `run_shell_command {command}`.
+    const SHELL_TOOL: &str = "run_shell_command";
+
+    /// Response ids, unique per reply.
+    static IDS: AtomicUsize = AtomicUsize::new(1);
+
+    /// The sections of the shell tool's result after `Output:` (the CLI's `llmContent`).
+    const SECTIONS: [&str; 5] = [
+        "Error: ",
+        "Exit Code: ",
+        "Signal: ",
+        "Background PIDs: ",
+        "Process Group PGID: ",
+    ];
+
+    pub(super) async fn serve(
+        stream: &mut TcpStream,
+        path: &str,
+        request: &Value,
+    ) -> std::io::Result<()> {
+        // `/v1beta/models/<model>:<method>[?alt=sse]`
+        let (model, method) = path
+            .split_once("/models/")
+            .and_then(|(_, rest)| rest.split('?').next())
+            .and_then(|rest| rest.split_once(':'))
+            .unwrap_or(("mock-model", ""));
+        let streaming = method == "streamGenerateContent";
+        if method == "countTokens" {
+            let body = r#"{"totalTokens":10}"#;
+            return respond(stream, 200, "application/json", body).await;
+        }
+        if !matches!(method, "generateContent" | "streamGenerateContent") {
+            let body = json!({"error": {"code": 404, "message": "mock: no such method", "status": "NOT_FOUND"}});
+            return respond_error(stream, 404, &body).await;
+        }
+        let config = &request["generationConfig"];
+        let json_mode = config["responseMimeType"] == "application/json"
+            || config.get("responseJsonSchema").is_some()
+            || config.get("responseSchema").is_some();
+        if json_mode {
+            let schema = config
+                .get("responseJsonSchema")
+                .or_else(|| config.get("responseSchema"));
+            // The router checks its `complexity_score` is 1 to 100, which its schema only says
+            // in words: numbers start at 1 here.
+            let text = schema
+                .map_or_else(|| json!({}), |s| smallest(s, 1))
+                .to_string();
+            let blocks = [Block::Text(vec![text])];
+            return reply(stream, model, streaming, &blocks, Duration::ZERO).await;
+        }
+        match script(request) {
+            Reply::Error(status, message) => {
+                respond_error(stream, status, &error_body(status, &message)).await
+            }
+            Reply::Cut(text) => {
+                let first = chunk(model, &[json!({"text": text})], None);
+                let first = if streaming {
+                    format!("data: {first}\n\n")
+                } else {
+                    first.to_string()
+                };
+                cut_off(stream, "text/event-stream", &first).await
+            }
+            Reply::Blocks(blocks, delay) => reply(stream, model, streaming, &blocks, delay).await,
+        }
+    }
+
+    /// A Google API error body. The 400 is the context overflow, in the API's own words.
+    fn error_body(status: u16, message: &str) -> Value {
+        let (code, message) = match status {
+            400 => (
+                "INVALID_ARGUMENT",
+                "The input token count (250000) exceeds the maximum number of tokens allowed (200000).",
+            ),
+            401 => ("UNAUTHENTICATED", message),
+            404 => ("NOT_FOUND", message),
+            429 => ("RESOURCE_EXHAUSTED", message),
+            _ => ("INTERNAL", message),
+        };
+        json!({"error": {"code": status, "message": message, "status": code}})
+    }
+
+    /// The reply, from the prompts the user typed (each text part of a user content that is
+    /// not context the CLI adds) and the last function response if no prompt follows it.
+    fn script(request: &Value) -> Reply {
+        let mut user_texts = Vec::new();
+        let mut tool_result = None;
+        for content in request["contents"].as_array().into_iter().flatten() {
+            let parts = content["parts"].as_array().map_or(&[][..], Vec::as_slice);
+            for part in parts {
+                if let Some(response) = part.get("functionResponse") {
+                    tool_result = Some(tool_output(&response["response"]));
+                }
+            }
+            if content["role"] != "user" {
+                continue;
+            }
+            // A prompt interrupted before its answer is sent again with the next one, in the
+            // same content: each text part is a prompt.
+            for text in parts
+                .iter()
+                .filter(|p| p["thought"] != true)
+                .filter_map(|p| p["text"].as_str())
+            {
+                if !text.trim().is_empty() && !gemini_context(text) {
+                    user_texts.push(text.to_owned());
+                    tool_result = None;
+                }
+            }
+        }
+        decide(&user_texts, tool_result)
+    }
+
+    /// Whether a user text part is context the CLI adds: the `<session_context>` block (date,
+    /// OS, workspace tree) it puts before the first prompt, or a `<hook_context>`.
+    fn gemini_context(text: &str) -> bool {
+        tag_block(text)
+    }
+
+    /// What a tool said, from a function response: `{output}` or `{error}`. The shell tool's
+    /// output is wrapped in `<untrusted_context>` and reads `Output: …`, then more sections
+    /// (`Exit Code: …`, `Process Group PGID: …`); only the output is kept.
+    fn tool_output(response: &Value) -> String {
+        let text = response["output"]
+            .as_str()
+            .or_else(|| response["error"].as_str())
+            .map_or_else(|| response.to_string(), str::to_owned);
+        let inner = text
+            .trim()
+            .strip_prefix("<untrusted_context>")
+            .and_then(|t| t.strip_suffix("</untrusted_context>"))
+            .unwrap_or(&text);
+        match inner.split_once("Output: ") {
+            Some((_, rest)) => rest
+                .lines()
+                .take_while(|line| !SECTIONS.iter().any(|s| line.starts_with(s)))
+                .collect::<Vec<_>>()
+                .join("\n"),
+            None => inner.to_owned(),
+        }
+    }
+
+    /// A block as content parts: text, a thought, or a call of the shell tool.
+    fn part(block: &Block) -> Value {
+        match block {
+            Block::Text(chunks) => json!({"text": chunks.concat()}),
+            Block::Thinking(text) => json!({"text": text, "thought": true}),
+            Block::Tool { command, .. } => {
+                json!({"functionCall": {"name": SHELL_TOOL, "args": {"command": command}}})
+            }
+        }
+    }
+
+    /// A `GenerateContentResponse` with these parts; with a finish reason it is the last one
+    /// and carries the usage.
+    fn chunk(model: &str, parts: &[Value], finish: Option<&str>) -> Value {
+        let mut candidate = json!({"content": {"role": "model", "parts": parts}, "index": 0});
+        let mut body = json!({
+            "candidates": [],
+            "modelVersion": model,
+            "responseId": format!("resp_mock_{:04}", IDS.fetch_add(1, Ordering::Relaxed)),
+        });
+        if let Some(finish) = finish {
+            candidate["finishReason"] = json!(finish);
+            body["usageMetadata"] = json!({
+                "promptTokenCount": 10, "candidatesTokenCount": 5, "totalTokenCount": 15
+            });
+        }
+        body["candidates"] = json!([candidate]);
+        body
+    }
+
+    async fn reply(
+        stream: &mut TcpStream,
+        model: &str,
+        streaming: bool,
+        blocks: &[Block],
+        delay: Duration,
+    ) -> std::io::Result<()> {
+        if !streaming {
+            let parts: Vec<Value> = blocks.iter().map(part).collect();
+            let body = chunk(model, &parts, Some("STOP"));
+            return respond(stream, 200, "application/json", &body.to_string()).await;
+        }
+        // One part per chunk: each text chunk of a block, a thought or a call whole.
+        let pieces: Vec<Value> = blocks
+            .iter()
+            .flat_map(|block| match block {
+                Block::Text(chunks) => chunks.iter().map(|c| json!({"text": c})).collect(),
+                other => vec![part(other)],
+            })
+            .collect();
+        let head = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncache-control: no-cache\r\nconnection: close\r\n\r\n";
+        stream.write_all(head.as_bytes()).await?;
+        for (i, piece) in pieces.iter().enumerate() {
+            if i > 0 && !delay.is_zero() {
+                tokio::time::sleep(delay).await;
+            }
+            let finish = (i + 1 == pieces.len()).then_some("STOP");
+            let data = chunk(model, std::slice::from_ref(piece), finish);
+            stream
+                .write_all(format!("data: {data}\n\n").as_bytes())
+                .await?;
+            stream.flush().await?;
+        }
+        stream.shutdown().await
     }
 }

@@ -1,0 +1,97 @@
+//! Codex (`codex app-server`, JSON-RPC over stdio): the family. Its rollout files live under
+//! `$CODEX_HOME/sessions/…/rollout-*-<thread id>.jsonl`; Codex refuses a second writer by
+//! itself, so there is no registry of live holders.
+
+use std::path::Path;
+
+use crate::adapter::family::{AgentFamily, Vars};
+use crate::adapter::{
+    AdapterError, AgentSession, Capabilities, Descriptor, OpenSpec, ProcessModel, ResumeKind,
+    Support, codex, codex_process,
+};
+use crate::session::agent::NativeFile;
+
+pub struct Codex;
+
+static DESCRIPTOR: Descriptor = Descriptor {
+    agent_type: "codex",
+    protocol: "codex app-server JSON-RPC",
+    default_binary: "codex",
+    binary_env: "AGENT_HOST_CODEX_BIN",
+    version_args: &["--version"],
+    capabilities: Capabilities {
+        resume: ResumeKind::NativeId,
+        permissions: true,
+        cancel: true,
+        // `turn/steer` exists in the protocol; the host does not drive it yet.
+        steer: false,
+        fork: Support::Native,
+        usage: true,
+        process: ProcessModel::Persistent,
+        binding: true,
+    },
+    turns: true,
+    permission_policy: None,
+};
+
+impl AgentFamily for Codex {
+    fn descriptor(&self) -> &'static Descriptor {
+        &DESCRIPTOR
+    }
+
+    fn protocol_name(&self) -> Option<&'static str> {
+        Some("codex-app-server")
+    }
+
+    fn foreign_env(&self) -> &'static [&'static str] {
+        &[
+            "ANTHROPIC_",
+            "CLAUDE_CODE_",
+            "CLAUDE_CONFIG_DIR",
+            "GEMINI_",
+            "GOOGLE_",
+        ]
+    }
+
+    fn open(&self, spec: OpenSpec) -> Result<AgentSession, AdapterError> {
+        codex_process::open(spec)
+    }
+
+    fn native_file(&self, vars: &Vars<'_>, _cwd: &Path, native_id: &str) -> NativeFile {
+        NativeFile {
+            path: vars
+                .dir_or_home("CODEX_HOME", ".codex")
+                .and_then(|c| codex::rollout_file(&c, native_id)),
+            claimants: None,
+            entries: None,
+        }
+    }
+
+    /// The thread's rollout records the cwd it was started in; another one is another
+    /// workspace's. No rollout: Codex decides (`resume_rejected`).
+    fn check_binding(&self, vars: &Vars<'_>, cwd: &Path, native_id: &str) -> Result<(), String> {
+        let Some(rollout) = vars
+            .dir_or_home("CODEX_HOME", ".codex")
+            .and_then(|c| codex::rollout_file(&c, native_id))
+        else {
+            return Ok(());
+        };
+        let Some(recorded) = codex::rollout_cwd(&rollout) else {
+            return Ok(());
+        };
+        let same = |a: &Path, b: &Path| {
+            a == b
+                || std::fs::canonicalize(a)
+                    .is_ok_and(|a| std::fs::canonicalize(b).is_ok_and(|b| a == b))
+        };
+        if same(&recorded, cwd) {
+            Ok(())
+        } else {
+            Err(format!(
+                "Codex thread {native_id} was started in {}, not {}",
+                recorded.display(),
+                cwd.display()
+            ))
+        }
+    }
+}

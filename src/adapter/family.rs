@@ -1,0 +1,143 @@
+//! The one abstraction of an agent family ([`AgentFamily`]) and the registry of every family
+//! this build knows ([`FAMILIES`]). A family owns everything that differs between agents: its
+//! descriptor and capabilities, which of the host's variables it must not see, how its driver
+//! is opened (new / resume / fork), how it is probed, where its native session file lives and
+//! the ownership hooks over it (line attribution, the registry of live CLIs), and the check
+//! that a native session belongs to a workspace. Everything above (`launch`, `agent.list`, the
+//! session layer) goes through this trait; no other module matches on a family's name.
+//!
+//! Adding a family is one file in `families/` and one line in [`FAMILIES`]
+//! (`docs/adding-an-agent.md`).
+
+use std::path::{Path, PathBuf};
+
+use futures_util::future::BoxFuture;
+
+use super::families;
+use super::{AdapterError, AgentSession, Descriptor, OpenSpec};
+use crate::session::agent::NativeFile;
+
+/// The variables an agent of a session runs with (its `[agents.<type>] env` over the host's
+/// snapshot), for a family that looks up its files.
+pub struct Vars<'a> {
+    lookup: &'a (dyn Fn(&str) -> Option<String> + Sync),
+}
+
+impl<'a> Vars<'a> {
+    pub fn new(lookup: &'a (dyn Fn(&str) -> Option<String> + Sync)) -> Self {
+        Vars { lookup }
+    }
+
+    /// A variable's value, if set and not empty.
+    pub fn get(&self, name: &str) -> Option<String> {
+        (self.lookup)(name).filter(|v| !v.is_empty())
+    }
+
+    /// A directory named by `name`, else `$HOME/<fallback>`.
+    pub fn dir_or_home(&self, name: &str, fallback: &str) -> Option<PathBuf> {
+        self.get(name)
+            .map(PathBuf::from)
+            .or_else(|| self.get("HOME").map(|h| Path::new(&h).join(fallback)))
+    }
+}
+
+/// What a probe needs: the binary found, the arguments the agent type adds, the environment.
+pub struct ProbeSpec<'a> {
+    pub binary: &'a Path,
+    pub args: &'a [String],
+    pub base_env: &'a [(String, String)],
+    pub extra_env: &'a [(String, String)],
+    pub cwd: &'a Path,
+}
+
+/// What a probe learned.
+#[derive(Debug, Default)]
+pub struct Probed {
+    pub version: Option<String>,
+    /// What an ACP agent declared in its `initialize` answer.
+    pub agent: Option<super::acp::AgentCaps>,
+}
+
+/// One protocol family: an agent CLI and how the host drives it.
+pub trait AgentFamily: Send + Sync + 'static {
+    /// Its name, protocol, binary defaults and capabilities.
+    fn descriptor(&self) -> &'static Descriptor;
+
+    /// The `protocol` a registered agent (`[agents.<name>] protocol = …`) names to be driven
+    /// by this family; `None`: not for registered agents.
+    fn protocol_name(&self) -> Option<&'static str> {
+        None
+    }
+
+    /// Arguments the family puts before an agent type's own (e.g. `--acp`).
+    fn default_args(&self) -> &'static [&'static str] {
+        &[]
+    }
+
+    /// Variables (by prefix) its agents do not get from the host environment: another
+    /// vendor's credentials and settings.
+    fn foreign_env(&self) -> &'static [&'static str] {
+        &[]
+    }
+
+    /// Start its driver on a new, resumed or forked native session.
+    fn open(&self, spec: OpenSpec) -> Result<AgentSession, AdapterError>;
+
+    /// Find out the binary's version (and what else the agent declares), under the spawn
+    /// policy and within `timeout`.
+    fn probe<'a>(
+        &'a self,
+        spec: ProbeSpec<'a>,
+        timeout: std::time::Duration,
+    ) -> BoxFuture<'a, Result<Probed, AdapterError>> {
+        Box::pin(async move {
+            let version = super::version_of(spec.binary, self.descriptor(), spec, timeout).await?;
+            Ok(Probed {
+                version: Some(version),
+                agent: None,
+            })
+        })
+    }
+
+    /// Where the native session `native_id` of `cwd` lives, and the ownership hooks over it.
+    fn native_file(&self, _vars: &Vars<'_>, _cwd: &Path, _native_id: &str) -> NativeFile {
+        NativeFile::default()
+    }
+
+    /// Whether the native session `native_id` belongs to `cwd` as far as the family's own
+    /// records say; `Err` says why not (the session is then never resumed or imported there).
+    fn check_binding(&self, _vars: &Vars<'_>, _cwd: &Path, _native_id: &str) -> Result<(), String> {
+        Ok(())
+    }
+}
+
+/// Every family this build knows, in the order `agent.list` shows them.
+pub static FAMILIES: &[&dyn AgentFamily] = &[
+    &families::claude::Claude,
+    &families::codex::Codex,
+    &families::acp::Acp,
+    &families::gemini::Gemini,
+    &families::gemini_acp::GeminiAcp,
+    &families::opencode::OpenCode,
+];
+
+/// The family of a built-in agent type.
+pub fn family(agent_type: &str) -> Option<&'static dyn AgentFamily> {
+    FAMILIES
+        .iter()
+        .copied()
+        .find(|f| f.descriptor().agent_type == agent_type)
+}
+
+/// The family a registered agent's `protocol` names.
+pub fn family_of_protocol(protocol: &str) -> Option<&'static dyn AgentFamily> {
+    FAMILIES
+        .iter()
+        .copied()
+        .find(|f| f.protocol_name() == Some(protocol))
+}
+
+/// The protocol names registered agents may use, for an error message.
+pub fn protocol_names() -> Vec<&'static str> {
+    FAMILIES.iter().filter_map(|f| f.protocol_name()).collect()
+}
