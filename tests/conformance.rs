@@ -1257,3 +1257,62 @@ fn conformance_gemini_acp() {
 fn conformance_opencode() {
     conform(opencode_entry, "conformance_opencode");
 }
+
+/// `protocol_incompatible`, for every family of the registry: a binary that answers in another
+/// protocol version (an ACP `initialize` with version 99; a `--version` without a version) is
+/// refused at the probe with that category, naming what it said. No real CLI can be made to do
+/// this, so a stand-in script takes the binary's place.
+#[test]
+fn every_family_refuses_an_agent_of_another_protocol_version() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let dir = tempfile::tempdir().unwrap();
+        let fake = dir.path().join("other-version-agent");
+        std::fs::write(
+            &fake,
+            "#!/bin/sh\n\
+             for a in \"$@\"; do [ \"$a\" = --version ] && { echo 'agent of another age'; exit 0; }; done\n\
+             read -r line\n\
+             id=$(printf '%s' \"$line\" | sed -n 's/.*\"id\": *\\([0-9][0-9]*\\).*/\\1/p')\n\
+             printf '{\"jsonrpc\":\"2.0\",\"id\":%s,\"result\":{\"protocolVersion\":99,\"agentCapabilities\":{}}}\\n' \"${id:-0}\"\n\
+             read -r rest\n",
+        )
+        .unwrap();
+        std::fs::set_permissions(&fake, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .unwrap();
+        let home = dir.path().join("host");
+        std::fs::create_dir_all(&home).unwrap();
+        let mut toml = String::new();
+        for family in agent_host::adapter::family::FAMILIES {
+            let agent_type = family.descriptor().agent_type;
+            toml.push_str(&format!(
+                "[agents.{agent_type}]\nbinary = {:?}\n",
+                fake.display().to_string()
+            ));
+        }
+        std::fs::write(home.join("config.toml"), toml).unwrap();
+        let mut config = agent_host::config::Config::with_home(&home).unwrap();
+        config.env = vec![("PATH".to_owned(), "/usr/bin:/bin".to_owned())];
+        let (defs, bad) = agent_host::adapter::launch::agent_defs(&config);
+        assert!(bad.is_empty(), "{bad:?}");
+        let base = agent_host::adapter::spawn::filter_env(config.env.clone());
+        for family in agent_host::adapter::family::FAMILIES {
+            let agent_type = family.descriptor().agent_type;
+            let report = agent_host::adapter::probe(agent_type, &defs[agent_type], &base).await;
+            assert!(!report.usable, "{agent_type}: {report:?}");
+            assert_eq!(
+                report.error,
+                Some(agent_host::protocol::events::ErrorCategory::ProtocolIncompatible),
+                "{agent_type}: {report:?}"
+            );
+            let reason = report.reason.unwrap_or_default();
+            assert!(
+                reason.contains("99") || reason.contains("agent of another age"),
+                "{agent_type}: the reason does not say what the agent said: {reason}"
+            );
+        }
+    });
+}
