@@ -360,10 +360,20 @@ impl Translator {
             return out;
         }
         let stderr = exit.stderr.join("\n");
-        let reported = match category_of("", &stderr, exit.code) {
-            // A code of its own is not a category here: only what the exit shows.
-            ErrorCategory::Cancelled => ErrorCategory::AgentFailed,
-            other => other,
+        let reported = if self.init_seen {
+            // Mid-turn, words on stderr may be left from an earlier retry: only the CLI's own
+            // exit codes for an API failure say it reported one.
+            match exit.code {
+                Some(41 | 145 | 147) => ErrorCategory::AuthRequired,
+                Some(173) => ErrorCategory::RateLimited,
+                _ => ErrorCategory::AgentFailed,
+            }
+        } else {
+            match category_of("", &stderr, exit.code) {
+                // A code of its own is not a category here: only what the exit shows.
+                ErrorCategory::Cancelled => ErrorCategory::AgentFailed,
+                other => other,
+            }
         };
         if (!self.init_seen && !exit.stdout_lost) || reported != ErrorCategory::AgentFailed {
             // The CLI refused the turn before it began (it prints `init` before it calls the

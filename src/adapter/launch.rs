@@ -62,6 +62,19 @@ impl AgentDef {
     }
 }
 
+/// The host's (already filtered) environment less what `family` must not see.
+pub fn scoped_env(
+    base_env: &[(String, String)],
+    family: &dyn AgentFamily,
+) -> Vec<(String, String)> {
+    let foreign = family.foreign_env();
+    base_env
+        .iter()
+        .filter(|(k, _)| !foreign.iter().any(|f| k.starts_with(f)))
+        .cloned()
+        .collect()
+}
+
 /// Why a registered agent in `config.toml` cannot be used.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BadAgent {
@@ -195,13 +208,7 @@ impl AgentSettings {
             self.search_path(),
             cwd,
         )?;
-        let foreign = def.family.foreign_env();
-        let base_env = self
-            .base_env
-            .iter()
-            .filter(|(k, _)| !foreign.iter().any(|f| k.starts_with(f)))
-            .cloned()
-            .collect();
+        let base_env = scoped_env(&self.base_env, def.family);
         Ok(OpenSpec {
             program,
             args: def.args(),

@@ -187,6 +187,9 @@ pub async fn probe(
     };
     report.binary = binary.display().to_string();
     let args = def.args();
+    // The probe runs the agent: it gets what a session's agent gets, no more.
+    let base_env = launch::scoped_env(base_env, def.family);
+    let base_env = base_env.as_slice();
     let probed = def
         .family
         .probe(

@@ -53,7 +53,8 @@ impl AgentFamily for Claude {
             "AZURE_OPENAI_",
             "OPENROUTER_",
             "GEMINI_",
-            "GOOGLE_",
+            // Not `GOOGLE_`: Claude on Vertex reads `GOOGLE_APPLICATION_CREDENTIALS` and
+            // `GOOGLE_CLOUD_PROJECT`.
             "CODEX_HOME",
         ]
     }

@@ -68,7 +68,8 @@ impl AgentFamily for Codex {
     }
 
     /// The thread's rollout records the cwd it was started in; another one is another
-    /// workspace's. No rollout: Codex decides (`resume_rejected`).
+    /// workspace's, and an unreadable one is refused. No rollout: Codex decides
+    /// (`resume_rejected`).
     fn check_binding(&self, vars: &Vars<'_>, cwd: &Path, native_id: &str) -> Result<(), String> {
         let Some(rollout) = vars
             .dir_or_home("CODEX_HOME", ".codex")
@@ -76,8 +77,13 @@ impl AgentFamily for Codex {
         else {
             return Ok(());
         };
+        // Codex does not scope threads by workspace: a rollout whose cwd cannot be read is
+        // refused rather than resumed anywhere.
         let Some(recorded) = codex::rollout_cwd(&rollout) else {
-            return Ok(());
+            return Err(format!(
+                "the cwd Codex thread {native_id} was started in cannot be read from {}",
+                rollout.display()
+            ));
         };
         let same = |a: &Path, b: &Path| {
             a == b

@@ -40,6 +40,7 @@ pub const NOT_GEMINI: &[&str] = &[
     "AZURE_OPENAI_",
     "OPENROUTER_",
     "CODEX_HOME",
+    "AWS_",
 ];
 
 impl AgentFamily for GeminiAcp {
