@@ -70,8 +70,11 @@ struct Setup<'a> {
 
 const CANARY: &str = "sk-ant-api03-conformancecanary0001";
 
-fn toml_env(pairs: &[(&str, String)]) -> String {
-    let inner: Vec<String> = pairs.iter().map(|(k, v)| format!("{k} = {v:?}")).collect();
+fn toml_env<K: AsRef<str>>(pairs: &[(K, String)]) -> String {
+    let inner: Vec<String> = pairs
+        .iter()
+        .map(|(k, v)| format!("{} = {v:?}", k.as_ref()))
+        .collect();
     format!("{{ {} }}", inner.join(", "))
 }
 
@@ -188,7 +191,7 @@ fn qwen_entry() -> Entry {
 /// key set to the canary (settings written into the agent's HOME).
 fn gemini_config(agent_type: &str, s: &Setup<'_>, bin: &Path) -> String {
     write_gemini_settings(&s.agent_home);
-    let env: Vec<(&str, String)> = gemini_env(&s.agent_home, s.mock)
+    let env: Vec<(String, String)> = gemini_env(&s.agent_home, s.mock)
         .into_iter()
         .filter(|(k, _)| k != "HOME" && k != "PATH")
         .map(|(k, v)| {
@@ -197,7 +200,7 @@ fn gemini_config(agent_type: &str, s: &Setup<'_>, bin: &Path) -> String {
             } else {
                 v
             };
-            (leak(k), v)
+            (k, v)
         })
         .collect();
     format!(
@@ -205,10 +208,6 @@ fn gemini_config(agent_type: &str, s: &Setup<'_>, bin: &Path) -> String {
         bin.display().to_string(),
         toml_env(&env)
     )
-}
-
-fn leak(s: String) -> &'static str {
-    Box::leak(s.into_boxed_str())
 }
 
 /// A Gemini key's shape (`AIza…`) is not one the redaction net knows by shape: the host must
@@ -250,10 +249,7 @@ fn opencode_entry() -> Entry {
         package: "opencode-ai",
         install: ensure_opencode,
         config: |s, bin| {
-            let env: Vec<(&str, String)> = opencode_setup(&s.agent_home, s.mock, CANARY)
-                .into_iter()
-                .map(|(k, v)| (leak(k), v))
-                .collect();
+            let env = opencode_setup(&s.agent_home, s.mock, CANARY);
             format!(
                 "[agents.opencode]\nbinary = {:?}\nenv = {}\n",
                 bin.display().to_string(),
