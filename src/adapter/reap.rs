@@ -78,6 +78,7 @@ pub fn next_spawn_id() -> String {
 struct Stat {
     pid: i32,
     ppid: i32,
+    pgrp: i32,
     zombie: bool,
     /// Clock ticks after boot: with the pid, names one process even when pids are reused.
     start_time: u64,
@@ -93,6 +94,7 @@ fn stat_of(pid: i32) -> Option<Stat> {
         pid,
         zombie: *fields.first()? == "Z",
         ppid: fields.get(1)?.parse().ok()?,
+        pgrp: fields.get(2)?.parse().ok()?,
         start_time: fields.get(19)?.parse().ok()?,
     })
 }
@@ -190,6 +192,56 @@ impl Tree {
             .filter(|(pid, _)| sigkill(*pid))
             .map(|(pid, _)| *pid)
             .collect()
+    }
+}
+
+/// The living (not zombie) members of process group `pgid`, from one `/proc` snapshot.
+pub fn group_members(pgid: i32) -> Vec<i32> {
+    stats()
+        .into_iter()
+        .filter(|s| s.pgrp == pgid && !s.zombie)
+        .map(|s| s.pid)
+        .collect()
+}
+
+/// Resolves once every process of `pids` has exited (a zombie has: it holds nothing but its
+/// pid), or after `bound`, whichever is first; the pids still running then. SIGKILL is
+/// delivered asynchronously: a killed node process tearing down its threads and heap may run
+/// for a while after the signal, so whoever says "the agent is gone" waits for this.
+pub async fn exited(pids: &[i32], bound: std::time::Duration) -> Vec<i32> {
+    let waits: Vec<_> = pids.iter().map(|&pid| exit_of(pid)).collect();
+    let all = futures_util::future::join_all(waits);
+    if tokio::time::timeout(bound, all).await.is_ok() {
+        return Vec::new();
+    }
+    pids.iter()
+        .copied()
+        .filter(|&pid| stat_of(pid).is_some_and(|s| !s.zombie))
+        .collect()
+}
+
+/// Resolves when `pid` exits (its pidfd turns readable then), or at once if it is gone or
+/// cannot be watched.
+#[allow(
+    unsafe_code,
+    reason = "pidfd_open has no safe wrapper in our dependencies; the fd is owned at once"
+)]
+fn exit_of(pid: i32) -> impl std::future::Future<Output = ()> {
+    use std::os::fd::{FromRawFd, OwnedFd};
+    // SAFETY: a plain syscall with integer arguments; on success the returned fd is new and
+    // owned by nobody else, so `OwnedFd` may take it.
+    let fd = unsafe { nix::libc::syscall(nix::libc::SYS_pidfd_open, pid, 0) };
+    let fd = i32::try_from(fd)
+        .ok()
+        .filter(|fd| *fd >= 0)
+        // SAFETY: as above: a fresh fd owned by nobody else.
+        .map(|fd| unsafe { OwnedFd::from_raw_fd(fd) });
+    // SAFETY: the fd is owned here, open, and registered with the reactor only once.
+    let fd = fd.and_then(|fd| unsafe { tokio::io::unix::AsyncFd::register(fd) }.ok());
+    async move {
+        if let Some(fd) = fd {
+            let _ready = fd.readable().await;
+        }
     }
 }
 

@@ -197,8 +197,10 @@ impl Spawned {
     /// Wait for the leader to exit by itself; then end whatever it left in its group, and reap.
     pub async fn wait(&mut self) -> std::io::Result<ExitStatus> {
         self.exited().await;
-        self.end_all(Tree::default());
-        self.reap().await
+        let ended = self.end_all(Tree::default());
+        let status = self.reap().await;
+        self.gone(&ended).await;
+        status
     }
 
     /// Stop the whole group: close stdin (a well-behaved agent finishes and exits), wait half
@@ -224,13 +226,24 @@ impl Spawned {
         }
         // Whatever is left in the group (tools, MCP servers, a leader that ignored SIGTERM),
         // and what the agent started outside it.
-        self.end_all(tree);
-        self.reap().await
+        let ended = self.end_all(tree);
+        let status = self.reap().await;
+        self.gone(&ended).await;
+        status
+    }
+
+    /// Waits (bounded) until the processes just killed have really exited: the signal is
+    /// asynchronous, and a caller told "stopped" may check at once that nothing runs.
+    async fn gone(&self, ended: &[i32]) {
+        let left = reap::exited(ended, KILL_SETTLE).await;
+        if !left.is_empty() {
+            tracing::warn!(pid = ?self.pgid, still_running = ?left, "killed processes had not exited within {KILL_SETTLE:?}");
+        }
     }
 
     /// Kill the whole group now (before it is reaped), and what the agent started outside it.
     pub fn kill_now(&self) {
-        self.end_all(Tree::default());
+        let _signalled = self.end_all(Tree::default());
     }
 
     /// A future that resolves once the leader has exited (not reaped), owning what it needs —
@@ -281,12 +294,17 @@ impl Spawned {
     /// Kill the group, the leader's descendants (now and in `earlier`), and every process
     /// with this spawn's marker — what left the group (a tool in its own session, what it put
     /// in the background, re-parented once the agent died). Before the leader is reaped.
-    fn end_all(&self, earlier: Tree) {
+    /// The pids signalled (group members, descendants, marked processes).
+    fn end_all(&self, earlier: Tree) -> Vec<i32> {
         if self.reaped {
-            return;
+            return Vec::new();
         }
         let mut tree = self.tree();
         tree.merge(earlier);
+        let members = self
+            .pgid
+            .map(|pgid| reap::group_members(pgid.as_raw()))
+            .unwrap_or_default();
         self.kill_group();
         let killed = tree.kill();
         let marked = reap::kill_marked(&self.spawn_id);
@@ -298,6 +316,12 @@ impl Spawned {
                 "ended what the agent started outside its process group (descendants, and processes with its AGENTHOST_SPAWN_ID)"
             );
         }
+        let mut ended = members;
+        ended.extend(killed);
+        ended.extend(marked);
+        ended.sort_unstable();
+        ended.dedup();
+        ended
     }
 
     fn kill_group(&self) {
@@ -315,9 +339,12 @@ impl Drop for Spawned {
         // Dropped without `stop` (a panic, a cancelled task): no orphans either way. Not yet
         // reaped, so the group id is still this child's. (Its pid stays registered as owned:
         // tokio reaps it, and the orphan reaper must never take it.)
-        self.end_all(Tree::default());
+        let _signalled = self.end_all(Tree::default());
     }
 }
+
+/// How long a stop waits for killed processes to have exited.
+const KILL_SETTLE: Duration = Duration::from_secs(5);
 
 /// Start an agent process under the policy above.
 pub fn spawn(spec: &SpawnSpec) -> Result<Spawned, AdapterError> {
@@ -572,17 +599,17 @@ mod tests {
         let grandchild_exit = exit_of(grandchild);
         let status = child.stop(Duration::from_millis(200)).await.unwrap();
         assert!(!status.success());
-        // SIGKILL is delivered asynchronously: wait for the grandchild's exit itself.
-        tokio::time::timeout(Duration::from_secs(10), grandchild_exit)
-            .await
-            .expect("the grandchild outlived its group's SIGKILL");
-        // Nothing in the group still runs (a killed child whose reaper is slow may linger as
-        // a zombie, which holds no resources but the pid).
+        // SIGKILL is delivered asynchronously, but `stop` waits for the killed to exit: once
+        // it returns, nothing in the group still runs (a killed child whose reaper is slow may
+        // linger as a zombie, which holds no resources but the pid).
         let alive = running_in_group(pgid);
         assert!(
             alive.is_empty(),
             "still running in the group: {alive:?} (grandchild {grandchild})"
         );
+        tokio::time::timeout(Duration::from_secs(10), grandchild_exit)
+            .await
+            .expect("the grandchild outlived its group's SIGKILL");
     }
 
     /// Resolves when `pid` exits (a pidfd turns readable then), or at once if it is gone.
