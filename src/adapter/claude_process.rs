@@ -118,6 +118,8 @@ async fn emit(events: &mpsc::Sender<AgentOutput>, bodies: Vec<EventBody>) -> boo
 
 /// How long a driver whose session went away gives the process to finish.
 const ORPHAN_GRACE: Duration = Duration::from_secs(2);
+/// How long a failed prompt write waits for the CLI's exit, to say why it went.
+const EXIT_AFTER_EPIPE: Duration = Duration::from_millis(500);
 
 async fn run(
     mut child: Spawned,
@@ -135,6 +137,8 @@ async fn run(
     let mut in_turn = false;
     let mut interrupts = 0u64;
     let mut closing: Option<(Duration, oneshot::Sender<()>)> = None;
+    // A prompt that never reached the CLI (its stdin closed, or the process ended first).
+    let mut unsent = false;
     // The session stopped taking events (it is closing us, or it is gone).
     let mut session_gone = false;
     // A dead CLI whose stdout a child of it still holds never sends EOF: its exit is watched
@@ -160,7 +164,15 @@ async fn run(
                     match write_line(&mut stdin, &line).await {
                         Ok(()) => in_turn |= starts_turn,
                         Err(e) if starts_turn => {
-                            // The CLI never had it: the run ends now, safe to send again.
+                            // The CLI never had it: safe to send again. Its stdin is closed, so
+                            // it is most likely exiting: if it does so at once, the run ends
+                            // with how it ended and what it last wrote on stderr; if not, now.
+                            tracing::info!(error = %e, "writing the prompt to the agent's stdin failed");
+                            if tokio::time::timeout(EXIT_AFTER_EPIPE, &mut leader).await.is_ok() {
+                                leader_gone = true;
+                                unsent = true;
+                                break;
+                            }
                             let why = format!("writing the prompt to the agent's stdin failed ({e})");
                             if !emit(&events, AdapterError::prompt_not_sent(why).run_failed()).await {
                                 session_gone = true;
@@ -212,7 +224,6 @@ async fn run(
     // a new process) instead of vanishing into a process that is going away.
     inputs.close();
     // A prompt still waiting here never reached the CLI.
-    let mut unsent = false;
     while let Ok(input) = inputs.try_recv() {
         match input {
             AgentInput::Close { grace, done } if closing.is_none() => {
@@ -422,6 +433,30 @@ mod tests {
         std::fs::write(&hold, "go\n").unwrap();
         let rest = all_outputs(&mut session).await;
         assert!(run_ends(&rest).is_empty(), "{rest:?}");
+    }
+
+    /// The CLI closed its stdin and exits as the prompt comes (a wrapper that fails at once):
+    /// whichever the driver sees first, the write's failure or the exit, the run ends "not
+    /// sent" with how the process ended and what it last said on stderr.
+    #[tokio::test]
+    async fn a_cli_exiting_as_the_prompt_comes_is_not_sent_with_its_last_words() {
+        let (dir, spec) = fake(
+            "exec 0<&-\necho 'wrapper: no credentials found' >&2\n: > \"$dir/closed\"\nread x < \"$dir/hold\"\nexit 3",
+        );
+        let hold = dir.path().join("hold");
+        nix::unistd::mkfifo(&hold, nix::sys::stat::Mode::S_IRWXU).unwrap();
+        let mut session = open(spec).unwrap();
+        file_appears(dir.path(), "closed").await;
+        session.send("hello", "run-1").await.unwrap();
+        std::fs::write(&hold, "go\n").unwrap();
+        let outputs = all_outputs(&mut session).await;
+        let ends = run_ends(&outputs);
+        assert_eq!(ends.len(), 1, "{outputs:?}");
+        assert_eq!(ends[0].state, RunState::Failed);
+        assert_eq!(ends[0].category, Some(ErrorCategory::TransportLost));
+        let message = ends[0].message.as_deref().unwrap_or_default();
+        assert!(message.contains("not sent"), "{message}");
+        assert!(message.contains("no credentials found"), "{message}");
     }
 
     /// A process gone before the prompt: the handle refuses it, saying it was not sent.
