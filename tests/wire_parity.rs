@@ -159,6 +159,7 @@ fn normalize(value: &Value, cwd: &str) -> Value {
         "pid",
         "sequence_id",
         "next_after_seq",
+        "next_before_seq",
         "next_cursor",
         "created_at_ms",
         "updated_at_ms",
@@ -298,6 +299,15 @@ async fn script_for(c: &mut Clients, t: Transport, cwd: &Path) -> Vec<(String, V
     step!(
         "session.history",
         json!({"session_id": s, "after_seq": 0, "limit": 2})
+    );
+    // The latest page, read backwards from past the end; one direction at a time.
+    step!(
+        "session.history",
+        json!({"session_id": s, "before_seq": 9_007_199_254_740_991_i64, "limit": 2})
+    );
+    step!(
+        "session.history",
+        json!({"session_id": s, "after_seq": 0, "before_seq": 1})
     );
     step!("session.runs", json!({"session_id": s}));
     // The run a prompt became, by its key and by its id; a key never sent; no key at all.

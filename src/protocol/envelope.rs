@@ -524,8 +524,8 @@ pub const COMMANDS: &[CommandSpec] = &[
     CommandSpec {
         name: "session.history",
         route: Route::Ipc,
-        params: "{session_id: string, after_seq?: int, limit?: int (default 200, max 5000)}",
-        summary: "bracket events after a cursor, each with its sequence_id",
+        params: "{session_id: string, after_seq?: int, before_seq?: int (not with after_seq), limit?: int (default 200, max 5000)}",
+        summary: "a page of bracket events, each with its sequence_id: the oldest after after_seq, or the newest before before_seq; {events, count, next_after_seq, next_before_seq, has_more}",
         wire: true,
     },
 ];
@@ -585,14 +585,54 @@ pub struct PermissionListParams {
     pub session_id: Option<String>,
 }
 
+/// `session.history`: one session, where the page starts, and how many brackets it may hold.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(try_from = "SessionHistoryFields")]
 pub struct SessionHistoryParams {
     pub session_id: String,
-    #[serde(default)]
-    pub after_seq: Option<i64>,
-    #[serde(default)]
+    pub from: HistoryFrom,
     pub limit: Option<u32>,
+}
+
+/// Which way a `session.history` page reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HistoryFrom {
+    /// The oldest brackets with `sequence_id > n` (`after_seq`; 0 when neither is given).
+    After(i64),
+    /// The newest brackets with `sequence_id < n` (`before_seq`), still in ascending order.
+    Before(i64),
+}
+
+/// The fields `session.history` takes, before the one-direction rule is checked.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SessionHistoryFields {
+    session_id: String,
+    #[serde(default)]
+    after_seq: Option<i64>,
+    #[serde(default)]
+    before_seq: Option<i64>,
+    #[serde(default)]
+    limit: Option<u32>,
+}
+
+impl TryFrom<SessionHistoryFields> for SessionHistoryParams {
+    type Error = String;
+
+    fn try_from(f: SessionHistoryFields) -> Result<Self, Self::Error> {
+        let from = match (f.after_seq, f.before_seq) {
+            (Some(_), Some(_)) => {
+                return Err("give after_seq or before_seq, not both".to_owned());
+            }
+            (after, None) => HistoryFrom::After(after.unwrap_or(0)),
+            (None, Some(before)) => HistoryFrom::Before(before),
+        };
+        Ok(SessionHistoryParams {
+            session_id: f.session_id,
+            from,
+            limit: f.limit,
+        })
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -1075,6 +1115,40 @@ mod tests {
         );
     }
 
+    /// `session.history` reads one way: after a cursor (from the start when none is given) or
+    /// before one, never both.
+    #[test]
+    fn session_history_reads_after_or_before_not_both() {
+        let parse = |params: Value| Command::parse_named("session.history", params);
+        let from_of = |params: Value| match parse(params) {
+            Ok(Command::SessionHistory(p)) => p.from,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(from_of(json!({"session_id": "s"})), HistoryFrom::After(0));
+        assert_eq!(
+            from_of(json!({"session_id": "s", "after_seq": 7})),
+            HistoryFrom::After(7)
+        );
+        assert_eq!(
+            from_of(json!({"session_id": "s", "before_seq": 9_007_199_254_740_991_i64})),
+            HistoryFrom::Before(9_007_199_254_740_991)
+        );
+        for bad in [
+            json!({"session_id": "s", "after_seq": 0, "before_seq": 10}),
+            json!({"session_id": "s", "before_seq": "10"}),
+            json!({"session_id": "s", "before_seq": 1, "extra": 1}),
+        ] {
+            let err = parse(bad.clone()).unwrap_err();
+            assert_eq!(err.code, ErrorCode::InvalidParams, "{bad}");
+        }
+        let both = parse(json!({"session_id": "s", "after_seq": 0, "before_seq": 10}));
+        assert!(
+            both.unwrap_err()
+                .message
+                .contains("give after_seq or before_seq, not both"),
+        );
+    }
+
     /// `session.run` names its run exactly one way.
     #[test]
     fn session_run_takes_one_of_client_msg_id_and_run_id() {
@@ -1219,8 +1293,9 @@ silently ignored option. This page is generated from `src/protocol/envelope.rs`
 (`AGENT_HOST_BLESS=1 cargo test --lib docs_commands_md` rewrites it; the test fails when it
 is stale). The same codes travel in the WebSocket protocol's `ErrorResp` (docs/protocol.md).
 
-`agent-host follow [session_id] [--json]` is not an envelope command: it prints a live stream
-(see the README).
+`agent-host follow [session_id] [--json]` and `agent-host open [session_id] [--print]` are
+not envelope commands: the first prints a live stream, the second prints (and opens in the
+browser) the URL of the host's web UI with a fresh grant (see the README).
 
 ## Commands
 
@@ -1263,8 +1338,11 @@ the subscriber already has some. A cursor sent in the WebSocket `Hello` wins ove
 - A request line is at most 1 MiB (`request_too_large` beyond) and must arrive within 5 s
   (`request_timeout`; the variable `AGENT_HOST_IPC_TIMEOUT_MS` changes it).
 - At most 64 requests are served at once; more wait for a free slot.
-- `session.history` returns at most 5000 events per call (default 200); page with
-  `after_seq` set to the previous reply's `next_after_seq`.
+- `session.history` returns at most 5000 events per call (default 200) and about 8 MiB of
+  them; page forwards with `after_seq` set to the previous reply's `next_after_seq`, or
+  backwards from the end with `before_seq` (first 9007199254740991, 2^53 - 1) set to the
+  previous reply's `next_before_seq`. A backward page is in ascending order too; its
+  `has_more` says older brackets exist before its first one.
 - A session title is at most 1024 bytes.
 ";
 

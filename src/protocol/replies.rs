@@ -28,15 +28,21 @@ pub struct HistoryEntry {
     pub event: serde_json::Value,
 }
 
-/// `session.history`: a page of brackets after a cursor.
+/// `session.history`: a page of brackets, in ascending order, after a cursor (`after_seq`)
+/// or before one (`before_seq`, paging from the end backwards).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct HistoryPage {
     pub session_id: String,
     pub events: Vec<HistoryEntry>,
     pub count: usize,
-    /// The cursor to ask for the next page with (the last event's, or the one given).
+    /// The cursor to ask for the next page forwards with: the last event's; on an empty page
+    /// the `after_seq` given (0 for a backward page).
     pub next_after_seq: i64,
-    /// The page is full (by count or size): there may be more after it.
+    /// The cursor to ask for the next page backwards with: the first event's; on an empty
+    /// page the `before_seq` given (`null` for a forward page).
+    pub next_before_seq: Option<i64>,
+    /// Forwards: the page is full (by count or size), there may be more after it.
+    /// Backwards: older brackets exist before the page's first.
     pub has_more: bool,
 }
 

@@ -18,7 +18,7 @@ use tokio_util::sync::CancellationToken;
 use crate::config::{Config, RelayConfig, RelayTiming};
 use crate::instance::LockInfo;
 use crate::protocol::envelope::{
-    Command, ErrorCode, HostRelaySetParams, Reply, SessionHistoryParams, spec,
+    Command, ErrorCode, HistoryFrom, HostRelaySetParams, Reply, SessionHistoryParams, spec,
 };
 use crate::protocol::replies::{
     Deleted, HistoryEntry, HistoryPage, PermissionList, RunList, SessionCreated, SessionDetail,
@@ -368,17 +368,24 @@ impl Handler {
     }
 
     async fn history(&self, p: SessionHistoryParams) -> Reply {
-        let after = p.after_seq.unwrap_or(0);
         let limit = p.limit.unwrap_or(DEFAULT_HISTORY_LIMIT);
-        match self.sessions.history(&p.session_id, after, limit).await {
+        match self.sessions.history(&p.session_id, p.from, limit).await {
             Ok((events, has_more)) => {
-                let next = events.last().map_or(after, |e| e.sequence_id);
+                // Each cursor names the page's own end; an empty page hands back the one given
+                // (going forwards, 0 stands for "the start": nothing is skipped from there).
+                let (after, before) = match p.from {
+                    HistoryFrom::After(after) => (after, None),
+                    HistoryFrom::Before(before) => (0, Some(before)),
+                };
+                let next_after_seq = events.last().map_or(after, |e| e.sequence_id);
+                let next_before_seq = events.first().map(|e| e.sequence_id).or(before);
                 let count = events.len();
                 Reply::ok(HistoryPage {
                     session_id: p.session_id,
                     events: events.into_iter().map(history_entry).collect(),
                     count,
-                    next_after_seq: next,
+                    next_after_seq,
+                    next_before_seq,
                     has_more,
                 })
             }
@@ -486,5 +493,193 @@ fn authorize(caller: &Caller, command: &Command) -> Result<(), Reply> {
         | Command::SubscriberAdd(_)
         | Command::SubscriberList
         | Command::SubscriberRemove(_) => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bus::Bus;
+    use crate::protocol::events::{Event, EventBody, UserText};
+    use crate::store::Store;
+
+    /// A handler over a fresh store, as the host wires one (no agents).
+    struct World {
+        handler: Handler,
+        bus: Bus,
+        dir: tempfile::TempDir,
+        _threads: crate::store::StoreThreads,
+        _tasks: crate::bus::BusTasks,
+    }
+
+    async fn world() -> World {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, threads) = Store::open(&dir.path().join("t.db")).unwrap();
+        let (bus, tasks) = Bus::start(store.clone()).await.unwrap();
+        let sessions = SessionManager::new(
+            store.clone(),
+            bus.clone(),
+            Arc::new(crate::session::NoAgents),
+        );
+        let grants = Arc::new(crate::subscribers::GrantStore::new(
+            crate::clock::Clock::system(),
+        ));
+        let subscribers = Subscribers::new(store, bus.clone(), sessions.clone(), grants, 1);
+        let info = LockInfo {
+            pid: 1,
+            version: "t".into(),
+            ipc_path: "t".into(),
+            ws_port: None,
+            started_at: "t".into(),
+        };
+        let config = Arc::new(Config::with_home("/nonexistent").unwrap());
+        let handler = Handler::new(
+            sessions,
+            subscribers,
+            info,
+            config,
+            CancellationToken::new(),
+        );
+        World {
+            handler,
+            bus,
+            dir,
+            _threads: threads,
+            _tasks: tasks,
+        }
+    }
+
+    impl World {
+        /// One request as a transport serves it: parsed at the edge, then handled.
+        async fn call(&self, command: &str, params: Value) -> Reply {
+            match Command::parse_named(command, params) {
+                Ok(command) => self.handler.handle(&Caller::ipc(), command).await,
+                Err(refused) => refused.into_reply(),
+            }
+        }
+
+        async fn session_with(&self, prompts: usize) -> (String, Vec<i64>) {
+            let cwd = self.dir.path().display().to_string();
+            let created = self
+                .call(
+                    "session.create",
+                    json!({"agent_type": "claude", "cwd": cwd}),
+                )
+                .await;
+            let session: SessionCreated = created.data_as().unwrap();
+            let mut seqs = Vec::new();
+            for n in 0..prompts {
+                let event = Event::new(
+                    &session.session_id,
+                    None,
+                    EventBody::UserText(UserText {
+                        text: format!("prompt {n}"),
+                        client_msg_id: None,
+                    }),
+                );
+                let seq = self
+                    .bus
+                    .publish(&event)
+                    .await
+                    .unwrap()
+                    .committed()
+                    .await
+                    .unwrap()
+                    .unwrap();
+                seqs.push(seq);
+            }
+            (session.session_id, seqs)
+        }
+    }
+
+    #[tokio::test]
+    async fn history_refuses_after_seq_with_before_seq() {
+        let w = world().await;
+        let (session, _) = w.session_with(2).await;
+        for sid in [session.as_str(), "no-such-session"] {
+            let reply = w
+                .call(
+                    "session.history",
+                    json!({"session_id": sid, "after_seq": 0, "before_seq": 10}),
+                )
+                .await;
+            assert_eq!(
+                reply.error_code(),
+                Some(ErrorCode::InvalidParams),
+                "{reply:?}"
+            );
+            assert!(
+                reply.message.starts_with(
+                    "invalid params for session.history: give after_seq or before_seq, not both"
+                ),
+                "{}",
+                reply.message
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn history_pages_backwards_from_the_end() {
+        let w = world().await;
+        let (session, seqs) = w.session_with(5).await;
+        let page = |params: Value| {
+            let w = &w;
+            async move {
+                let reply = w.call("session.history", params).await;
+                assert!(reply.is_ok(), "{reply:?}");
+                reply.data_as::<HistoryPage>().unwrap()
+            }
+        };
+        let of = |p: &HistoryPage| p.events.iter().map(|e| e.sequence_id).collect::<Vec<_>>();
+
+        // The latest page, as a client opens a long session.
+        let last = page(
+            json!({"session_id": session, "before_seq": 9_007_199_254_740_991_i64, "limit": 2}),
+        )
+        .await;
+        assert_eq!(of(&last), seqs[3..].to_vec());
+        assert!(last.has_more);
+        assert_eq!(last.next_before_seq, Some(seqs[3]));
+        assert_eq!(last.next_after_seq, seqs[4]);
+        assert_eq!(last.count, 2);
+
+        let middle = page(json!({"session_id": session, "before_seq": seqs[3], "limit": 2})).await;
+        assert_eq!(of(&middle), seqs[1..3].to_vec());
+        assert!(middle.has_more);
+        // Exactly the rest: nothing older, and has_more says so.
+        let first = page(json!({"session_id": session, "before_seq": seqs[1], "limit": 2})).await;
+        assert_eq!(of(&first), vec![seqs[0]]);
+        assert!(!first.has_more);
+        let exact = page(json!({"session_id": session, "before_seq": seqs[2], "limit": 2})).await;
+        assert_eq!(of(&exact), seqs[..2].to_vec());
+        assert!(!exact.has_more, "no bracket is older than the first");
+        // Past the start: an empty page hands the cursors back.
+        let none = page(json!({"session_id": session, "before_seq": seqs[0], "limit": 2})).await;
+        assert!(none.events.is_empty());
+        assert!(!none.has_more);
+        assert_eq!(none.next_before_seq, Some(seqs[0]));
+        assert_eq!(none.next_after_seq, 0);
+
+        // Forwards is as before, and names its first event for going back.
+        let forward = page(json!({"session_id": session, "limit": 2})).await;
+        assert_eq!(of(&forward), seqs[..2].to_vec());
+        assert!(forward.has_more);
+        assert_eq!(forward.next_after_seq, seqs[1]);
+        assert_eq!(forward.next_before_seq, Some(seqs[0]));
+        let end = page(json!({"session_id": session, "after_seq": seqs[4]})).await;
+        assert!(end.events.is_empty());
+        assert_eq!(end.next_after_seq, seqs[4]);
+        assert_eq!(end.next_before_seq, None);
+        assert!(!end.has_more);
+        let wire = serde_json::to_value(&end).unwrap();
+        assert_eq!(wire["next_before_seq"], Value::Null, "{wire}");
+
+        let unknown = w
+            .call(
+                "session.history",
+                json!({"session_id": "no-such-session", "before_seq": 10}),
+            )
+            .await;
+        assert_eq!(unknown.error_code(), Some(ErrorCode::SessionNotFound));
     }
 }

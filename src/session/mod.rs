@@ -31,11 +31,47 @@ pub use actor::{
 pub use agent::{Launcher, NativeFile, NoAgents};
 
 use crate::bus::Bus;
+use crate::protocol::envelope::HistoryFrom;
 use crate::protocol::events::{
     Event, EventBody, Notice, RunEnd, RunState, SessionForked, SessionStateChange,
 };
 use crate::protocol::states::{PermissionState, RunStatus, SessionState};
 use crate::store::{SessionRow, Store, StoreError, StoreHealth, StoredEvent, now_ms};
+
+/// Which end of a history page [`keep_within`] keeps when the page is too large.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Keep {
+    /// A forward page: the caller pages on from its last event.
+    Oldest,
+    /// A backward page: the caller pages on from its first event.
+    Newest,
+}
+
+/// Cut a page (ascending) to about `max_bytes` of payload, keeping the end `keep` names and
+/// always at least one event, so that a page stays within a size any client accepts and
+/// paging on from the kept end loses nothing. True when something was cut.
+fn keep_within(events: &mut Vec<StoredEvent>, max_bytes: usize, keep: Keep) -> bool {
+    let mut bytes = 0;
+    let mut fits = |e: &StoredEvent| {
+        bytes += e.payload.len();
+        bytes <= max_bytes
+    };
+    let kept = match keep {
+        Keep::Oldest => events.iter().take_while(|e| fits(e)).count(),
+        Keep::Newest => events.iter().rev().take_while(|e| fits(e)).count(),
+    }
+    .max(1);
+    if kept >= events.len() {
+        return false;
+    }
+    match keep {
+        Keep::Oldest => events.truncate(kept),
+        Keep::Newest => {
+            events.drain(..events.len() - kept);
+        }
+    }
+    true
+}
 
 /// The most a page of history may hold.
 pub const MAX_HISTORY_LIMIT: u32 = 5000;
@@ -754,34 +790,42 @@ impl SessionManager {
         }
     }
 
-    /// Brackets after `after_seq`, at most `limit` and about [`MAX_HISTORY_BYTES`]; the session
-    /// must exist. The flag says whether more may follow (the page is full, by count or size).
+    /// One page of a session's brackets, at most `limit` and about [`MAX_HISTORY_BYTES`], in
+    /// ascending order; the session must exist. [`HistoryFrom::After`] reads the oldest after
+    /// a cursor, and the flag says whether more may follow (the page is full, by count or
+    /// size). [`HistoryFrom::Before`] reads the newest before one, and the flag says whether
+    /// older brackets exist before the page's first (one more than `limit` is read to know).
     pub async fn history(
         &self,
         session_id: &str,
-        after_seq: i64,
+        from: HistoryFrom,
         limit: u32,
     ) -> Result<(Vec<StoredEvent>, bool), SessionError> {
         self.get(session_id).await?;
         let limit = limit.clamp(1, MAX_HISTORY_LIMIT);
-        let mut events = self
-            .store
-            .history(session_id.to_owned(), after_seq.max(0), limit)
-            .await?;
-        let full = events.len() >= limit as usize;
-        // Keep a page within a size any client accepts; the caller pages on from the last one.
-        let mut bytes = 0;
-        let keep = events
-            .iter()
-            .take_while(|e| {
-                bytes += e.payload.len();
-                bytes <= MAX_HISTORY_BYTES
-            })
-            .count()
-            .max(1);
-        let cut = keep < events.len();
-        events.truncate(keep);
-        Ok((events, full || cut))
+        match from {
+            HistoryFrom::After(after_seq) => {
+                let mut events = self
+                    .store
+                    .history(session_id.to_owned(), after_seq.max(0), limit)
+                    .await?;
+                let full = events.len() >= limit as usize;
+                let cut = keep_within(&mut events, MAX_HISTORY_BYTES, Keep::Oldest);
+                Ok((events, full || cut))
+            }
+            HistoryFrom::Before(before_seq) => {
+                let mut events = self
+                    .store
+                    .history_before(session_id.to_owned(), before_seq, limit + 1)
+                    .await?;
+                let older = events.len() > limit as usize;
+                if older {
+                    events.remove(0);
+                }
+                let cut = keep_within(&mut events, MAX_HISTORY_BYTES, Keep::Newest);
+                Ok((events, older || cut))
+            }
+        }
     }
 
     /// Every run of a session, oldest first: its state and the `client_msg_id` it was sent
@@ -916,6 +960,49 @@ fn canonical_dir(cwd: &str) -> Result<String, SessionError> {
 mod tests {
     use super::*;
     use crate::store::{PermissionRow, RunRow};
+
+    /// A page too large is cut at the end the caller pages on from, keeping at least one
+    /// event: the oldest going forwards, the newest going backwards.
+    #[test]
+    fn a_large_page_keeps_the_end_it_pages_on_from() {
+        let page = |sizes: &[usize]| -> Vec<StoredEvent> {
+            sizes
+                .iter()
+                .enumerate()
+                .map(|(i, &n)| StoredEvent {
+                    sequence_id: i as i64 + 1,
+                    message_id: format!("m{i}"),
+                    session_id: "s".into(),
+                    run_id: None,
+                    kind: "text.end".into(),
+                    payload: "x".repeat(n),
+                    created_at: 0,
+                })
+                .collect()
+        };
+        let seqs =
+            |events: &[StoredEvent]| events.iter().map(|e| e.sequence_id).collect::<Vec<_>>();
+        for (sizes, max, keep, want, cut) in [
+            (&[4, 4, 4][..], 12, Keep::Oldest, vec![1, 2, 3], false),
+            (&[4, 4, 4][..], 12, Keep::Newest, vec![1, 2, 3], false),
+            (&[4, 4, 4][..], 9, Keep::Oldest, vec![1, 2], true),
+            (&[4, 4, 4][..], 9, Keep::Newest, vec![2, 3], true),
+            (&[2, 20, 2][..], 10, Keep::Oldest, vec![1], true),
+            (&[2, 20, 2][..], 10, Keep::Newest, vec![3], true),
+            // One event over the limit still makes a page.
+            (&[20, 1][..], 10, Keep::Oldest, vec![1], true),
+            (&[1, 20][..], 10, Keep::Newest, vec![2], true),
+            (&[][..], 10, Keep::Newest, vec![], false),
+        ] {
+            let mut events = page(sizes);
+            assert_eq!(
+                keep_within(&mut events, max, keep),
+                cut,
+                "{sizes:?} {max} {keep:?}"
+            );
+            assert_eq!(seqs(&events), want, "{sizes:?} {max} {keep:?}");
+        }
+    }
 
     /// A host that died mid-run left a running run, a queued one and a pending permission
     /// request; the next host closes each, visibly, before serving anyone.

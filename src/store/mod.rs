@@ -572,13 +572,31 @@ impl Store {
         limit: u32,
     ) -> StoreResult<Vec<StoredEvent>> {
         self.read(move |conn| {
-            let mut stmt = conn.prepare_cached(&format!(
-                "{EVENT_SELECT} WHERE session_id = ?1 AND sequence_id > ?2 \
-                 ORDER BY sequence_id LIMIT ?3"
-            ))?;
+            let mut stmt = conn.prepare_cached(&format!("{EVENT_SELECT} {HISTORY_AFTER_WHERE}"))?;
             let rows = stmt
                 .query_map(params![session_id, after_seq, limit], event_from_row)?
                 .collect::<Result<Vec<_>, _>>()?;
+            Ok(rows)
+        })
+        .await
+    }
+
+    /// The newest `limit` brackets of one session before `before_seq`, oldest first: a page
+    /// read from the end backwards. The index is walked downwards from `before_seq` and stops
+    /// at the limit, so the page costs the same at the end of a long session as at its start.
+    pub async fn history_before(
+        &self,
+        session_id: String,
+        before_seq: i64,
+        limit: u32,
+    ) -> StoreResult<Vec<StoredEvent>> {
+        self.read(move |conn| {
+            let mut stmt =
+                conn.prepare_cached(&format!("{EVENT_SELECT} {HISTORY_BEFORE_WHERE}"))?;
+            let mut rows = stmt
+                .query_map(params![session_id, before_seq, limit], event_from_row)?
+                .collect::<Result<Vec<_>, _>>()?;
+            rows.reverse();
             Ok(rows)
         })
         .await
@@ -799,6 +817,13 @@ fn session_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<SessionRow> {
 
 const EVENT_SELECT: &str =
     "SELECT sequence_id, message_id, session_id, run_id, kind, payload, created_at FROM messages";
+/// [`Store::history`]'s filter and order; both history queries read the
+/// `messages_session_seq` range of one session (a test holds them to it).
+const HISTORY_AFTER_WHERE: &str =
+    "WHERE session_id = ?1 AND sequence_id > ?2 ORDER BY sequence_id LIMIT ?3";
+/// [`Store::history_before`]'s: the same range, walked from its top.
+const HISTORY_BEFORE_WHERE: &str =
+    "WHERE session_id = ?1 AND sequence_id < ?2 ORDER BY sequence_id DESC LIMIT ?3";
 
 fn event_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<StoredEvent> {
     Ok(StoredEvent {
@@ -1196,6 +1221,133 @@ mod tests {
         );
         drop(store);
         threads.shutdown().await;
+    }
+
+    fn seqs(events: &[StoredEvent]) -> Vec<i64> {
+        events.iter().map(|e| e.sequence_id).collect()
+    }
+
+    /// Paging backwards from past the end (2^53 - 1, what a JavaScript client sends) visits
+    /// every bracket of the session once, newest page first, each page in ascending order,
+    /// and never one of the session it is interleaved with.
+    #[tokio::test]
+    async fn history_before_pages_a_session_from_its_end_to_its_start() {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, threads) = Store::open(&dir.path().join("t.db")).unwrap();
+        // 24 brackets of "a" between 16 of "b", in uneven runs.
+        let mut batch = Vec::new();
+        for n in 0..40 {
+            batch.push(event(if n % 5 < 3 && n < 38 { "a" } else { "b" }, n));
+        }
+        store.append(batch).await.unwrap().await.unwrap().unwrap();
+        let all_a = seqs(&store.history("a".into(), 0, 100).await.unwrap());
+        assert_eq!(all_a.len(), 24);
+        for limit in [1, 5, 7, 24, 25] {
+            let mut before = 9_007_199_254_740_991_i64;
+            let mut pages: Vec<Vec<i64>> = Vec::new();
+            loop {
+                let page = store
+                    .history_before("a".into(), before, limit)
+                    .await
+                    .unwrap();
+                assert!(page.iter().all(|e| e.session_id == "a"));
+                let page = seqs(&page);
+                assert!(page.len() <= limit as usize, "limit {limit}: {page:?}");
+                assert!(page.windows(2).all(|w| w[0] < w[1]), "{page:?}");
+                assert!(page.iter().all(|&s| s < before), "{page:?} before {before}");
+                let Some(&first) = page.first() else { break };
+                before = first;
+                pages.push(page);
+            }
+            // Full pages, except the oldest (the start of the session).
+            let (oldest, full) = pages.split_last().unwrap();
+            assert!(full.iter().all(|p| p.len() == limit as usize), "{pages:?}");
+            assert!(!oldest.is_empty());
+            let visited: Vec<i64> = pages.iter().rev().flatten().copied().collect();
+            assert_eq!(visited, all_a, "limit {limit}");
+        }
+        drop(store);
+        threads.shutdown().await;
+    }
+
+    #[tokio::test]
+    async fn history_before_boundaries() {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, threads) = Store::open(&dir.path().join("t.db")).unwrap();
+        let ids = store
+            .append(vec![
+                event("a", 1),
+                event("b", 2),
+                event("a", 3),
+                event("a", 4),
+            ])
+            .await
+            .unwrap()
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(ids, vec![1, 2, 3, 4]);
+        let before = |session: &str, seq: i64, limit: u32| {
+            let store = store.clone();
+            let session = session.to_owned();
+            async move { seqs(&store.history_before(session, seq, limit).await.unwrap()) }
+        };
+        // The bound is exclusive, whichever session's bracket it names.
+        assert_eq!(before("a", 4, 10).await, vec![1, 3]);
+        assert_eq!(before("a", 3, 10).await, vec![1]);
+        assert_eq!(before("a", 2, 10).await, vec![1]);
+        assert_eq!(before("a", 5, 10).await, vec![1, 3, 4]);
+        assert_eq!(before("a", i64::MAX, 10).await, vec![1, 3, 4]);
+        // Nothing before the first bracket, at or below zero, or of another session.
+        assert_eq!(before("a", 1, 10).await, Vec::<i64>::new());
+        assert_eq!(before("a", 0, 10).await, Vec::<i64>::new());
+        assert_eq!(before("a", -5, 10).await, Vec::<i64>::new());
+        assert_eq!(before("nobody", i64::MAX, 10).await, Vec::<i64>::new());
+        assert_eq!(before("b", 2, 10).await, Vec::<i64>::new());
+        assert_eq!(before("b", 3, 10).await, vec![2]);
+        // The limit keeps the newest, still in ascending order.
+        assert_eq!(before("a", i64::MAX, 2).await, vec![3, 4]);
+        assert_eq!(before("a", i64::MAX, 1).await, vec![4]);
+        assert_eq!(before("a", i64::MAX, 0).await, Vec::<i64>::new());
+        drop(store);
+        threads.shutdown().await;
+    }
+
+    /// Both history queries read one session's range of `messages_session_seq`, in the
+    /// index's order (no sort), whichever way they walk it.
+    #[test]
+    fn history_queries_use_the_session_sequence_index() {
+        let mut conn = Connection::open_in_memory().unwrap();
+        schema::migrate(&mut conn).unwrap();
+        for i in 0..500 {
+            conn.execute(
+                "INSERT INTO messages (message_id, session_id, kind, payload, created_at) \
+                 VALUES (?1, ?2, 'text.end', '{}', 1)",
+                params![format!("m{i}"), format!("s{}", i % 7)],
+            )
+            .unwrap();
+        }
+        for (filter, range) in [
+            (HISTORY_AFTER_WHERE, "sequence_id>?"),
+            (HISTORY_BEFORE_WHERE, "sequence_id<?"),
+        ] {
+            let mut stmt = conn
+                .prepare(&format!("EXPLAIN QUERY PLAN {EVENT_SELECT} {filter}"))
+                .unwrap();
+            let plan: Vec<String> = stmt
+                .query_map(params!["s3", 250, 10], |r| r.get::<_, String>(3))
+                .unwrap()
+                .collect::<Result<_, _>>()
+                .unwrap();
+            let plan = plan.join("\n");
+            assert_eq!(
+                plan,
+                format!(
+                    "SEARCH messages USING INDEX messages_session_seq (session_id=? AND {range})"
+                ),
+                "{filter}"
+            );
+        }
     }
 
     /// Cap (or uncap) the database's size on the writer's connection: a real SQLITE_FULL.
