@@ -294,6 +294,12 @@ impl Config {
         self.home.join("host.sock")
     }
 
+    /// The port the last host of this home listened on (when none is configured, the next
+    /// one takes it again if it is free, so the web UI's origin stays the same).
+    pub fn ws_port_path(&self) -> PathBuf {
+        self.home.join("ws.port")
+    }
+
     pub fn db_path(&self) -> PathBuf {
         self.home.join("host.db")
     }

@@ -63,6 +63,38 @@ pub enum DaemonError {
 /// How long in-flight IPC requests get to finish at shutdown.
 const DRAIN_GRACE: Duration = Duration::from_secs(5);
 
+/// The loopback listener: the configured port; else the port this home's last host had, when
+/// it is free (the web UI's origin — and so a page's storage and a bookmark — survives a
+/// restart); else any free port.
+async fn bind_ws(config: &Config) -> std::io::Result<tokio::net::TcpListener> {
+    if config.ws_port != 0 {
+        return ws::server::bind(config.ws_port).await;
+    }
+    let last = std::fs::read_to_string(config.ws_port_path())
+        .ok()
+        .and_then(|text| text.trim().parse::<u16>().ok())
+        .filter(|port| *port != 0);
+    if let Some(port) = last {
+        match ws::server::bind(port).await {
+            Ok(listener) => return Ok(listener),
+            Err(e) => {
+                tracing::info!(port, error = %e, "the last host's WebSocket port is taken; using another")
+            }
+        }
+    }
+    ws::server::bind(0).await
+}
+
+/// Best effort: a home that cannot keep the file just gets a new port next time.
+fn remember_ws_port(config: &Config, port: u16) {
+    if config.ws_port != 0 {
+        return;
+    }
+    if let Err(e) = std::fs::write(config.ws_port_path(), format!("{port}\n")) {
+        tracing::debug!(error = %e, "could not remember the WebSocket port");
+    }
+}
+
 /// Run the host until `shutdown` resolves or a client sends `host.shutdown`.
 pub async fn run(
     config: Config,
@@ -133,10 +165,9 @@ async fn serve(
     }
 
     // The loopback WebSocket server; its port goes into the lock file before anyone is told.
-    let ws_listener = ws::server::bind(config.ws_port)
-        .await
-        .map_err(DaemonError::Ws)?;
+    let ws_listener = bind_ws(&config).await.map_err(DaemonError::Ws)?;
     let ws_port = ws_listener.local_addr().map_err(DaemonError::Ws)?.port();
+    remember_ws_port(&config, ws_port);
     let mut info = lock.info().clone();
     info.ws_port = Some(ws_port);
     lock.update(info).map_err(DaemonError::Lock)?;

@@ -13,13 +13,15 @@
 //! - [`subscribers`] — subscriber rows, grant tokens and the registry of connections;
 //!   [`link`] — one wire connection (Hello, replay, events, acks, requests), whichever side
 //!   dialed.
-//! - [`ipc`] — the Unix-socket transport; [`ws`] — the loopback WebSocket transport;
+//! - [`ipc`] — the Unix-socket transport; [`ws`] — the loopback WebSocket transport, which
+//!   also serves [`web`] (the embedded web UI and its headers) on the same port;
 //!   [`relay`] — the outbound relay connection.
 //! - [`watch`] — file watching (`notify`), handed to the session layer through its `Launcher`.
 //! - [`instance`], [`config`] — the lock file and where things live; [`redact`] — secrets by
 //!   shape out of text agents write (their stderr).
 //! - [`daemon`] — wiring and ordered shutdown; [`run`] is its entry point.
-//! - [`client`] — the CLI's routing: local, IPC or hybrid; [`follow`] — the terminal follower.
+//! - [`client`] — the CLI's routing: local, IPC or hybrid; [`follow`] — the terminal follower;
+//!   [`open`] — `agent-host open`, the web UI's link.
 //!
 //! `docs/architecture.md` has the picture.
 
@@ -37,6 +39,7 @@ pub mod instance;
 pub mod ipc;
 pub mod link;
 pub mod logging;
+pub mod open;
 pub mod protocol;
 pub mod redact;
 pub mod relay;
@@ -45,6 +48,7 @@ pub mod session;
 pub mod store;
 pub mod subscribers;
 pub mod watch;
+pub mod web;
 pub mod ws;
 
 pub use daemon::{Ready, run};

@@ -16,12 +16,15 @@ use clap::{CommandFactory, FromArgMatches, Parser};
 struct Cli {
     /// A whole envelope `{"command":…,"params":…}`, or a command name.
     input: String,
-    /// The params JSON, when INPUT is a command name (for `follow`: a session id). `-` reads
-    /// it from standard input (as `-` for INPUT reads a whole envelope).
+    /// The params JSON, when INPUT is a command name (for `follow` and `open`: a session id).
+    /// `-` reads it from standard input (as `-` for INPUT reads a whole envelope).
     params: Option<String>,
     /// `follow` only: print raw canonical events, one JSON object per line.
     #[arg(long)]
     json: bool,
+    /// `open` only: print the web UI's URL without starting a browser.
+    #[arg(long)]
+    print: bool,
 }
 
 fn commands_help() -> String {
@@ -40,6 +43,9 @@ fn commands_help() -> String {
     }
     text.push_str(
         "  follow           [cli]   print a live stream: agent-host follow [session_id] [--json]\n",
+    );
+    text.push_str(
+        "  open             [cli]   print and open the web UI's URL: agent-host open [session_id] [--print]\n",
     );
     text.push_str(
         "\nExamples:\n  agent-host host.start\n  agent-host '{\"command\":\"session.create\",\"params\":{\"agent_type\":\"claude\",\"cwd\":\"/some/dir\"}}'\n  agent-host session.history '{\"session_id\":\"…\",\"after_seq\":0}'\n\nEnvironment: AGENT_HOST_HOME (default ~/.agent-host), AGENT_HOST_LOG (log filter).\nReply codes: docs/commands.md.",
@@ -100,6 +106,43 @@ fn follow(cli: Cli) -> anyhow::Result<ExitCode> {
     Ok(exit_code(&reply))
 }
 
+/// `agent-host open [session_id] [--print]`: one URL line on stdout (and a browser, unless
+/// `--print`); a failure is one JSON reply line, as for every command.
+fn open(cli: Cli) -> anyhow::Result<ExitCode> {
+    agent_host::logging::init_cli_logging();
+    let config = match load_config() {
+        Ok(config) => config,
+        Err(reply) => return Ok(reply),
+    };
+    let options = agent_host::open::OpenOptions {
+        session_id: cli.params,
+        print_only: cli.print,
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let reply = runtime.block_on(async {
+        let mut out = std::io::stdout();
+        let mut status = std::io::stderr();
+        agent_host::open::run(&config, options, &mut out, &mut status).await
+    });
+    if !reply.is_ok() {
+        print_reply(&reply);
+    }
+    Ok(exit_code(&reply))
+}
+
+/// A usage error, answered with one JSON line like every other.
+fn usage_error(first: &str) -> ExitCode {
+    let reply = Reply::error(
+        ErrorCode::InvalidEnvelope,
+        format!("{first}; usage: agent-host '<envelope>' | agent-host <command> ['<params>']"),
+        serde_json::Value::Null,
+    );
+    print_reply(&reply);
+    exit_code(&reply)
+}
+
 fn main() -> anyhow::Result<ExitCode> {
     let parsed = Cli::command()
         .after_help(commands_help())
@@ -124,19 +167,17 @@ fn main() -> anyhow::Result<ExitCode> {
                 .next()
                 .unwrap_or("usage error")
                 .trim_start_matches("error: ");
-            let reply = Reply::error(
-                ErrorCode::InvalidEnvelope,
-                format!(
-                    "{first}; usage: agent-host '<envelope>' | agent-host <command> ['<params>']"
-                ),
-                serde_json::Value::Null,
-            );
-            print_reply(&reply);
-            return Ok(exit_code(&reply));
+            return Ok(usage_error(first));
         }
     };
     if cli.input == "follow" {
         return follow(cli);
+    }
+    if cli.input == "open" {
+        return open(cli);
+    }
+    if cli.print {
+        return Ok(usage_error("--print is an option of `open` only"));
     }
     // `-` in either place is read from standard input.
     let stdin = &mut std::io::stdin().lock();

@@ -703,3 +703,172 @@ async fn a_corrupt_database_is_refused_at_start_and_never_written() {
     let status = home.ok(&["host.status"]).await;
     assert_eq!(status["running"], json!(false), "{status}");
 }
+
+/// `agent-host open [session_id] --print` run once: its stdout must be exactly one line.
+async fn open_print(home: &Home, args: &[&str]) -> (String, String) {
+    let mut all = vec!["open"];
+    all.extend_from_slice(args);
+    all.push("--print");
+    let output = tokio::time::timeout(CLI_TIMEOUT, home.command(&all).output())
+        .await
+        .unwrap_or_else(|_| panic!("agent-host {all:?} did not finish within {CLI_TIMEOUT:?}"))
+        .unwrap();
+    let stdout = String::from_utf8(output.stdout).unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    assert!(
+        output.status.success(),
+        "{all:?}: {stdout} (stderr: {stderr})"
+    );
+    assert!(
+        stdout.ends_with('\n') && stdout.matches('\n').count() == 1,
+        "{all:?}: stdout is not exactly one line: {stdout:?}"
+    );
+    (stdout.trim_end().to_owned(), stderr)
+}
+
+/// The `(key, value)` pairs of a URL's fragment, in order.
+fn fragment(url: &str) -> Vec<(String, String)> {
+    let (_, fragment) = url
+        .split_once('#')
+        .unwrap_or_else(|| panic!("no fragment: {url}"));
+    fragment
+        .split('&')
+        .map(|pair| {
+            let (k, v) = pair
+                .split_once('=')
+                .unwrap_or_else(|| panic!("{pair} in {url}"));
+            (k.to_owned(), v.to_owned())
+        })
+        .collect()
+}
+
+/// The token of an `open` URL opens the host's WebSocket, full-scope whether or not the URL
+/// names a session.
+async fn connect_with_token(port: u64, token: &str) -> agent_host::ws::client::WsClient {
+    use agent_host::protocol::wire::{PROTOCOL_VERSION, pb};
+    let hello = pb::Hello {
+        client_name: "cli test".to_owned(),
+        cursor: None,
+        protocol_version: PROTOCOL_VERSION,
+    };
+    let endpoint = format!("ws://127.0.0.1:{port}/subscribe");
+    let (ws, _resp) = tokio::time::timeout(
+        CLI_TIMEOUT,
+        agent_host::ws::client::connect(&endpoint, token, hello),
+    )
+    .await
+    .unwrap()
+    .unwrap_or_else(|e| panic!("the token of the URL does not open {endpoint}: {e}"));
+    ws
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn open_prints_a_url_whose_token_opens_the_websocket() {
+    let home = Home::new();
+    let work = tempfile::tempdir().unwrap();
+    let work_dir = work.path().canonicalize().unwrap();
+    home.start().await;
+    let port = home.ok(&["host.status"]).await["ws_port"]
+        .as_u64()
+        .expect("host.status has a ws_port");
+    let created = home
+        .ok(&[&create_envelope(&work_dir.display().to_string())])
+        .await;
+    let id = created["session_id"].as_str().unwrap().to_owned();
+
+    let base = format!("http://127.0.0.1:{port}/#token=");
+    let base64url = |t: &str| {
+        !t.is_empty()
+            && t.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+    };
+
+    // No session: the session list.
+    let (url, stderr) = open_print(&home, &[]).await;
+    assert!(url.starts_with(&base), "{url}");
+    let pairs = fragment(&url);
+    assert_eq!(pairs.len(), 1, "{url}");
+    assert_eq!(pairs[0].0, "token");
+    let token = pairs[0].1.clone();
+    assert!(base64url(&token), "{url}");
+    assert!(stderr.contains("60 s"), "{stderr}");
+    assert!(stderr.contains("renews its own grant"), "{stderr}");
+    assert!(
+        !stderr.contains(&token),
+        "the token leaked to stderr: {stderr}"
+    );
+    assert!(
+        !stderr.contains("could not open a browser"),
+        "--print tried a browser: {stderr}"
+    );
+
+    // A session: the same shape, the id after the token.
+    let (with_session, stderr) = open_print(&home, &[&id]).await;
+    assert!(with_session.starts_with(&base), "{with_session}");
+    let pairs = fragment(&with_session);
+    assert_eq!(pairs.len(), 2, "{with_session}");
+    assert_eq!(pairs[0].0, "token");
+    assert!(base64url(&pairs[0].1), "{with_session}");
+    assert_ne!(pairs[0].1, token, "each open mints its own grant");
+    assert_eq!(pairs[1], ("session".to_owned(), id.clone()));
+    assert_eq!(
+        with_session,
+        format!("{base}{}&session={id}", pairs[0].1),
+        "{stderr}"
+    );
+
+    // Both tokens open the WebSocket, and either grant may do everything: the session in the
+    // URL only picks the page's first view.
+    for token in [token, pairs[0].1.clone()] {
+        let mut ws = connect_with_token(port, &token).await;
+        let list = tokio::time::timeout(CLI_TIMEOUT, ws.request("session.list", json!({})))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(list.code, 0, "{}", list.to_line());
+        assert!(session_ids(&list.data).contains(&id), "{}", list.to_line());
+        let made = tokio::time::timeout(
+            CLI_TIMEOUT,
+            ws.request(
+                "session.create",
+                json!({"agent_type": "claude", "cwd": work_dir.display().to_string()}),
+            ),
+        )
+        .await
+        .unwrap()
+        .unwrap();
+        assert_eq!(
+            made.code,
+            0,
+            "a full-scope grant creates: {}",
+            made.to_line()
+        );
+        ws.close().await;
+    }
+    home.shutdown().await;
+
+    // The host gone: the usual one-line refusal, and a failing exit.
+    let gone = home.cli(&["open", "--print"]).await;
+    assert_eq!(gone.code, 2002, "{}", gone.describe());
+    assert_eq!(gone.data()["error"], json!("host_not_running"));
+    assert!(!gone.success);
+    let gone = home.cli(&["open", &id, "--print"]).await;
+    assert_eq!(gone.code, 2002, "{}", gone.describe());
+}
+
+#[tokio::test]
+async fn open_without_a_host_and_print_elsewhere_are_refused() {
+    let home = Home::new();
+    let out = home.cli(&["open", "--print"]).await;
+    assert_eq!(out.code, 2002, "{}", out.describe());
+    assert_eq!(out.data()["error"], json!("host_not_running"));
+    assert!(!out.success);
+    // Without --print it fails the same way, before any browser is tried.
+    let out = home.cli(&["open"]).await;
+    assert_eq!(out.code, 2002, "{}", out.describe());
+    assert!(!out.stderr.contains("browser"), "{}", out.stderr);
+    // --print belongs to open.
+    let out = home.cli(&["session.list", "--print"]).await;
+    assert_eq!(out.code, 1002, "{}", out.describe());
+    assert!(out.reply["message"].as_str().unwrap().contains("--print"));
+}

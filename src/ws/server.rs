@@ -1,17 +1,28 @@
-//! The loopback WebSocket server. Binds `127.0.0.1` only (never a wildcard address).
+//! The loopback server: the WebSocket transport and the web UI, on one port and one origin.
+//! Binds `127.0.0.1` only (never a wildcard address).
 //!
 //! A connection's life (docs/protocol.md has the client's view):
 //! 1. TCP accept; the peer must be a loopback address.
-//! 2. HTTP upgrade on `/subscribe`, checked in the handshake callback, before any frame:
+//! 2. The request head is read here (at most 16 KiB, within `HANDSHAKE_TIMEOUT`, else the
+//!    connection is closed) and routed by path, query string aside:
+//!    - `/subscribe` → the WebSocket upgrade: tungstenite gets the stream with the bytes
+//!      already read replayed in front ([`web::Rewind`]) — step 3;
+//!    - anything else → one HTTP response from [`web::respond`] (the embedded web UI at `/`,
+//!      or 403 / 404 / 405 with the same security headers), then close. No keep-alive.
+//! 3. HTTP upgrade on `/subscribe`, checked in the handshake callback, before any frame:
 //!    wrong path → 404; `Host` not this loopback address and port → 403; an `Origin` that is
 //!    neither this server's loopback origin nor configured → 403; missing, unknown or expired
-//!    grant token (`Authorization: Bearer …` or a `bearer.…` subprotocol entry) → 401.
-//! 3. The first frame must be `Hello`; its cursor, if any, wins over the stored one. The reply
+//!    grant token (`Authorization: Bearer …` or a `bearer.…` subprotocol entry) → 401. The
+//!    Host and Origin rule is [`web::Site`]'s, the same as for the web UI.
+//! 4. The first frame must be `Hello`; its cursor, if any, wins over the stored one. The reply
 //!    is `HelloResp`, then replay (per the subscriber's mode), then live events, as `EventPush`.
-//! 4. Inbound: `Ack` advances the stored cursor (batched by the bus), `Ping` → `Pong`, requests
+//! 5. Inbound: `Ack` advances the stored cursor (batched by the bus), `Ping` → `Pong`, requests
 //!    → their responses or `ErrorResp`. A bad frame gets `ErrorResp`; an oversized message
 //!    (> 1 MiB) closes the connection with code 1009 and a reason. Nothing a client sends
 //!    stops the host or other connections.
+//!
+//! Steps 2 and 3 (and, for the web UI, the whole exchange) hold one of `MAX_HANDSHAKES`
+//! permits and share one `HANDSHAKE_TIMEOUT` deadline.
 //!
 //! Overload: a connection's task writes its events in batches (one flush each). A client that
 //! stops reading blocks that write; the task then takes nothing from its bus subscription,
@@ -35,6 +46,7 @@ use crate::link::{self, Keepalive, Link, Peer};
 use crate::protocol::wire::{Codec, MAX_FRAME_BYTES, TOKEN_SUBPROTOCOL_PREFIX};
 use crate::request::Via;
 use crate::subscribers::GrantStore;
+use crate::web::{self, Site};
 
 /// How long a client has to finish the HTTP upgrade, and then to send `Hello`.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -99,7 +111,7 @@ pub async fn serve(
         let cancel = cancel.child_token();
         tracker.spawn(async move {
             if let Err(e) = connection(stream, ctx, cancel, permit).await {
-                tracing::debug!(%peer, error = %e, "WebSocket connection ended with an error");
+                tracing::debug!(%peer, error = %e, "loopback connection ended with an error");
             }
         });
     }
@@ -130,26 +142,21 @@ fn authorize(
     if req.uri().path() != PATH {
         return Err((StatusCode::NOT_FOUND, format!("only {PATH} is served")));
     }
+    let site = Site {
+        port,
+        allowed_origins,
+    };
     let host = header_str(req, header::HOST).unwrap_or_default();
-    let host_ok = [format!("127.0.0.1:{port}"), format!("localhost:{port}")]
-        .iter()
-        .any(|h| h.eq_ignore_ascii_case(host));
-    if !host_ok {
+    if !site.host_ok(host) {
         return Err((
             StatusCode::FORBIDDEN,
             "Host must be this server's loopback address".to_owned(),
         ));
     }
-    if let Some(origin) = header_str(req, header::ORIGIN) {
-        let own = [
-            format!("http://127.0.0.1:{port}"),
-            format!("http://localhost:{port}"),
-        ];
-        let ok = own.iter().any(|o| o.eq_ignore_ascii_case(origin))
-            || allowed_origins.iter().any(|o| o == origin);
-        if !ok {
-            return Err((StatusCode::FORBIDDEN, "Origin not allowed".to_owned()));
-        }
+    if let Some(origin) = header_str(req, header::ORIGIN)
+        && !site.origin_ok(origin)
+    {
+        return Err((StatusCode::FORBIDDEN, "Origin not allowed".to_owned()));
     }
     let bearer = header_str(req, header::AUTHORIZATION)
         .and_then(|v| v.strip_prefix("Bearer "))
@@ -194,6 +201,8 @@ enum ConnError {
     Handshake(#[from] WsError),
     #[error("handshake timed out")]
     Timeout,
+    #[error("request head: {0}")]
+    Head(#[from] web::HeadError),
     #[error("io: {0}")]
     Io(#[from] std::io::Error),
 }
@@ -203,12 +212,27 @@ enum ConnError {
     reason = "the handshake callback's signature is tungstenite's"
 )]
 async fn connection(
-    stream: TcpStream,
+    mut stream: TcpStream,
     ctx: Arc<WsContext>,
     cancel: CancellationToken,
     handshake: tokio::sync::OwnedSemaphorePermit,
 ) -> Result<(), ConnError> {
     stream.set_nodelay(true)?;
+    let deadline = tokio::time::Instant::now() + HANDSHAKE_TIMEOUT;
+    let (head, read) = tokio::select! {
+        () = cancel.cancelled() => return Ok(()),
+        head = tokio::time::timeout_at(deadline, web::read_head(&mut stream)) => {
+            head.map_err(|_| ConnError::Timeout)??
+        }
+    };
+    if head.path != PATH {
+        let site = Site {
+            port: ctx.port,
+            allowed_origins: &ctx.allowed_origins,
+        };
+        return web_request(stream, &head, &site, deadline, &cancel).await;
+    }
+    let stream = web::Rewind::new(read, stream);
     let mut granted: Option<(String, Codec)> = None;
     let callback = |req: &Request, mut response: Response| match authorize(
         req,
@@ -235,7 +259,7 @@ async fn connection(
         tokio_tungstenite::accept_hdr_async_with_config(stream, callback, Some(ws_config()));
     let ws = tokio::select! {
         () = cancel.cancelled() => return Ok(()),
-        upgraded = tokio::time::timeout(HANDSHAKE_TIMEOUT, upgrade) => {
+        upgraded = tokio::time::timeout_at(deadline, upgrade) => {
             upgraded.map_err(|_| ConnError::Timeout)??
         }
     };
@@ -261,6 +285,31 @@ async fn connection(
     );
     tracing::Instrument::instrument(serving, span).await;
     Ok(())
+}
+
+/// Answer one web UI request and close. The caller's handshake permit is held until this
+/// returns, so the exchange counts like an upgrade.
+async fn web_request(
+    mut stream: TcpStream,
+    head: &web::Head,
+    site: &Site<'_>,
+    deadline: tokio::time::Instant,
+    cancel: &CancellationToken,
+) -> Result<(), ConnError> {
+    let response = web::respond(head, site);
+    let status = response.status.code();
+    // The path only: a query string is the page's business, not the log's.
+    if matches!(response.status, web::Status::Ok | web::Status::NotModified) {
+        tracing::debug!(status, method = %head.method, path = ?head.path, "web request");
+    } else {
+        tracing::info!(status, method = %head.method, path = ?head.path, "web request refused");
+    }
+    tokio::select! {
+        () = cancel.cancelled() => Ok(()),
+        sent = tokio::time::timeout_at(deadline, response.send(&mut stream)) => {
+            Ok(sent.map_err(|_| ConnError::Timeout)??)
+        }
+    }
 }
 
 #[cfg(test)]

@@ -18,6 +18,8 @@
 //! - `THINK` → a thinking block (Codex: a reasoning summary; Gemini: a thought part), then the
 //!   echo;
 //! - `SLOW` → 40 text chunks 250 ms apart (something to cancel);
+//! - `MARKDOWN` → a markdown answer (a heading, bold text, a list, a fenced code block) in 12
+//!   chunks 120 ms apart (something for a renderer to show while it streams);
 //! - `FAIL500` → HTTP 500 with an API error body;
 //! - `FAIL429` → HTTP 429, the vendor's rate-limit error (Anthropic `rate_limit_error`, OpenAI
 //!   `rate_limit_exceeded`, Gemini `RESOURCE_EXHAUSTED`), with `retry-after: 0` and
@@ -488,6 +490,26 @@ fn decide(user_texts: &[String], tool_result: Option<String>) -> Reply {
     if text.contains("SLOW") {
         let chunks = (0..40).map(|i| format!("slow {i} ")).collect();
         return Reply::Blocks(vec![Block::Text(chunks)], Duration::from_millis(250));
+    }
+    if text.contains("MARKDOWN") {
+        let chunks = [
+            "## Result\n\n",
+            "Here is ",
+            "**bold** ",
+            "text and ",
+            "a list:\n\n",
+            "- one\n",
+            "- two\n\n",
+            "```rust\n",
+            "fn main() ",
+            "{}\n",
+            "```",
+            "\n",
+        ];
+        return Reply::Blocks(
+            vec![Block::Text(chunks.map(str::to_owned).to_vec())],
+            Duration::from_millis(120),
+        );
     }
     let words: Vec<String> = echo.split_inclusive(' ').map(str::to_owned).collect();
     if text.contains("THINK") {

@@ -1,0 +1,689 @@
+// The host's web UI: a client of the wire protocol (docs/protocol.md) and nothing else. It
+// owns the page: the session list (paged, live), the open session (its transcript, prompt
+// box, queue, permission prompts and actions) and the dialogs. The connection, the grant and
+// the cursor are wire.js's; rendering events is transcript.js's.
+
+import { Wire, storeToken, ReplyError } from "./wire.js";
+import { Transcript } from "./transcript.js";
+
+const PAGE = 300; // brackets per history page
+const LIST_PAGE = 50;
+const LATEST = 9007199254740991; // before_seq of a session's newest page
+
+const $ = (id) => document.getElementById(id);
+
+const app = {
+  wire: null,
+  sessions: new Map(), // id → summary row (session.list's, kept current by events)
+  order: [], // ids, newest activity first
+  listCursor: null,
+  tree: false,
+  current: null,
+  transcripts: new Map(),
+  queues: new Map(), // session id → [{run_id, text}]
+  agents: [],
+  ready: false,
+  readyAt: null,
+};
+window.agentHost = app; // for tests and the curious: state only, no secrets (the token is not here)
+
+// ---- boot -------------------------------------------------------------------------------
+
+function readFragment() {
+  const params = new URLSearchParams(location.hash.slice(1));
+  const token = params.get("token");
+  if (token) storeToken(token);
+  const session = params.get("session");
+  // The token leaves the address bar (and this entry of the history) at once.
+  history.replaceState(null, "", location.pathname + (session ? `#session=${encodeURIComponent(session)}` : ""));
+  return session;
+}
+
+window.addEventListener("hashchange", () => {
+  const params = new URLSearchParams(location.hash.slice(1));
+  if (params.get("token")) {
+    readFragment();
+    location.reload();
+  } else if (params.get("session") && params.get("session") !== app.current) {
+    openSession(params.get("session"));
+  }
+});
+
+const wantedSession = readFragment();
+
+app.wire = new Wire({
+  onEvent,
+  onState: connState,
+  onHello: async ({ first }) => {
+    if (!first) {
+      // Resumed from the cursor: brackets missed meanwhile were replayed. Refresh what is
+      // not an event (the list's order and previews, the queue).
+      refreshList();
+      if (app.current) refreshLive(app.current);
+      return;
+    }
+    $("new-session").disabled = false;
+    await loadSessions(true);
+    const target = wantedSession || null;
+    if (target) await openSession(target);
+    loadAgents();
+  },
+});
+app.wire.start();
+
+// ---- connection indicator ---------------------------------------------------------------
+
+function connState(state, detail) {
+  const el = $("conn");
+  el.dataset.state = state;
+  const text = {
+    connecting: "connecting…",
+    live: "connected",
+    reconnecting: "disconnected — reconnecting…",
+    expired: "disconnected",
+    closed: "closed",
+  }[state] || state;
+  el.textContent = text;
+  el.title = detail || "";
+  const banner = $("banner");
+  if (state === "expired") {
+    banner.hidden = false;
+    banner.textContent = "The host restarted (or this page's link expired): its grant is no longer valid. Run `agent-host open` for a new link.";
+  } else if (state === "reconnecting") {
+    banner.hidden = false;
+    banner.textContent = `Lost the connection to the host (${detail || "closed"}). Reconnecting; nothing is lost meanwhile.`;
+  } else {
+    banner.hidden = true;
+  }
+  document.body.dataset.conn = state;
+  for (const id of ["send", "cancel", "fork", "rename", "delete", "new-session"]) {
+    const b = $(id);
+    if (state !== "live") b.dataset.offline = "1";
+    else delete b.dataset.offline;
+  }
+}
+
+function status(text) {
+  $("composer-status").textContent = text || "";
+}
+
+function errorText(e) {
+  if (e instanceof ReplyError) return `${e.message} (${e.name_ || e.code})`;
+  return String(e && e.message ? e.message : e);
+}
+
+// ---- session list -----------------------------------------------------------------------
+
+async function loadSessions(reset) {
+  const params = { limit: LIST_PAGE };
+  if (!reset && app.listCursor) params.cursor = app.listCursor;
+  let page;
+  try {
+    page = await app.wire.ok("session.list", params);
+  } catch (e) {
+    status(`Could not list sessions: ${errorText(e)}`);
+    return;
+  }
+  if (reset) {
+    app.order = [];
+  }
+  for (const row of page.sessions) {
+    const known = app.sessions.get(row.session_id);
+    app.sessions.set(row.session_id, { ...known, ...row });
+    if (!app.order.includes(row.session_id)) app.order.push(row.session_id);
+  }
+  app.listCursor = page.next_cursor;
+  $("more-sessions").hidden = !page.next_cursor;
+  renderList();
+}
+
+let refreshTimer = null;
+function refreshList() {
+  clearTimeout(refreshTimer);
+  refreshTimer = setTimeout(async () => {
+    // The first page again: new sessions, order, previews; rows further down stay as known.
+    try {
+      const page = await app.wire.ok("session.list", { limit: LIST_PAGE });
+      const firstIds = page.sessions.map((r) => r.session_id);
+      for (const row of page.sessions) app.sessions.set(row.session_id, { ...app.sessions.get(row.session_id), ...row });
+      app.order = [...firstIds, ...app.order.filter((id) => !firstIds.includes(id) && app.sessions.has(id))];
+      if (app.listCursor === null && page.next_cursor) app.listCursor = page.next_cursor;
+      renderList();
+    } catch {
+      // Disconnected: the next hello refreshes.
+    }
+  }, 150);
+}
+
+function ago(ms) {
+  if (!ms) return "";
+  const s = Math.max(0, Math.round((Date.now() - ms) / 1000));
+  if (s < 60) return `${s}s ago`;
+  if (s < 3600) return `${Math.round(s / 60)}m ago`;
+  if (s < 86400) return `${Math.round(s / 3600)}h ago`;
+  return new Date(ms).toLocaleDateString();
+}
+
+function titleOf(row) {
+  return row.title || `untitled ${row.agent_type} session`;
+}
+
+function stateLabel(state) {
+  return state === "waiting" ? "needs you" : state;
+}
+
+function sessionItem(row, depth) {
+  const li = document.createElement("li");
+  li.className = "session-item";
+  li.style.setProperty("--depth", depth);
+  const b = document.createElement("button");
+  b.type = "button";
+  b.className = "session-row";
+  b.dataset.sessionId = row.session_id;
+  b.dataset.state = row.state;
+  if (row.session_id === app.current) b.setAttribute("aria-current", "true");
+  const title = document.createElement("span");
+  title.className = "row-title";
+  title.textContent = titleOf(row);
+  const badge = document.createElement("span");
+  badge.className = `badge state-${row.state}`;
+  badge.textContent = stateLabel(row.state);
+  const meta = document.createElement("span");
+  meta.className = "row-meta";
+  meta.textContent = `${row.agent_type} · ${row.cwd} · ${ago(row.last_activity_ms || row.updated_at_ms)}`;
+  const preview = document.createElement("span");
+  preview.className = "row-preview";
+  preview.textContent = row.preview || "";
+  b.append(title, " ", badge, meta, preview);
+  if (row.parent_session_id) {
+    const parent = app.sessions.get(row.parent_session_id);
+    const lineage = document.createElement("span");
+    lineage.className = "row-lineage";
+    lineage.textContent = `fork of ${parent ? titleOf(parent) : row.parent_session_id.slice(0, 8)}`;
+    b.append(lineage);
+  }
+  b.setAttribute("aria-label", `${titleOf(row)}, ${row.agent_type}, ${stateLabel(row.state)}`);
+  b.addEventListener("click", () => openSession(row.session_id));
+  li.append(b);
+  return li;
+}
+
+function renderList() {
+  const ul = $("session-list");
+  const rows = app.order.map((id) => app.sessions.get(id)).filter(Boolean);
+  const items = [];
+  if (app.tree) {
+    const children = new Map();
+    const ids = new Set(rows.map((r) => r.session_id));
+    for (const r of rows) {
+      const p = r.parent_session_id && ids.has(r.parent_session_id) ? r.parent_session_id : null;
+      if (!children.has(p)) children.set(p, []);
+      children.get(p).push(r);
+    }
+    const walk = (parent, depth) => {
+      for (const r of children.get(parent) || []) {
+        items.push(sessionItem(r, depth));
+        walk(r.session_id, depth + 1);
+      }
+    };
+    walk(null, 0);
+  } else {
+    for (const r of rows) items.push(sessionItem(r, 0));
+  }
+  ul.replaceChildren(...items);
+  const waiting = rows.filter((r) => r.state === "waiting").length;
+  document.title = waiting ? `(${waiting}) agent-host — needs you` : "agent-host";
+  if (app.current) renderHeader();
+}
+
+$("more-sessions").addEventListener("click", () => loadSessions(false));
+$("tree-toggle").addEventListener("click", () => {
+  app.tree = !app.tree;
+  $("tree-toggle").setAttribute("aria-pressed", String(app.tree));
+  renderList();
+});
+$("session-list").addEventListener("keydown", (ev) => {
+  if (ev.key !== "ArrowDown" && ev.key !== "ArrowUp") return;
+  const buttons = [...document.querySelectorAll(".session-row")];
+  const i = buttons.indexOf(document.activeElement);
+  if (i < 0) return;
+  ev.preventDefault();
+  const next = buttons[Math.max(0, Math.min(buttons.length - 1, i + (ev.key === "ArrowDown" ? 1 : -1)))];
+  next.focus();
+});
+
+/** An event updates the list row of its session (state, activity, preview). */
+function listUpdate(push) {
+  const row = app.sessions.get(push.sessionId);
+  if (!row) {
+    refreshList(); // a session this page has not listed yet
+    return;
+  }
+  const e = push.event;
+  row.last_activity_ms = Date.now();
+  if (e.k === "session.state") row.state = e.state;
+  if ((e.k === "user.text" || e.k === "text.end") && e.text) row.preview = e.text.slice(0, 160);
+  const i = app.order.indexOf(push.sessionId);
+  if (i > 0) {
+    app.order.splice(i, 1);
+    app.order.unshift(push.sessionId);
+  }
+  scheduleRender();
+}
+
+let renderPending = false;
+function scheduleRender() {
+  if (renderPending) return;
+  renderPending = true;
+  requestAnimationFrame(() => {
+    renderPending = false;
+    renderList();
+  });
+}
+
+// ---- events -----------------------------------------------------------------------------
+
+function onEvent(push) {
+  const t = app.transcripts.get(push.sessionId);
+  if (push.isDelta) {
+    if (t && t.loadedOnce) {
+      const stick = nearBottom();
+      t.delta(push);
+      if (stick && push.sessionId === app.current) scrollToBottom();
+    }
+    return;
+  }
+  if (t) {
+    const stick = nearBottom();
+    t.add([push]);
+    if (stick && push.sessionId === app.current) scrollToBottom();
+  }
+  const e = push.event;
+  if (e.k === "user.text" || e.k === "warning") {
+    // A queued prompt started (its user.text), or never will (followup_dropped/cancelled).
+    const q = app.queues.get(push.sessionId);
+    if (q && push.runId) app.queues.set(push.sessionId, q.filter((x) => x.run_id !== push.runId));
+    if (push.sessionId === app.current) renderQueue();
+  }
+  listUpdate(push);
+  if (push.sessionId === app.current && (e.k === "session.state" || e.k === "run.end")) renderHeader();
+}
+
+// ---- the open session -------------------------------------------------------------------
+
+function nearBottom() {
+  const el = $("transcript");
+  return el.scrollHeight - el.scrollTop - el.clientHeight < 80;
+}
+
+function scrollToBottom() {
+  const el = $("transcript");
+  el.scrollTop = el.scrollHeight;
+}
+
+function hooks() {
+  return {
+    own: () => app.wire.subscriberId,
+    openSession: (id) => openSession(id),
+    respond: async (sessionId, requestId, decision) => {
+      try {
+        await app.wire.ok("permission.respond", { session_id: sessionId, request_id: requestId, decision });
+        return null;
+      } catch (e) {
+        return `Not answered: ${errorText(e)}`;
+      }
+    },
+    changed: (node) => {
+      // A new permission request: focus it unless the user is typing.
+      const active = document.activeElement;
+      const typing = active && (active.tagName === "TEXTAREA" || active.tagName === "INPUT") && active.value;
+      if (node && !typing && !document.querySelector("dialog[open]")) node.focus({ preventScroll: false });
+    },
+  };
+}
+
+async function openSession(id) {
+  app.current = id;
+  history.replaceState(null, "", `${location.pathname}#session=${encodeURIComponent(id)}`);
+  $("empty").hidden = true;
+  $("session").hidden = false;
+  let row = app.sessions.get(id);
+  if (!row) {
+    try {
+      row = await app.wire.ok("session.get", { session_id: id });
+      app.sessions.set(id, { ...row, last_activity_ms: row.updated_at_ms });
+      if (!app.order.includes(id)) app.order.push(id);
+    } catch (e) {
+      status(`Could not open the session: ${errorText(e)}`);
+      return;
+    }
+  }
+  let t = app.transcripts.get(id);
+  const box = $("transcript");
+  if (!t) {
+    t = new Transcript(id, hooks());
+    app.transcripts.set(id, t);
+    const older = document.createElement("button");
+    older.type = "button";
+    older.className = "older-button";
+    older.textContent = "Load older messages";
+    older.addEventListener("click", () => loadOlder(t));
+    t.top.append(older);
+    t.olderButton = older;
+  }
+  box.replaceChildren(t.el);
+  renderList();
+  renderHeader();
+  renderQueue();
+  if (!t.loadedOnce) {
+    await loadOlder(t);
+    t.loadedOnce = true;
+    scrollToBottom();
+    observeTop(t);
+  } else {
+    scrollToBottom();
+  }
+  refreshLive(id);
+  if (!app.ready) {
+    app.ready = true;
+    app.readyAt = performance.now();
+    document.body.dataset.ready = "1";
+  }
+  $("prompt").focus();
+}
+
+/** The page of brackets before the oldest loaded one (the newest page first). */
+async function loadOlder(t) {
+  if (!t.hasOlder || t.loading) return;
+  t.loading = true;
+  const box = $("transcript");
+  const fromBottom = box.scrollHeight - box.scrollTop;
+  try {
+    const page = await app.wire.ok("session.history", {
+      session_id: t.sessionId,
+      before_seq: t.oldest === null ? LATEST : t.oldest,
+      limit: PAGE,
+    });
+    const entries = page.events.map((e) => ({ seq: e.sequence_id, runId: e.run_id || "", event: e.event }));
+    t.add(entries);
+    t.oldest = page.next_before_seq ?? (entries.length ? entries[0].seq : t.oldest);
+    t.hasOlder = !!page.has_more;
+    if (t.sessionId === app.current && t.loadedOnce) box.scrollTop = box.scrollHeight - fromBottom;
+  } catch (e) {
+    status(`Could not load the history: ${errorText(e)}`);
+  } finally {
+    t.loading = false;
+  }
+  t.olderButton.hidden = !t.hasOlder;
+  // Still in view after the page came (a short page, a tall window): the next one too.
+  if (t.hasOlder && t.loadedOnce && t.sessionId === app.current) {
+    const top = t.top.getBoundingClientRect().bottom;
+    if (top > box.getBoundingClientRect().top - 600) setTimeout(() => loadOlder(t), 0);
+  }
+  t.top.dataset.start = t.hasOlder ? "" : "1";
+  if (!t.hasOlder && !t.top.querySelector(".start")) {
+    const p = document.createElement("p");
+    p.className = "start";
+    p.textContent = "The start of this session.";
+    t.top.append(p);
+  }
+}
+
+function observeTop(t) {
+  const io = new IntersectionObserver(
+    (entries) => {
+      if (entries.some((e) => e.isIntersecting) && t.sessionId === app.current && t.hasOlder) loadOlder(t);
+    },
+    { root: $("transcript"), rootMargin: "600px 0px 0px 0px" },
+  );
+  io.observe(t.top);
+}
+
+async function refreshLive(id) {
+  try {
+    const detail = await app.wire.ok("session.get", { session_id: id });
+    const row = app.sessions.get(id);
+    if (row) Object.assign(row, { state: detail.state, title: detail.title });
+    const queued = (detail.live && detail.live.queued) || [];
+    const mine = app.queues.get(id) || [];
+    const known = new Set(mine.map((q) => q.run_id));
+    const merged = mine.filter((q) => queued.includes(q.run_id));
+    for (const runId of queued) if (!known.has(runId)) merged.push({ run_id: runId, text: null });
+    app.queues.set(id, merged);
+    if (id === app.current) {
+      renderQueue();
+      renderHeader();
+    }
+  } catch {
+    // The session went away, or the connection: shown elsewhere.
+  }
+}
+
+function renderHeader() {
+  const row = app.sessions.get(app.current);
+  if (!row) return;
+  $("session-title").textContent = titleOf(row);
+  $("session-agent").textContent = row.agent_type;
+  $("session-cwd").textContent = row.cwd;
+  const st = $("session-state");
+  st.textContent = stateLabel(row.state);
+  st.dataset.state = row.state;
+  const lineage = $("session-lineage");
+  lineage.replaceChildren();
+  if (row.parent_session_id) {
+    const b = document.createElement("button");
+    b.type = "button";
+    b.className = "link";
+    const parent = app.sessions.get(row.parent_session_id);
+    b.textContent = `fork of ${parent ? titleOf(parent) : row.parent_session_id.slice(0, 8)}`;
+    b.addEventListener("click", () => openSession(row.parent_session_id));
+    lineage.append(b);
+  }
+  $("cancel").disabled = !(row.state === "running" || row.state === "waiting");
+}
+
+function renderQueue() {
+  const ol = $("queue");
+  const q = app.queues.get(app.current) || [];
+  ol.replaceChildren(
+    ...q.map((item) => {
+      const li = document.createElement("li");
+      li.dataset.runId = item.run_id;
+      const text = document.createElement("span");
+      text.textContent = item.text === null ? "a prompt queued by another client" : item.text;
+      const remove = document.createElement("button");
+      remove.type = "button";
+      remove.textContent = "Remove";
+      remove.setAttribute("aria-label", `Remove queued prompt: ${item.text || item.run_id}`);
+      remove.addEventListener("click", async () => {
+        try {
+          await app.wire.ok("session.cancel", { session_id: app.current, run_id: item.run_id });
+        } catch (e) {
+          status(`Could not remove it: ${errorText(e)}`);
+        }
+      });
+      li.append("Queued: ", text, " ", remove);
+      return li;
+    }),
+  );
+  ol.hidden = q.length === 0;
+}
+
+// ---- prompt, cancel, fork, rename, delete, new ------------------------------------------
+
+async function send() {
+  const box = $("prompt");
+  const text = box.value;
+  if (!text.trim() || !app.current) return;
+  const session = app.current;
+  status("Sending…");
+  try {
+    const r = await app.wire.ok("session.send", { session_id: session, text, client_msg_id: crypto.randomUUID() });
+    box.value = "";
+    if (r.queued) {
+      const q = app.queues.get(session) || [];
+      q.push({ run_id: r.run_id, text });
+      app.queues.set(session, q);
+      renderQueue();
+      status("Queued: it runs after the current turn.");
+    } else {
+      status("");
+    }
+  } catch (e) {
+    status(`Not sent: ${errorText(e)}`);
+  }
+}
+
+$("prompt-form").addEventListener("submit", (ev) => {
+  ev.preventDefault();
+  send();
+});
+$("prompt").addEventListener("keydown", (ev) => {
+  if (ev.key === "Enter" && !ev.shiftKey && !ev.isComposing) {
+    ev.preventDefault();
+    send();
+  }
+});
+
+async function cancel() {
+  if (!app.current) return;
+  try {
+    const r = await app.wire.ok("session.cancel", { session_id: app.current });
+    status(r.state === "cancelling" ? "Cancelling the running turn…" : "Cancelled.");
+  } catch (e) {
+    status(`Nothing cancelled: ${errorText(e)}`);
+  }
+}
+$("cancel").addEventListener("click", cancel);
+
+document.addEventListener("keydown", (ev) => {
+  if (ev.key === "Escape" && !document.querySelector("dialog[open]") && app.current) {
+    const row = app.sessions.get(app.current);
+    if (row && (row.state === "running" || row.state === "waiting")) {
+      ev.preventDefault();
+      cancel();
+    }
+  }
+});
+
+$("fork").addEventListener("click", async () => {
+  if (!app.current) return;
+  try {
+    const r = await app.wire.ok("session.fork", { session_id: app.current });
+    app.sessions.set(r.session_id, { ...r.session, last_activity_ms: Date.now(), preview: null });
+    app.order.unshift(r.session_id);
+    await openSession(r.session_id);
+  } catch (e) {
+    status(`Not forked: ${errorText(e)}`);
+  }
+});
+
+function dialog(id, onSubmit) {
+  const d = $(id);
+  const form = d.querySelector("form");
+  form.addEventListener("submit", async (ev) => {
+    const value = ev.submitter ? ev.submitter.value : "";
+    if (value === "cancel") return; // method=dialog closes it
+    ev.preventDefault();
+    const err = await onSubmit();
+    const shown = d.querySelector(".form-error");
+    if (err) shown.textContent = err;
+    else {
+      shown.textContent = "";
+      d.close();
+    }
+  });
+  return d;
+}
+
+const renameDialog = dialog("rename-dialog", async () => {
+  const title = $("rename-title").value.trim();
+  if (!title) return "A title is needed.";
+  try {
+    const r = await app.wire.ok("session.rename", { session_id: app.current, title });
+    Object.assign(app.sessions.get(app.current), { title: r.session.title });
+    renderList();
+    return null;
+  } catch (e) {
+    return errorText(e);
+  }
+});
+$("rename").addEventListener("click", () => {
+  const row = app.sessions.get(app.current);
+  $("rename-title").value = row ? row.title || "" : "";
+  renameDialog.showModal();
+});
+
+const deleteDialog = dialog("delete-dialog", async () => {
+  const id = app.current;
+  try {
+    await app.wire.ok("session.delete", { session_id: id });
+  } catch (e) {
+    return errorText(e);
+  }
+  app.sessions.delete(id);
+  app.order = app.order.filter((x) => x !== id);
+  app.transcripts.delete(id);
+  app.current = null;
+  history.replaceState(null, "", location.pathname);
+  $("session").hidden = true;
+  $("empty").hidden = false;
+  renderList();
+  return null;
+});
+$("delete").addEventListener("click", () => {
+  const row = app.sessions.get(app.current);
+  $("delete-text").textContent = `“${row ? titleOf(row) : app.current}” and every stored event of it will be deleted. The agent's own session files stay.`;
+  deleteDialog.showModal();
+});
+
+async function loadAgents() {
+  try {
+    const data = await app.wire.ok("agent.list", {});
+    app.agents = data.agents || [];
+  } catch {
+    app.agents = [];
+  }
+  const select = $("new-agent");
+  select.replaceChildren(
+    ...app.agents.map((a) => {
+      const o = document.createElement("option");
+      o.value = a.agent_type;
+      o.textContent = a.usable ? `${a.agent_type}${a.version ? ` (${a.version})` : ""}` : `${a.agent_type} — not usable: ${a.reason || a.error}`;
+      o.disabled = !a.usable || a.turns === false;
+      return o;
+    }),
+  );
+  const first = app.agents.find((a) => a.usable && a.turns !== false);
+  if (first) select.value = first.agent_type;
+}
+
+const newDialog = dialog("new-dialog", async () => {
+  const agent_type = $("new-agent").value;
+  const cwd = $("new-cwd").value.trim();
+  const title = $("new-title").value.trim();
+  if (!agent_type || !cwd) return "An agent and a working directory are needed.";
+  const params = { agent_type, cwd };
+  if (title) params.title = title;
+  try {
+    const r = await app.wire.ok("session.create", params);
+    localStorage.setItem("agent-host.cwd", cwd);
+    app.sessions.set(r.session_id, { ...r.session, last_activity_ms: Date.now(), preview: null });
+    app.order.unshift(r.session_id);
+    $("new-title").value = "";
+    openSession(r.session_id);
+    return null;
+  } catch (e) {
+    return errorText(e);
+  }
+});
+$("new-session").addEventListener("click", async () => {
+  if (!app.agents.length) await loadAgents();
+  const row = app.sessions.get(app.current);
+  $("new-cwd").value = localStorage.getItem("agent-host.cwd") || (row ? row.cwd : "");
+  $("new-error").textContent = "";
+  newDialog.showModal();
+});
+
+// Relative times stay current.
+setInterval(() => scheduleRender(), 30_000);

@@ -1,0 +1,381 @@
+// The web UI in a real browser (Debian's chromium driven by playwright-core), against a real
+// host running the real `claude` on the project's mock model. Run by tests/web_ui.rs, which
+// sets up the host and passes (env): AH_BIN, AH_HOME, AH_WORKDIR, AH_BIG_SESSION,
+// AH_BIG_COUNT, AH_SHOTS, AH_RESULTS, AH_CHROMIUM, AH_CHROMIUM_ARGS. Each step prints `ok …`;
+// the first failure throws (exit 1). The results file gets every grant token seen (the Rust
+// side checks none is in logs/) and the measured figures.
+
+import { chromium } from "playwright-core";
+import { execFileSync } from "node:child_process";
+import { writeFileSync, mkdirSync } from "node:fs";
+import http from "node:http";
+import path from "node:path";
+
+const env = process.env;
+const need = (k) => {
+  if (!env[k]) throw new Error(`${k} is not set`);
+  return env[k];
+};
+const BIN = need("AH_BIN");
+const WORKDIR = need("AH_WORKDIR");
+const BIG = need("AH_BIG_SESSION");
+const BIG_COUNT = Number(need("AH_BIG_COUNT"));
+const SHOTS = need("AH_SHOTS");
+const RESULTS = need("AH_RESULTS");
+const TURN = 90_000;
+
+mkdirSync(SHOTS, { recursive: true });
+const tokens = new Set();
+const figures = {};
+
+function ah(args) {
+  return execFileSync(BIN, args, { env, encoding: "utf8", stdio: ["ignore", "pipe", "pipe"], maxBuffer: 1 << 30 });
+}
+/** The reply of a command that may fail (exit status 1 with its JSON line). */
+function ahReply(command, params) {
+  let out;
+  try {
+    out = ah([command, JSON.stringify(params ?? {})]);
+  } catch (e) {
+    out = String(e.stdout || "");
+  }
+  return JSON.parse(out.trim().split("\n").pop());
+}
+function ahJson(command, params) {
+  const out = ah([command, JSON.stringify(params ?? {})]);
+  const reply = JSON.parse(out.trim().split("\n").pop());
+  if (reply.code !== 0) throw new Error(`${command}: ${out}`);
+  return reply.data;
+}
+function openUrl(session) {
+  const out = ah(session ? ["open", session, "--print"] : ["open", "--print"]).trim().split("\n")[0];
+  const url = new URL(out);
+  if (url.hostname !== "127.0.0.1" || url.pathname !== "/") throw new Error(`open printed ${out}`);
+  const token = new URLSearchParams(url.hash.slice(1)).get("token");
+  if (!token) throw new Error(`no token in the fragment of ${out}`);
+  tokens.add(token);
+  return out;
+}
+function check(cond, what) {
+  if (!cond) throw new Error(what);
+}
+function ok(what) {
+  console.log(`ok ${what}`);
+}
+/** Every bracket of a session over IPC, ascending. */
+function historySeqs(session) {
+  const events = [];
+  let after = 0;
+  for (;;) {
+    const page = ahJson("session.history", { session_id: session, after_seq: after, limit: 5000 });
+    events.push(...page.events);
+    if (!page.has_more) return { seqs: events.map((e) => e.sequence_id), events };
+    after = page.next_after_seq;
+  }
+}
+async function tokensOf(page) {
+  const t = await page.evaluate(() => sessionStorage.getItem("agent-host.token"));
+  if (t) tokens.add(t);
+}
+async function live(page) {
+  await page.waitForSelector('#conn[data-state="live"]', { timeout: 30_000 });
+}
+/** Brackets the page rendered for `session`, ascending. */
+async function pageSeqs(page, session) {
+  return page.evaluate((id) => {
+    const t = window.agentHost.transcripts.get(id);
+    return t ? t.seqs() : null;
+  }, session);
+}
+async function runEnds(page, state) {
+  return page.locator(`#transcript .run-end[data-state="${state}"]`).count();
+}
+async function waitRunEnds(page, state, count) {
+  await page.waitForFunction(
+    ([s, n]) => document.querySelectorAll(`#transcript .run-end[data-state="${s}"]`).length >= n,
+    [state, count],
+    { timeout: TURN },
+  );
+}
+async function send(page, text) {
+  await page.fill("#prompt", text);
+  await page.press("#prompt", "Enter");
+}
+
+const browser = await chromium.launch({
+  executablePath: need("AH_CHROMIUM"),
+  args: (env.AH_CHROMIUM_ARGS || "").split(" ").filter(Boolean),
+  headless: true,
+});
+const contextA = await browser.newContext({ viewport: { width: 1280, height: 860 } });
+const a = await contextA.newPage();
+a.setDefaultTimeout(60_000);
+const consoleErrors = [];
+// Errors of the page's own code. (Chromium also logs each refused WebSocket handshake and
+// failed load as a console error: expected while the host is killed and restarted.)
+a.on("console", (m) => {
+  const text = m.text();
+  if (m.type() === "error" && !/WebSocket connection to|Failed to load resource|ERR_CONNECTION_REFUSED/.test(text)) consoleErrors.push(text);
+});
+a.on("pageerror", (e) => consoleErrors.push(String(e)));
+
+try {
+  // ---- 1. open, list, create, prompt: streamed token by token, then markdown ----------
+  await a.goto(openUrl());
+  await live(a);
+  check(!(await a.evaluate(() => location.href)).includes("token="), "the token stayed in the address bar");
+  await a.waitForSelector(`.session-row[data-session-id="${BIG}"]`);
+  await a.screenshot({ path: path.join(SHOTS, "session-list.png") });
+  ok("the page loads over the grant and lists the sessions");
+
+  await a.click("#new-session");
+  await a.waitForSelector("#new-dialog[open]");
+  await a.waitForSelector('#new-agent option[value="claude"]:not([disabled])', { state: "attached" });
+  await a.selectOption("#new-agent", "claude");
+  await a.fill("#new-cwd", WORKDIR);
+  await a.fill("#new-title", "browser test");
+  await a.click("#new-create");
+  await a.waitForFunction(() => document.getElementById("session-title").textContent === "browser test");
+  const session = await a.evaluate(() => window.agentHost.current);
+  check(session && session !== "", "no session opened after create");
+  await a.waitForSelector(`.session-row[data-session-id="${session}"]`);
+  ok("a session is created from the page");
+
+  await a.evaluate(() => {
+    window.partials = [];
+    new MutationObserver(() => {
+      const el = document.querySelector("#transcript .text.streaming .md");
+      if (el) {
+        const n = el.textContent.length;
+        if (window.partials[window.partials.length - 1] !== n) window.partials.push(n);
+      }
+    }).observe(document.getElementById("transcript"), { subtree: true, childList: true, characterData: true });
+  });
+  await send(a, "MARKDOWN please");
+  await a.waitForFunction(() => window.partials.length >= 2, null, { timeout: TURN });
+  await a.screenshot({ path: path.join(SHOTS, "streaming-turn.png") });
+  await waitRunEnds(a, "completed", 1);
+  const partials = await a.evaluate(() => window.partials);
+  check(partials.length >= 3, `the answer did not stream: partial lengths ${JSON.stringify(partials)}`);
+  check(partials.every((n, i) => i === 0 || n > partials[i - 1]), `partials not growing: ${partials}`);
+  const md = await a.evaluate(() => {
+    const blocks = [...document.querySelectorAll("#transcript .text:not(.streaming)")];
+    const last = blocks[blocks.length - 1];
+    return {
+      h2: last?.querySelector("h2")?.textContent,
+      strong: last?.querySelector("strong")?.textContent,
+      code: last?.querySelector("pre code")?.textContent,
+      items: last ? last.querySelectorAll("li").length : 0,
+    };
+  });
+  check(md.h2 === "Result" && md.strong === "bold" && (md.code || "").includes("fn main") && md.items === 2, `not rendered as markdown: ${JSON.stringify(md)}`);
+  ok(`the answer streamed in ${partials.length} steps, then rendered as markdown`);
+
+  // ---- 2. a permission approved in A; B sees who answered; the output in both ---------
+  const contextB = await browser.newContext({ viewport: { width: 1100, height: 800 } });
+  const b = await contextB.newPage();
+  b.setDefaultTimeout(60_000);
+  await b.goto(openUrl(session));
+  await live(b);
+  await b.waitForFunction((id) => window.agentHost.current === id && window.agentHost.transcripts.get(id)?.loadedOnce, session);
+  await send(a, "TOOLCALL `touch tool-a && echo tool-output-42`");
+  await a.waitForSelector("#transcript .permission.pending", { timeout: TURN });
+  await b.waitForSelector("#transcript .permission.pending", { timeout: TURN });
+  await a.waitForSelector('.session-row[data-state="waiting"] .badge.state-waiting');
+  check((await a.textContent("#session-state")) === "needs you", "the session is not shown as needing you");
+  await a.screenshot({ path: path.join(SHOTS, "permission-prompt.png") });
+  // By keyboard: the card is focused when it arrives (or focus it), y allows.
+  await a.focus("#transcript .permission.pending");
+  await a.keyboard.press("y");
+  await a.waitForSelector("#transcript .permission.resolved");
+  await b.waitForSelector("#transcript .permission.resolved");
+  const outcomeA = await a.textContent("#transcript .permission.resolved .outcome");
+  const outcomeB = await b.textContent("#transcript .permission.resolved .outcome");
+  check(/Allowed/.test(outcomeA) && /answered here/.test(outcomeA), `A shows ${outcomeA}`);
+  check(/Allowed/.test(outcomeB) && /answered from another client/.test(outcomeB), `B shows ${outcomeB}`);
+  for (const p of [a, b]) {
+    await p.waitForFunction(() => [...document.querySelectorAll("#transcript .tool-output")].some((o) => o.textContent.includes("tool-output-42")), null, { timeout: TURN });
+  }
+  await waitRunEnds(a, "completed", 2);
+  ok(`approved in A (${outcomeA}); B shows "${outcomeB}"; the tool output is in both`);
+
+  // Answered from the terminal: every page says so.
+  await send(a, "TOOLCALL `touch tool-b && echo from-the-terminal`");
+  await b.waitForSelector("#transcript .permission.pending", { timeout: TURN });
+  const requestId = await b.getAttribute("#transcript .permission.pending", "data-request-id");
+  ahJson("permission.respond", { session_id: session, request_id: requestId, decision: "allow" });
+  for (const p of [a, b]) {
+    await p.waitForFunction((id) => {
+      const card = document.querySelector(`#transcript .permission[data-request-id="${CSS.escape(id)}"]`);
+      return card && /answered from the terminal/.test(card.textContent);
+    }, requestId);
+  }
+  await waitRunEnds(a, "completed", 3);
+  ok("a permission answered from the terminal shows so on both pages");
+
+  // ---- 3. cancel from the page; the next prompt works --------------------------------
+  await send(a, "SLOW story");
+  await a.waitForFunction(() => (document.querySelector("#transcript .text.streaming .md")?.textContent.length || 0) > 5, null, { timeout: TURN });
+  await a.waitForSelector("#cancel:not([disabled])");
+  await a.keyboard.press("Escape");
+  await waitRunEnds(a, "cancelled", 1);
+  await send(a, "after the cancel");
+  await waitRunEnds(a, "completed", 4);
+  check((await a.textContent("#transcript")).includes("after the cancel"), "the prompt after the cancel got no answer");
+  ok("Esc cancels the running turn (run.end cancelled); the next prompt works");
+
+  // Fork, tree view, rename, delete — from the page.
+  await a.click("#fork");
+  await a.waitForFunction((id) => window.agentHost.current && window.agentHost.current !== id, session);
+  const fork = await a.evaluate(() => window.agentHost.current);
+  await a.waitForFunction(() => /fork of browser test/.test(document.getElementById("session-lineage").textContent));
+  await a.click("#tree-toggle");
+  const depth = await a.evaluate((id) => document.querySelector(`.session-row[data-session-id="${id}"]`).closest("li").style.getPropertyValue("--depth"), fork);
+  check(depth === "1", `the fork is not under its parent in the tree view (depth ${depth})`);
+  await a.click("#rename");
+  await a.fill("#rename-title", "the fork");
+  await a.press("#rename-title", "Enter");
+  await a.waitForFunction((id) => document.querySelector(`.session-row[data-session-id="${id}"] .row-title`)?.textContent === "the fork", fork);
+  await a.click("#delete");
+  await a.click("#delete-confirm");
+  await a.waitForFunction((id) => !document.querySelector(`.session-row[data-session-id="${id}"]`), fork);
+  const gone = ahReply("session.get", { session_id: fork });
+  check(gone.data && gone.data.error === "session_not_found", `the deleted fork: ${JSON.stringify(gone)}`);
+  await a.click("#tree-toggle");
+  await a.click(`.session-row[data-session-id="${session}"]`);
+  await a.waitForFunction((id) => window.agentHost.current === id, session);
+  ok("fork (shown under its parent), rename and delete work from the page");
+
+  // ---- 4. reload mid-stream: every bracket once; kill -9 and restart the host --------
+  await send(a, "SLOW again");
+  await a.waitForFunction(() => (document.querySelector("#transcript .text.streaming .md")?.textContent.length || 0) > 5, null, { timeout: TURN });
+  await tokensOf(a);
+  await a.reload();
+  await live(a);
+  await a.waitForFunction((id) => window.agentHost.transcripts.get(id)?.loadedOnce, session);
+  await waitRunEnds(a, "completed", 5);
+  {
+    const { seqs, events } = historySeqs(session);
+    const shown = await pageSeqs(a, session);
+    check(JSON.stringify(shown) === JSON.stringify(seqs), `after the reload the page has ${shown.length} brackets, the store ${seqs.length}`);
+    const kinds = (k) => events.filter((e) => e.kind === k).length;
+    check((await a.locator("#transcript .user").count()) === kinds("user.text"), "user prompts shown twice or missing");
+    check((await a.locator("#transcript .run-end").count()) === kinds("run.end"), "run ends shown twice or missing");
+    check((await a.locator("#transcript .tool").count()) === kinds("tool.call.start"), "tool calls shown twice or missing");
+  }
+  ok("a reload mid-stream resumes with every bracket once");
+
+  const pid = ahJson("host.status", {}).pid;
+  process.kill(pid, "SIGKILL");
+  await a.waitForSelector('#conn:not([data-state="live"])');
+  const shown = await a.textContent("#conn");
+  ah(["host.start"]);
+  await a.waitForSelector('#conn[data-state="expired"]', { timeout: 30_000 });
+  check(/agent-host open/.test(await a.textContent("#banner")), "the page does not say to run agent-host open");
+  ok(`a killed host shows as "${shown}", and once back the page asks for agent-host open`);
+  await a.goto(openUrl(session));
+  await live(a);
+  await a.waitForFunction((id) => window.agentHost.transcripts.get(id)?.loadedOnce, session);
+  {
+    const { seqs } = historySeqs(session);
+    const seen = await pageSeqs(a, session);
+    check(JSON.stringify(seen) === JSON.stringify(seqs), `after the restart the page has ${seen.length} brackets, the store ${seqs.length}`);
+  }
+  ok("after agent-host open again, the page shows the whole history");
+
+  // ---- 5. another origin cannot connect; a foreign Host is refused ------------------
+  const port = ahJson("host.status", {}).ws_port;
+  const fresh = openUrl();
+  const token = new URLSearchParams(new URL(fresh).hash.slice(1)).get("token");
+  const foreign = http.createServer((req, res) => {
+    res.writeHead(200, { "content-type": "text/html" });
+    res.end(`<!doctype html><title>foreign</title><script>
+      const ws = new WebSocket("ws://127.0.0.1:${port}/subscribe", ["agenthost.v1.json", "bearer.${token}"]);
+      ws.onopen = () => { document.title = "opened"; };
+      ws.onclose = () => { if (document.title !== "opened") document.title = "refused"; };
+    </script>`);
+  });
+  await new Promise((r) => foreign.listen(0, "127.0.0.1", r));
+  const evil = await contextB.newPage();
+  await evil.goto(`http://127.0.0.1:${foreign.address().port}/`);
+  await evil.waitForFunction(() => document.title === "refused" || document.title === "opened");
+  check((await evil.title()) === "refused", "a page of another origin opened the WebSocket");
+  foreign.close();
+  // The same token works from the host's own origin, so the refusal was the origin's.
+  const own = await contextB.newPage();
+  await own.goto(fresh);
+  await live(own);
+  await tokensOf(own);
+  const status = await new Promise((resolve, reject) => {
+    const req = http.request({ host: "127.0.0.1", port, path: "/", headers: { host: `evil.example:${port}` } }, (res) => {
+      res.resume();
+      resolve(res.statusCode);
+    });
+    req.on("error", reject);
+    req.end();
+  });
+  check(status === 403, `a foreign Host got ${status}`);
+  const csp = await new Promise((resolve, reject) => {
+    http.get({ host: "127.0.0.1", port, path: "/" }, (res) => {
+      res.resume();
+      resolve(res.headers["content-security-policy"] || "");
+    }).on("error", reject);
+  });
+  check(/script-src 'self'/.test(csp) && /connect-src 'self'/.test(csp) && !/unsafe-inline/.test(csp), `CSP: ${csp}`);
+  ok("another origin cannot open the WebSocket; a foreign Host gets 403; the CSP is strict");
+
+  // ---- 6. a session of 10,000 brackets: interactive fast, scrolls back through all ----
+  const started = Date.now();
+  await a.goto(openUrl(BIG));
+  await a.waitForSelector('body[data-ready="1"]');
+  const openMs = Date.now() - started;
+  const readyAt = await a.evaluate(() => window.agentHost.readyAt);
+  const firstPage = (await pageSeqs(a, BIG)).length;
+  await a.screenshot({ path: path.join(SHOTS, "big-session.png") });
+  const scrollStart = Date.now();
+  let pages = 1;
+  for (;;) {
+    const done = await a.evaluate(() => !window.agentHost.transcripts.get(window.agentHost.current).hasOlder);
+    if (done) break;
+    const before = (await pageSeqs(a, BIG)).length;
+    await a.evaluate(() => {
+      document.getElementById("transcript").scrollTop = 0;
+    });
+    await a.waitForFunction((n) => window.agentHost.transcripts.get(window.agentHost.current).seqs().length > n || !window.agentHost.transcripts.get(window.agentHost.current).hasOlder, before);
+    pages += 1;
+    check(pages < 200, "scrolling back never reached the start");
+  }
+  const scrollMs = Date.now() - scrollStart;
+  const all = await pageSeqs(a, BIG);
+  const big = historySeqs(BIG);
+  check(all.length === BIG_COUNT && JSON.stringify(all) === JSON.stringify(big.seqs), `scrolled back to ${all.length} of ${BIG_COUNT} brackets`);
+  const firstText = big.events.find((e) => e.kind === "user.text").event.text;
+  check((await a.locator("#transcript .user").first().textContent()).includes(firstText), "the oldest prompt is not at the top");
+  await a.waitForSelector("#transcript .older .start", { state: "attached" });
+  const t0 = Date.now();
+  await a.evaluate(() => {
+    const el = document.getElementById("transcript");
+    el.scrollTop = el.scrollHeight;
+  });
+  await a.waitForFunction(() => {
+    const el = document.getElementById("transcript");
+    return el.scrollHeight - el.scrollTop - el.clientHeight < 2;
+  });
+  figures.big_session_brackets = BIG_COUNT;
+  figures.big_open_ms = openMs;
+  figures.big_ready_after_navigation_ms = Math.round(readyAt);
+  figures.big_first_page_brackets = firstPage;
+  figures.big_scrollback_ms = scrollMs;
+  figures.big_scrollback_pages = pages;
+  figures.big_scroll_to_end_ms = Date.now() - t0;
+  figures.dom_nodes = await a.evaluate(() => document.getElementsByTagName("*").length);
+  ok(`10,000 brackets: interactive ${Math.round(readyAt)} ms after navigation (${openMs} ms wall), scrolled back through ${pages} pages in ${scrollMs} ms`);
+
+  await tokensOf(a);
+  await tokensOf(b);
+  check(consoleErrors.length === 0, `errors in the page's console: ${consoleErrors.join(" | ")}`);
+  ok("no errors in the page's console");
+} finally {
+  writeFileSync(RESULTS, JSON.stringify({ tokens: [...tokens], figures }, null, 2));
+  await browser.close();
+}
