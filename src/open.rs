@@ -2,8 +2,10 @@
 //!
 //! It owns three steps and nothing else: mint a WebSocket grant over IPC (`subscriber.add`,
 //! with deltas and no replay — the page reads history itself), build the URL of the page the
-//! host serves on its loopback port, and hand that URL to the desktop's browser. The grant is
-//! always full-scope: a session id only says which session the page opens on.
+//! host serves on its loopback port, and hand it to the desktop's browser — as a private file
+//! (`open.html` in the home, 0600) that forwards to the URL, never as a command-line argument
+//! every local user could read. The grant is always full-scope: a session id only says which
+//! session the page opens on.
 //!
 //! The token travels in the URL's fragment (`#token=…`), which a browser never sends to a
 //! server, so it reaches no request line, log or `Referer`. It lives for the grant's TTL; once
@@ -97,7 +99,13 @@ pub async fn run(
     );
     if !options.print_only {
         let env = |name: &str| std::env::var_os(name).filter(|v| !v.is_empty());
-        let opened = browser(std::env::consts::OS, env).and_then(|program| launch(program, &url));
+        // The browser gets a private file that forwards to the URL, not the URL: a command
+        // line is readable by every local user (`/proc/*/cmdline`), and a browser started by
+        // it keeps it for its whole life.
+        let opened = browser(std::env::consts::OS, env).and_then(|program| {
+            let page = write_redirect(&config.home.join("open.html"), &url)?;
+            launch(program, &page)
+        });
         if let Err(why) = opened {
             let _said = writeln!(
                 status,
@@ -106,6 +114,37 @@ pub async fn run(
         }
     }
     Reply::ok(json!({"subscriber_id": grant.subscriber_id, "port": port}))
+}
+
+/// A page that forwards to `url` at once (and links to it, should refresh be off).
+pub fn redirect_page(url: &str) -> String {
+    let attr = url
+        .replace('&', "&amp;")
+        .replace('"', "&quot;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;");
+    format!(
+        "<!doctype html>\n<meta charset=\"utf-8\">\n<meta name=\"referrer\" content=\"no-referrer\">\n\
+         <meta http-equiv=\"refresh\" content=\"0;url={attr}\">\n<title>agent-host</title>\n\
+         <p><a href=\"{attr}\">Open agent-host</a></p>\n"
+    )
+}
+
+/// Write the forwarding page for `url` at `path`, readable by this user only (0600, even when
+/// the file was there before); its path.
+fn write_redirect(path: &std::path::Path, url: &str) -> Result<String, String> {
+    use std::os::unix::fs::{OpenOptionsExt as _, PermissionsExt as _};
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)
+        .map_err(|e| format!("writing {}: {e}", path.display()))?;
+    file.set_permissions(std::fs::Permissions::from_mode(0o600))
+        .and_then(|()| file.write_all(redirect_page(url).as_bytes()))
+        .map_err(|e| format!("writing {}: {e}", path.display()))?;
+    Ok(path.display().to_string())
 }
 
 /// The page's URL: the loopback origin of the host's port, the token (and the session the
@@ -163,10 +202,10 @@ fn browser(
 /// process group (a Ctrl-C in this terminal does not reach the browser), not waited for.
 /// The opener exits by itself once it has handed the URL on; this process exits right after,
 /// and the child is reaped by whoever inherits it.
-fn launch(program: &str, url: &str) -> Result<(), String> {
+fn launch(program: &str, target: &str) -> Result<(), String> {
     use std::os::unix::process::CommandExt as _;
     Command::new(program)
-        .arg(url)
+        .arg(target)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::null())
@@ -193,6 +232,31 @@ async fn ipc_call(config: &Config, command: &str, params: Value) -> Reply {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_browser_gets_a_private_page_that_forwards_to_the_url() {
+        let url = web_url(4317, "AbC-_09", Some("s&1"));
+        let page = redirect_page(&url);
+        assert!(
+            page.contains(
+                "content=\"0;url=http://127.0.0.1:4317/#token=AbC-_09&amp;session=s%261\""
+            ),
+            "{page}"
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("open.html");
+        std::fs::write(&path, "old").unwrap();
+        std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o644))
+            .unwrap();
+        assert_eq!(
+            write_redirect(&path, &url).unwrap(),
+            path.display().to_string()
+        );
+        use std::os::unix::fs::PermissionsExt as _;
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600);
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), page);
+    }
 
     #[test]
     fn the_url_carries_token_and_session_in_the_fragment() {

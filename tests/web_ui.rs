@@ -49,7 +49,7 @@ const BIG_COUNT: usize = 10_000;
 /// Bound on one `agent-host` command.
 const CLI_TIMEOUT: Duration = Duration::from_secs(30);
 /// Bound on the whole browser scenario.
-const SCRIPT_TIMEOUT: Duration = Duration::from_secs(240);
+const SCRIPT_TIMEOUT: Duration = Duration::from_secs(480);
 /// How long the script gets to close its browser after a SIGTERM, before SIGKILL.
 const TERM_GRACE: Duration = Duration::from_secs(10);
 

@@ -504,7 +504,7 @@ pub const COMMANDS: &[CommandSpec] = &[
         name: "subscriber.grant",
         route: Route::Ipc,
         params: "{subscriber_id: string}",
-        summary: "a fresh WebSocket grant for an existing subscriber (after a host restart or TTL)",
+        summary: "a fresh WebSocket grant for an existing subscriber (after a host restart or TTL; over the wire, a connection renews its own), valid 600 s: {subscriber_id, ws_endpoint, ws_token, token_ttl_s}",
         wire: true,
     },
     CommandSpec {

@@ -349,7 +349,7 @@ impl Handler {
             }
             Command::SubscriberGrant(p) => Reply::ok(
                 self.subscribers
-                    .grant(&p.subscriber_id)
+                    .renew(&p.subscriber_id)
                     .await
                     .map_err(subscriber_error)?,
             ),

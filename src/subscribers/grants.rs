@@ -24,6 +24,10 @@ use crate::clock::Clock;
 
 /// How long a grant token can be used to connect.
 pub const TOKEN_TTL: Duration = Duration::from_secs(60);
+/// How long a token a connected client renewed for itself can be used to reconnect: long
+/// enough that a page whose timers the browser throttles (a hidden tab renews about once a
+/// minute) still holds a valid one when its connection drops.
+pub const RENEWED_TOKEN_TTL: Duration = Duration::from_secs(600);
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum GrantError {
@@ -67,6 +71,11 @@ impl GrantStore {
 
     /// A new token for `subscriber_id`, valid for [`TOKEN_TTL`].
     pub fn mint(&self, subscriber_id: &str) -> Result<String, GrantError> {
+        self.mint_for(subscriber_id, TOKEN_TTL)
+    }
+
+    /// A new token for `subscriber_id`, valid for `ttl`.
+    pub fn mint_for(&self, subscriber_id: &str, ttl: Duration) -> Result<String, GrantError> {
         let mut secret = [0u8; 32];
         rand::rngs::SysRng
             .try_fill_bytes(&mut secret)
@@ -76,7 +85,7 @@ impl GrantStore {
         let grant = Grant {
             hash: hash(&token),
             subscriber_id: subscriber_id.to_owned(),
-            expires: now + TOKEN_TTL,
+            expires: now + ttl,
         };
         let mut grants = self.grants.lock().unwrap_or_else(|p| p.into_inner());
         grants.retain(|_, g| g.expires > now);

@@ -17,7 +17,7 @@ use crate::protocol::scope::Scope;
 use crate::session::{SessionError, SessionManager};
 use crate::store::{SessionFilter, Store, StoreError, SubscriberRow, now_ms};
 
-pub use grants::{GrantStore, TOKEN_TTL};
+pub use grants::{GrantStore, RENEWED_TOKEN_TTL, TOKEN_TTL};
 
 /// The path the loopback server answers on.
 pub const PATH: &str = "/subscribe";
@@ -211,21 +211,32 @@ impl Subscribers {
         self.grant_for(id)
     }
 
-    pub async fn grant(&self, subscriber_id: &str) -> Result<GrantReply, SubscriberError> {
+    /// A fresh grant for an existing subscriber (`subscriber.grant`: a reconnect after a
+    /// restart, a page renewing its own): it lives [`RENEWED_TOKEN_TTL`], so a client whose
+    /// timers are throttled (a hidden browser tab) still holds a valid one when it reconnects.
+    pub async fn renew(&self, subscriber_id: &str) -> Result<GrantReply, SubscriberError> {
         self.store
             .get_subscriber(subscriber_id.to_owned())
             .await?
             .ok_or_else(|| SubscriberError::NotFound(subscriber_id.to_owned()))?;
-        self.grant_for(subscriber_id.to_owned())
+        self.grant_with(subscriber_id.to_owned(), RENEWED_TOKEN_TTL)
     }
 
     fn grant_for(&self, subscriber_id: String) -> Result<GrantReply, SubscriberError> {
-        let ws_token = self.grants.mint(&subscriber_id)?;
+        self.grant_with(subscriber_id, TOKEN_TTL)
+    }
+
+    fn grant_with(
+        &self,
+        subscriber_id: String,
+        ttl: std::time::Duration,
+    ) -> Result<GrantReply, SubscriberError> {
+        let ws_token = self.grants.mint_for(&subscriber_id, ttl)?;
         Ok(GrantReply {
             subscriber_id,
             ws_endpoint: self.endpoint.clone(),
             ws_token,
-            token_ttl_s: TOKEN_TTL.as_secs(),
+            token_ttl_s: ttl.as_secs(),
         })
     }
 

@@ -10,7 +10,9 @@ const PAGE = 300; // brackets per history page
 const LIST_PAGE = 50;
 const LATEST = 9007199254740991; // before_seq of a session's newest page
 
-const $ = (id) => document.getElementById(id);
+// The page's own elements, looked up once before any agent output is on the page.
+const elements = new Map([...document.querySelectorAll("[id]")].map((el) => [el.id, el]));
+const $ = (id) => elements.get(id) || null;
 
 const app = {
   wire: null,
@@ -22,6 +24,9 @@ const app = {
   transcripts: new Map(),
   queues: new Map(), // session id → [{run_id, text}]
   agents: [],
+  started: new Map(), // session id → run ids whose user.text came (no longer queued)
+  opening: 0, // generation of the latest openSession
+  draft: { text: null, id: null }, // the client_msg_id of the prompt box's text
   ready: false,
   readyAt: null,
 };
@@ -210,6 +215,7 @@ function sessionItem(row, depth) {
 
 function renderList() {
   const ul = $("session-list");
+  const focused = document.activeElement && document.activeElement.classList.contains("session-row") ? document.activeElement.dataset.sessionId : null;
   const rows = app.order.map((id) => app.sessions.get(id)).filter(Boolean);
   const items = [];
   if (app.tree) {
@@ -231,6 +237,7 @@ function renderList() {
     for (const r of rows) items.push(sessionItem(r, 0));
   }
   ul.replaceChildren(...items);
+  if (focused) ul.querySelector(`.session-row[data-session-id="${CSS.escape(focused)}"]`)?.focus();
   const waiting = rows.filter((r) => r.state === "waiting").length;
   document.title = waiting ? `(${waiting}) agent-host — needs you` : "agent-host";
   if (app.current) renderHeader();
@@ -295,13 +302,17 @@ function onEvent(push) {
   }
   if (t) {
     const stick = nearBottom();
-    t.add([push]);
+    t.add([push], true);
     if (stick && push.sessionId === app.current) scrollToBottom();
   }
   const e = push.event;
   if (e.k === "user.text" || e.k === "warning") {
     // A queued prompt started (its user.text), or never will (followup_dropped/cancelled).
     const q = app.queues.get(push.sessionId);
+    if (push.runId) {
+      if (!app.started.has(push.sessionId)) app.started.set(push.sessionId, new Set());
+      app.started.get(push.sessionId).add(push.runId);
+    }
     if (q && push.runId) app.queues.set(push.sessionId, q.filter((x) => x.run_id !== push.runId));
     if (push.sessionId === app.current) renderQueue();
   }
@@ -343,6 +354,8 @@ function hooks() {
 }
 
 async function openSession(id) {
+  const generation = ++app.opening;
+  const stale = () => generation !== app.opening;
   app.current = id;
   history.replaceState(null, "", `${location.pathname}#session=${encodeURIComponent(id)}`);
   $("empty").hidden = true;
@@ -354,9 +367,10 @@ async function openSession(id) {
       app.sessions.set(id, { ...row, last_activity_ms: row.updated_at_ms });
       if (!app.order.includes(id)) app.order.push(id);
     } catch (e) {
-      status(`Could not open the session: ${errorText(e)}`);
+      if (!stale()) status(`Could not open the session: ${errorText(e)}`);
       return;
     }
+    if (stale()) return;
   }
   let t = app.transcripts.get(id);
   const box = $("transcript");
@@ -376,20 +390,25 @@ async function openSession(id) {
   renderHeader();
   renderQueue();
   if (!t.loadedOnce) {
-    await loadOlder(t);
-    t.loadedOnce = true;
-    scrollToBottom();
-    observeTop(t);
-  } else {
-    scrollToBottom();
+    // The first page, once, however often the session is opened meanwhile.
+    t.firstPage ??= loadOlder(t).then(() => {
+      t.loadedOnce = true;
+      observeTop(t);
+    });
+    await t.firstPage;
+    if (stale()) return;
   }
+  scrollToBottom();
   refreshLive(id);
   if (!app.ready) {
     app.ready = true;
     app.readyAt = performance.now();
     document.body.dataset.ready = "1";
   }
-  $("prompt").focus();
+  // A pending permission request is what the user is here for; else the prompt box.
+  const pending = t.pendingPermissions();
+  if (pending.length) pending[pending.length - 1].focus();
+  else $("prompt").focus();
 }
 
 /** The page of brackets before the oldest loaded one (the newest page first). */
@@ -430,12 +449,12 @@ async function loadOlder(t) {
 }
 
 function observeTop(t) {
-  const io = new IntersectionObserver(
+  const io = (t.observer = new IntersectionObserver(
     (entries) => {
       if (entries.some((e) => e.isIntersecting) && t.sessionId === app.current && t.hasOlder) loadOlder(t);
     },
     { root: $("transcript"), rootMargin: "600px 0px 0px 0px" },
-  );
+  ));
   io.observe(t.top);
 }
 
@@ -518,16 +537,19 @@ async function send() {
   const session = app.current;
   status("Sending…");
   try {
-    const r = await app.wire.ok("session.send", { session_id: session, text, client_msg_id: crypto.randomUUID() });
+    // One idempotency key per text: a retry after a lost reply is the same prompt, not two.
+    if (app.draft.text !== text || app.draft.session !== session || !app.draft.id) app.draft = { text, session, id: crypto.randomUUID() };
+    const r = await app.wire.ok("session.send", { session_id: session, text, client_msg_id: app.draft.id });
     box.value = "";
-    if (r.queued) {
+    app.draft = { text: null, id: null };
+    if (r.queued && !(app.started.get(session) || new Set()).has(r.run_id)) {
       const q = app.queues.get(session) || [];
       q.push({ run_id: r.run_id, text });
       app.queues.set(session, q);
       renderQueue();
       status("Queued: it runs after the current turn.");
     } else {
-      status("");
+      status(r.duplicate ? "Already sent (the first reply was lost): not sent twice." : "");
     }
   } catch (e) {
     status(`Not sent: ${errorText(e)}`);
@@ -623,7 +645,10 @@ const deleteDialog = dialog("delete-dialog", async () => {
   }
   app.sessions.delete(id);
   app.order = app.order.filter((x) => x !== id);
+  app.transcripts.get(id)?.observer?.disconnect();
   app.transcripts.delete(id);
+  app.queues.delete(id);
+  app.started.delete(id);
   app.current = null;
   history.replaceState(null, "", location.pathname);
   $("session").hidden = true;

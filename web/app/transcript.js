@@ -26,9 +26,18 @@ function h(tag, attrs = {}, ...children) {
   return el;
 }
 
+// What an agent writes is data: its markdown may hold raw HTML. No script survives DOMPurify;
+// on top of that, nothing that could pose as the page's own controls does (a `<textarea
+// id="prompt">` would otherwise shadow the prompt box), and no element may take an id or name.
+const SANITIZE = {
+  FORBID_TAGS: ["form", "input", "textarea", "select", "option", "button", "dialog", "style", "link", "meta", "base", "iframe", "object", "embed"],
+  FORBID_ATTR: ["id", "name", "form", "formaction", "style", "autofocus", "tabindex"],
+  SANITIZE_NAMED_PROPS: true,
+};
+
 /** Markdown → sanitized HTML, into `el`. */
 export function renderMarkdown(el, text) {
-  el.innerHTML = DOMPurify.sanitize(marked.parse(text || "", { gfm: true, async: false }));
+  el.innerHTML = DOMPurify.sanitize(marked.parse(text || "", { gfm: true, async: false }), SANITIZE);
 }
 
 function pretty(value) {
@@ -138,9 +147,11 @@ export class Transcript {
     this.anchors.splice(lo, 0, [seq, node]);
   }
 
-  /** Brackets, each `{seq, runId, event}`; those seen already are skipped. */
-  add(entries) {
+  /** Brackets, each `{seq, runId, event}`; those seen already are skipped. `live`: pushed
+   * now (a new permission request may take the focus), not a history page. */
+  add(entries, live = false) {
     const fresh = entries.filter((e) => !this.seen.has(e.seq)).sort((a, b) => a.seq - b.seq);
+    this.live = live;
     for (const e of fresh) {
       this.seen.add(e.seq);
       try {
@@ -363,10 +374,14 @@ export class Transcript {
       buttons.push(b);
       choices.append(b);
     }
+    let answering = false;
     const answer = async (decision) => {
+      if (answering || !node.classList.contains("pending")) return;
+      answering = true;
       for (const b of buttons) b.disabled = true;
       outcome.textContent = "Sending…";
       const err = await this.hooks.respond(this.sessionId, event.requestId, decision);
+      answering = false;
       if (err && node.classList.contains("pending")) {
         outcome.textContent = err;
         for (const b of buttons) b.disabled = false;
@@ -393,7 +408,6 @@ export class Transcript {
         choices.remove();
         const who = answeredBy(by, this.hooks.own());
         outcome.textContent = `${DECISIONS[decision] || decision}${who ? ` — ${who}` : ""}`;
-        this.hooks.changed?.();
       },
     };
     this.blocks.set(key, p);
@@ -402,7 +416,7 @@ export class Transcript {
     if (early) {
       this.resolvedEarly.delete(event.requestId);
       p.resolve(early.decision, early.by);
-    } else {
+    } else if (this.live) {
       this.hooks.changed?.(node);
     }
   }

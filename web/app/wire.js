@@ -9,6 +9,8 @@ const TOKEN_KEY = "agent-host.token";
 const RENEW_EVERY_MS = 30_000;
 const REQUEST_TIMEOUT_MS = 30_000;
 const ACK_EVERY_MS = 2_000;
+// The host answers HTTP but refuses the upgrade this many times in a row: the grant is void.
+const REFUSALS_BEFORE_EXPIRED = 3;
 
 /** The grant token of this tab, if any. */
 export function storedToken() {
@@ -49,6 +51,7 @@ export class Wire {
     this.backoff = 250;
     this.timers = [];
     this.everOpened = false;
+    this.refusals = 0; // upgrades refused in a row while the host answered HTTP
   }
 
   setState(state, detail) {
@@ -60,6 +63,17 @@ export class Wire {
     this.open();
     this.timers.push(setInterval(() => this.renew(), RENEW_EVERY_MS));
     this.timers.push(setInterval(() => this.ack(), ACK_EVERY_MS));
+    // A hidden tab's timers are throttled: renew as soon as it is seen again, and reconnect
+    // at once when the network comes back.
+    document.addEventListener("visibilitychange", () => {
+      if (document.visibilityState === "visible") this.renew();
+    });
+    window.addEventListener("online", () => {
+      if (this.state === "reconnecting") {
+        this.backoff = 250;
+        if (!this.ws) this.open();
+      }
+    });
   }
 
   open() {
@@ -111,9 +125,14 @@ export class Wire {
     } catch {
       up = false;
     }
-    if (up) {
+    if (up && ++this.refusals >= REFUSALS_BEFORE_EXPIRED) {
       this.setState("expired", "the host refused this page's grant");
+    } else if (up) {
+      // Maybe a passing failure (a handshake timed out under load): try again first.
+      this.setState("reconnecting", "the host refused the connection; retrying");
+      this.retry();
     } else {
+      this.refusals = 0;
       this.setState("reconnecting", "the host does not answer");
       this.retry();
     }
@@ -151,6 +170,7 @@ export class Wire {
         if (this.cursor === null && body.replayFrom !== undefined) this.cursor = String(body.replayFrom);
         if (this.cursor === null) this.cursor = "0";
         this.backoff = 250;
+        this.refusals = 0;
         const first = !this.everOpened;
         this.everOpened = true;
         this.setState("live");

@@ -56,6 +56,12 @@ function openUrl(session) {
   tokens.add(token);
   return out;
 }
+/** Load the page from a new link as a new document (a link that differs only in its fragment
+ * would otherwise be a same-document navigation, racing the page's own reload). */
+async function visit(page, url) {
+  await page.goto("about:blank");
+  await page.goto(url);
+}
 function check(cond, what) {
   if (!cond) throw new Error(what);
 }
@@ -87,6 +93,22 @@ async function pageSeqs(page, session) {
     return t ? t.seqs() : null;
   }, session);
 }
+/** The page shows exactly the session's stored brackets, once each, in order (polled: the
+ * host may still be publishing the run's last brackets). */
+async function sameAsStore(page, session, what) {
+  let shown = [];
+  let stored = [];
+  for (let i = 0; i < 20; i++) {
+    stored = historySeqs(session).seqs;
+    await page.waitForFunction(
+      ([id, n]) => (window.agentHost.transcripts.get(id)?.seqs().length || 0) >= n,
+      [session, stored.length],
+    );
+    shown = await pageSeqs(page, session);
+    if (JSON.stringify(shown) === JSON.stringify(historySeqs(session).seqs)) return;
+  }
+  throw new Error(`${what}: the page has ${shown.length} brackets, the store ${stored.length}`);
+}
 async function runEnds(page, state) {
   return page.locator(`#transcript .run-end[data-state="${state}"]`).count();
 }
@@ -111,17 +133,21 @@ const contextA = await browser.newContext({ viewport: { width: 1280, height: 860
 const a = await contextA.newPage();
 a.setDefaultTimeout(60_000);
 const consoleErrors = [];
-// Errors of the page's own code. (Chromium also logs each refused WebSocket handshake and
-// failed load as a console error: expected while the host is killed and restarted.)
+// Errors of the page's own code. Chromium also logs as console errors: each refused
+// WebSocket handshake and failed load (expected while the host is killed and restarted), and
+// the CSP refusing the inline handler of agent HTML the test sends on purpose — Chromium
+// reports it as DOMPurify parses the markup in an inert document; the handler never runs and
+// never reaches the page, which the test checks in the DOM.
 a.on("console", (m) => {
   const text = m.text();
-  if (m.type() === "error" && !/WebSocket connection to|Failed to load resource|ERR_CONNECTION_REFUSED/.test(text)) consoleErrors.push(text);
+  const expected = /WebSocket connection to|Failed to load resource|ERR_CONNECTION_REFUSED|Executing inline event handler violates the following Content Security Policy/;
+  if (m.type() === "error" && !expected.test(text)) consoleErrors.push(text);
 });
 a.on("pageerror", (e) => consoleErrors.push(String(e)));
 
 try {
   // ---- 1. open, list, create, prompt: streamed token by token, then markdown ----------
-  await a.goto(openUrl());
+  await visit(a, openUrl());
   await live(a);
   check(!(await a.evaluate(() => location.href)).includes("token="), "the token stayed in the address bar");
   await a.waitForSelector(`.session-row[data-session-id="${BIG}"]`);
@@ -175,7 +201,7 @@ try {
   const contextB = await browser.newContext({ viewport: { width: 1100, height: 800 } });
   const b = await contextB.newPage();
   b.setDefaultTimeout(60_000);
-  await b.goto(openUrl(session));
+  await visit(b, openUrl(session));
   await live(b);
   await b.waitForFunction((id) => window.agentHost.current === id && window.agentHost.transcripts.get(id)?.loadedOnce, session);
   await send(a, "TOOLCALL `touch tool-a && echo tool-output-42`");
@@ -213,16 +239,36 @@ try {
   await waitRunEnds(a, "completed", 3);
   ok("a permission answered from the terminal shows so on both pages");
 
+  // A failed run shows its state and error category.
+  await send(a, "FAIL429 now");
+  await waitRunEnds(a, "failed", 1);
+  const failed = await a.textContent('#transcript .run-end[data-state="failed"]');
+  check(/rate_limited/.test(failed), `the failed run's end says ${failed}`);
+  check((await a.locator("#transcript .usage").count()) >= 3, "no token usage shown");
+  ok(`a failed run shows "${failed}"; usage is shown`);
+
   // ---- 3. cancel from the page; the next prompt works --------------------------------
   await send(a, "SLOW story");
   await a.waitForFunction(() => (document.querySelector("#transcript .text.streaming .md")?.textContent.length || 0) > 5, null, { timeout: TURN });
   await a.waitForSelector("#cancel:not([disabled])");
   await a.keyboard.press("Escape");
   await waitRunEnds(a, "cancelled", 1);
-  await send(a, "after the cancel");
+  // The echo carries raw HTML back as agent output: it must not become page controls.
+  await send(a, 'THINK after the cancel <textarea id="prompt">evil</textarea><dialog open>fake</dialog><img src=x onerror="document.title=1">');
   await waitRunEnds(a, "completed", 4);
   check((await a.textContent("#transcript")).includes("after the cancel"), "the prompt after the cancel got no answer");
-  ok("Esc cancels the running turn (run.end cancelled); the next prompt works");
+  const thinking = await a.evaluate(() => {
+    const t = [...document.querySelectorAll("#transcript details.thinking")].pop();
+    return t ? { open: t.open, text: t.textContent } : null;
+  });
+  check(thinking && !thinking.open && /think about it/.test(thinking.text), `thinking not shown folded: ${JSON.stringify(thinking)}`);
+  const injected = await a.evaluate(() => ({
+    prompts: document.querySelectorAll("#prompt").length,
+    controls: document.querySelectorAll("#transcript textarea, #transcript dialog, #transcript [id], #transcript [onerror]").length,
+    title: document.title,
+  }));
+  check(injected.prompts === 1 && injected.controls === 0 && injected.title !== "1", `agent HTML got into the page: ${JSON.stringify(injected)}`);
+  ok("Esc cancels the running turn (run.end cancelled); the next prompt works, its thinking folded; agent HTML stays inert");
 
   // Fork, tree view, rename, delete — from the page.
   await a.click("#fork");
@@ -255,9 +301,8 @@ try {
   await a.waitForFunction((id) => window.agentHost.transcripts.get(id)?.loadedOnce, session);
   await waitRunEnds(a, "completed", 5);
   {
-    const { seqs, events } = historySeqs(session);
-    const shown = await pageSeqs(a, session);
-    check(JSON.stringify(shown) === JSON.stringify(seqs), `after the reload the page has ${shown.length} brackets, the store ${seqs.length}`);
+    await sameAsStore(a, session, "after the reload");
+    const { events } = historySeqs(session);
     const kinds = (k) => events.filter((e) => e.kind === k).length;
     check((await a.locator("#transcript .user").count()) === kinds("user.text"), "user prompts shown twice or missing");
     check((await a.locator("#transcript .run-end").count()) === kinds("run.end"), "run ends shown twice or missing");
@@ -273,14 +318,10 @@ try {
   await a.waitForSelector('#conn[data-state="expired"]', { timeout: 30_000 });
   check(/agent-host open/.test(await a.textContent("#banner")), "the page does not say to run agent-host open");
   ok(`a killed host shows as "${shown}", and once back the page asks for agent-host open`);
-  await a.goto(openUrl(session));
+  await visit(a, openUrl(session));
   await live(a);
   await a.waitForFunction((id) => window.agentHost.transcripts.get(id)?.loadedOnce, session);
-  {
-    const { seqs } = historySeqs(session);
-    const seen = await pageSeqs(a, session);
-    check(JSON.stringify(seen) === JSON.stringify(seqs), `after the restart the page has ${seen.length} brackets, the store ${seqs.length}`);
-  }
+  await sameAsStore(a, session, "after the restart");
   ok("after agent-host open again, the page shows the whole history");
 
   // ---- 5. another origin cannot connect; a foreign Host is refused ------------------
@@ -325,8 +366,13 @@ try {
   ok("another origin cannot open the WebSocket; a foreign Host gets 403; the CSP is strict");
 
   // ---- 6. a session of 10,000 brackets: interactive fast, scrolls back through all ----
+  // The baseline, in the same browser and run: the page opened on the small session.
+  await visit(a, openUrl(session));
+  await a.waitForSelector('body[data-ready="1"]');
+  const smallReadyAt = await a.evaluate(() => window.agentHost.readyAt);
+  const smallCount = (await pageSeqs(a, session)).length;
   const started = Date.now();
-  await a.goto(openUrl(BIG));
+  await visit(a, openUrl(BIG));
   await a.waitForSelector('body[data-ready="1"]');
   const openMs = Date.now() - started;
   const readyAt = await a.evaluate(() => window.agentHost.readyAt);
@@ -352,6 +398,8 @@ try {
   const firstText = big.events.find((e) => e.kind === "user.text").event.text;
   check((await a.locator("#transcript .user").first().textContent()).includes(firstText), "the oldest prompt is not at the top");
   await a.waitForSelector("#transcript .older .start", { state: "attached" });
+  const diffs = await a.locator("#transcript .tool .diff .add").count();
+  check(diffs > 0, "no Edit shown as a diff");
   const t0 = Date.now();
   await a.evaluate(() => {
     const el = document.getElementById("transcript");
@@ -361,6 +409,9 @@ try {
     const el = document.getElementById("transcript");
     return el.scrollHeight - el.scrollTop - el.clientHeight < 2;
   });
+  figures.small_session_brackets = smallCount;
+  figures.small_ready_after_navigation_ms = Math.round(smallReadyAt);
+  figures.big_over_small_ready = Number((readyAt / smallReadyAt).toFixed(2));
   figures.big_session_brackets = BIG_COUNT;
   figures.big_open_ms = openMs;
   figures.big_ready_after_navigation_ms = Math.round(readyAt);
