@@ -15,7 +15,8 @@
 //!
 //! The script must exit 0. Its tokens (secrets it saw in the browser, e.g. grant tokens) must
 //! be at least 20 characters and appear in no file under the host's `logs/`; its figures are
-//! printed. `AH_UI_SCRIPT` runs another script in place of `web/tests/ui.mjs`.
+//! printed. `AH_UI_SCRIPT` runs another script in place of `web/tests/ui.mjs`; `AH_HOST_BIN`
+//! another `agent-host` binary (a release build, for the figures in docs/performance.md).
 
 #![allow(
     clippy::unwrap_used,
@@ -43,7 +44,13 @@ use common::browser::{CHROMIUM_ARGS, ensure_chromium, ensure_web};
 use common::mock_model::MockModel;
 use serde_json::{Value, json};
 
-const BIN: &str = env!("CARGO_BIN_EXE_agent-host");
+const BUILT: &str = env!("CARGO_BIN_EXE_agent-host");
+
+/// The binary under test: this build's, or `AH_HOST_BIN` (a release build, for the figures in
+/// docs/performance.md).
+fn bin() -> String {
+    std::env::var("AH_HOST_BIN").unwrap_or_else(|_| BUILT.to_owned())
+}
 /// Brackets in the seeded session.
 const BIG_COUNT: usize = 10_000;
 /// Bound on one `agent-host` command.
@@ -103,7 +110,7 @@ async fn scenario(claude: &Path, web: &Path, chromium: &Path) {
         script.display()
     );
     let contract = [
-        ("AH_BIN", BIN.to_owned()),
+        ("AH_BIN", bin()),
         ("AH_HOME", path_str(&home)),
         ("AH_WORKDIR", path_str(&work)),
         ("AH_BIG_SESSION", big.clone()),
@@ -213,7 +220,7 @@ struct Host {
 impl Host {
     /// One `agent-host` command with `env` (and nothing else): its JSON reply.
     async fn cli(&self, env: &[(String, String)], args: &[&str]) -> Value {
-        let mut cmd = tokio::process::Command::new(BIN);
+        let mut cmd = tokio::process::Command::new(bin());
         cmd.args(args)
             .env_clear()
             .envs(env.iter().map(|(k, v)| (k, v)))

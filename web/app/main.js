@@ -6,7 +6,8 @@
 import { Wire, storeToken, ReplyError } from "./wire.js";
 import { Transcript } from "./transcript.js";
 
-const PAGE = 300; // brackets per history page
+const FIRST_PAGE = 200; // brackets of a session's newest page: what opening it waits for
+const PAGE = 500; // brackets per older page, loaded as the user scrolls back
 const LIST_PAGE = 50;
 const LATEST = 9007199254740991; // before_seq of a session's newest page
 
@@ -421,7 +422,7 @@ async function loadOlder(t) {
     const page = await app.wire.ok("session.history", {
       session_id: t.sessionId,
       before_seq: t.oldest === null ? LATEST : t.oldest,
-      limit: PAGE,
+      limit: t.oldest === null ? FIRST_PAGE : PAGE,
     });
     const entries = page.events.map((e) => ({ seq: e.sequence_id, runId: e.run_id || "", event: e.event }));
     t.add(entries);
