@@ -347,6 +347,31 @@ try {
   await own.goto(fresh);
   await live(own);
   await tokensOf(own);
+  // A dropped connection (the host still up): the page resumes from its cursor and has every
+  // bracket committed meanwhile, once each. Its reconnect is held until a turn ran.
+  await a.evaluate(() => {
+    const w = window.agentHost.wire;
+    const open = w.open.bind(w);
+    w.open = () => {
+      window.reopen = () => {
+        w.open = open;
+        open();
+      };
+    };
+    w.ws.close();
+  });
+  await a.waitForSelector('#conn[data-state="reconnecting"]');
+  ahJson("session.send", { session_id: session, text: "while the page was away" });
+  await own.waitForFunction((id) => {
+    const row = window.agentHost.sessions.get(id);
+    return row && row.state === "idle" && /while the page was away/.test(row.preview || "");
+  }, session, { timeout: TURN });
+  await a.evaluate(() => window.reopen());
+  await live(a);
+  await sameAsStore(a, session, "after a dropped connection");
+  check((await a.textContent("#transcript")).includes("echo: while the page was away"), "the turn run while the page was away is not shown");
+  ok("after a dropped connection the page resumes from its cursor: every bracket once, none missed");
+
   const status = await new Promise((resolve, reject) => {
     const req = http.request({ host: "127.0.0.1", port, path: "/", headers: { host: `evil.example:${port}` } }, (res) => {
       res.resume();
