@@ -15,9 +15,10 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use agent_host::adapter::reap::exit_of;
 use agent_host::bus::{Replay, SubscribeOptions};
 use agent_host::store::SessionFilter;
-use common::agents::{exit_of, group_alive};
+use common::agents::group_alive;
 use common::{Agents, TestHost, WAIT};
 use serde_json::{Value, json};
 

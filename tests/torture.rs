@@ -29,12 +29,12 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use agent_host::adapter::reap::exit_of;
 use agent_host::ipc::IpcError;
 use agent_host::protocol::envelope::Reply;
 use agent_host::protocol::wire::{self, CmdId, Decoded, PROTOCOL_VERSION, WireBody, pb};
 use agent_host::ws::client::{self, WsClient};
 use common::WAIT;
-use common::agents::exit_of;
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 use serde_json::{Value, json};

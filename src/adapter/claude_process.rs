@@ -310,13 +310,10 @@ async fn run(
 #[cfg(test)]
 mod tests {
     use std::os::unix::fs::PermissionsExt;
-    use std::path::{Path, PathBuf};
 
     use super::*;
-    use crate::protocol::events::{ErrorCategory, RunEnd, RunState};
-
-    /// Every wait in these tests.
-    const WAIT: Duration = Duration::from_secs(20);
+    use crate::adapter::rpc_driver::test_support::{WAIT, all_outputs, file_appears, run_ends};
+    use crate::protocol::events::{ErrorCategory, RunState};
 
     /// A stand-in for `claude` in a temporary directory: `body` is the script after `dir=`
     /// (the directory, for the files it leaves for the test).
@@ -337,48 +334,6 @@ mod tests {
             native: Native::New("11111111-2222-4333-8444-555566667777".to_owned()),
         };
         (dir, spec)
-    }
-
-    /// Everything the driver reports, through its `Exited`.
-    async fn all_outputs(session: &mut AgentSession) -> Vec<AgentOutput> {
-        let mut seen = Vec::new();
-        loop {
-            let output = tokio::time::timeout(WAIT, session.events.recv())
-                .await
-                .unwrap_or_else(|_| panic!("no Exited in time; saw {seen:?}"));
-            match output {
-                Some(output @ AgentOutput::Exited { .. }) => {
-                    seen.push(output);
-                    return seen;
-                }
-                Some(output) => seen.push(output),
-                None => panic!("the driver ended without Exited; saw {seen:?}"),
-            }
-        }
-    }
-
-    fn run_ends(outputs: &[AgentOutput]) -> Vec<&RunEnd> {
-        outputs
-            .iter()
-            .filter_map(|o| match o {
-                AgentOutput::Event(EventBody::RunEnd(end)) => Some(end),
-                _ => None,
-            })
-            .collect()
-    }
-
-    /// Waits (bounded) until the fake leaves `name` in its directory.
-    async fn file_appears(dir: &Path, name: &str) -> PathBuf {
-        let path = dir.join(name);
-        let appears = async {
-            while !path.exists() {
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
-        };
-        tokio::time::timeout(WAIT, appears)
-            .await
-            .unwrap_or_else(|_| panic!("the fake never wrote {name}"));
-        path
     }
 
     /// The CLI read the prompt and was killed before its `result`: it had the prompt, so the

@@ -764,6 +764,7 @@ mod tests {
 
     use super::*;
     use crate::adapter::gemini::{ApprovalMode, GeminiCli};
+    use crate::adapter::spawn::tests::running_in_group;
 
     /// Every wait in these tests.
     const WAIT: Duration = Duration::from_secs(20);
@@ -921,44 +922,19 @@ printf '{"type":"result","status":"success","stats":{"models":{"m":{"input_token
         argv.windows(2).any(|w| w[0] == flag && w[1] == value)
     }
 
-    /// Processes of group `pgid` that still run (zombies, which a container's init may never
-    /// reap, do not count), from `/proc/*/stat`.
-    fn running_in_group(pgid: i32) -> Vec<i32> {
-        let mut found = Vec::new();
-        for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-            let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
-                continue;
-            };
-            let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-                continue;
-            };
-            let Some((_, rest)) = stat.rsplit_once(')') else {
-                continue;
-            };
-            let fields: Vec<&str> = rest.split_whitespace().collect();
-            if fields.get(2).and_then(|g| g.parse::<i32>().ok()) == Some(pgid)
-                && fields.first() != Some(&"Z")
-            {
-                found.push(pid);
-            }
-        }
-        found
-    }
-
     /// Waits (bounded) until nothing of group `pgid` runs; SIGKILL is delivered
     /// asynchronously, so the last ones may take a moment after the leader is reaped.
     async fn group_ends(pgid: i32) {
-        let gone = async {
-            while !running_in_group(pgid).is_empty() {
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-        };
-        if tokio::time::timeout(WAIT, gone).await.is_err() {
-            panic!(
-                "the turn's group outlived its session: {:?}",
-                running_in_group(pgid)
-            );
-        }
+        let left = crate::adapter::reap::exited(&running_in_group(pgid), WAIT).await;
+        assert!(
+            left.is_empty(),
+            "the turn's group outlived its session: {left:?}"
+        );
+        let left = running_in_group(pgid);
+        assert!(
+            left.is_empty(),
+            "the turn's group outlived its session: {left:?}"
+        );
     }
 
     #[tokio::test]

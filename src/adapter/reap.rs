@@ -226,7 +226,7 @@ pub async fn exited(pids: &[i32], bound: std::time::Duration) -> Vec<i32> {
     unsafe_code,
     reason = "pidfd_open has no safe wrapper in our dependencies; the fd is owned at once"
 )]
-fn exit_of(pid: i32) -> impl std::future::Future<Output = ()> {
+pub fn exit_of(pid: i32) -> impl std::future::Future<Output = ()> {
     use std::os::fd::{FromRawFd, OwnedFd};
     // SAFETY: a plain syscall with integer arguments; on success the returned fd is new and
     // owned by nobody else, so `OwnedFd` may take it.

@@ -500,7 +500,7 @@ pub fn describe_exit(status: std::process::ExitStatus, stderr: &[String]) -> Str
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     #[test]
@@ -596,7 +596,7 @@ mod tests {
             .parse()
             .unwrap();
         let pgid = child.pid().unwrap() as i32;
-        let grandchild_exit = exit_of(grandchild);
+        let grandchild_exit = reap::exit_of(grandchild);
         let status = child.stop(Duration::from_millis(200)).await.unwrap();
         assert!(!status.success());
         // SIGKILL is delivered asynchronously, but `stop` waits for the killed to exit: once
@@ -612,28 +612,10 @@ mod tests {
             .expect("the grandchild outlived its group's SIGKILL");
     }
 
-    /// Resolves when `pid` exits (a pidfd turns readable then), or at once if it is gone.
-    #[allow(
-        unsafe_code,
-        reason = "pidfd_open has no safe wrapper in our dependencies; the fd is owned at once"
-    )]
-    fn exit_of(pid: i32) -> impl std::future::Future<Output = ()> {
-        use std::os::fd::{FromRawFd, OwnedFd};
-        // SAFETY: a plain syscall with integer arguments; on success the returned fd is new
-        // and owned by nobody else, so `OwnedFd` may take it.
-        let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
-        let fd = (fd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(fd as i32) });
-        // SAFETY: the fd is owned here, open, and registered with the reactor only once.
-        let fd = fd.and_then(|fd| unsafe { tokio::io::unix::AsyncFd::register(fd) }.ok());
-        async move {
-            if let Some(fd) = fd {
-                let _ready = fd.readable().await;
-            }
-        }
-    }
-
-    /// Pids of processes in group `pgid` that are not zombies, from `/proc/*/stat`.
-    fn running_in_group(pgid: i32) -> Vec<i32> {
+    /// Pids of processes in group `pgid` that are not zombies, from `/proc/*/stat`: the
+    /// tests' own reading, independent of [`reap::group_members`] which the code under test
+    /// uses.
+    pub(crate) fn running_in_group(pgid: i32) -> Vec<i32> {
         let mut found = Vec::new();
         for entry in std::fs::read_dir("/proc").unwrap().flatten() {
             let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {

@@ -139,26 +139,6 @@ pub fn group_alive(pgid: i32) -> bool {
     })
 }
 
-/// Resolves when process `pid` exits (its pidfd turns readable then), or at once if it is gone.
-#[allow(
-    unsafe_code,
-    reason = "pidfd_open has no safe wrapper in our dependencies; the fd is owned at once"
-)]
-pub fn exit_of(pid: i32) -> impl std::future::Future<Output = ()> {
-    use std::os::fd::{FromRawFd, OwnedFd};
-    // SAFETY: a plain syscall with integer arguments; on success the returned fd is new and
-    // owned by nobody else, so `OwnedFd` may take it.
-    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
-    let fd = (fd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(fd as i32) });
-    // SAFETY: the fd is owned here, open, and registered with the reactor only once.
-    let fd = fd.and_then(|fd| unsafe { tokio::io::unix::AsyncFd::register(fd) }.ok());
-    async move {
-        if let Some(fd) = fd {
-            let _ready = fd.readable().await;
-        }
-    }
-}
-
 /// The pinned codex CLI, installed if missing (the same install and lock as `ensure_claude`).
 pub fn ensure_codex() -> PathBuf {
     ensure_npm_agent("codex", "@openai/codex")
