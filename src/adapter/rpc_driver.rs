@@ -307,12 +307,14 @@ pub(super) mod test_support {
             .collect()
     }
 
-    /// Waits (bounded) until the fake leaves `name` in its directory.
+    /// Waits (bounded) until the fake leaves `name` in its directory: on the directory's
+    /// change events, checked once the watch is up so that a file made before it counts.
     pub async fn file_appears(dir: &Path, name: &str) {
         let path = dir.join(name);
+        let mut watch = crate::watch::FileWatch::start(&path).unwrap();
         let appears = async {
             while !path.exists() {
-                tokio::time::sleep(Duration::from_millis(10)).await;
+                assert!(watch.changed().await, "the watch of {name} ended");
             }
         };
         tokio::time::timeout(WAIT, appears)
