@@ -40,6 +40,14 @@ pub enum ConfigError {
         #[source]
         source: Box<toml::de::Error>,
     },
+    #[error("{path} is not valid: queue_capacity must be between 1 and {max}, not {value}", max = MAX_QUEUE_CAPACITY)]
+    QueueCapacity { path: PathBuf, value: i64 },
+    #[error("{path} is not valid: {source}")]
+    Hooks {
+        path: PathBuf,
+        #[source]
+        source: HooksConfigError,
+    },
 }
 
 /// The optional `config.toml`. Unknown keys are refused so a typo is not silently ignored.
@@ -65,6 +73,162 @@ pub struct FileConfig {
     /// The remote relay the host dials out to (`[relay] url = "wss://…"`, `token = "…"`).
     #[serde(default)]
     pub relay: Option<RelayConfig>,
+    /// Commands run when a session needs its user (`[hooks] on_permission = [[…]]`).
+    #[serde(default)]
+    pub hooks: Option<HooksFile>,
+    /// How many prompts may wait behind a busy run in one session (1 to 100, default 3); past
+    /// that the oldest is dropped, visibly.
+    #[serde(default)]
+    pub queue_capacity: Option<i64>,
+}
+
+/// The queue capacity when `config.toml` sets none (design §8).
+pub const DEFAULT_QUEUE_CAPACITY: usize = 3;
+/// The largest `queue_capacity` accepted.
+pub const MAX_QUEUE_CAPACITY: usize = 100;
+
+/// `[hooks]` as written: each list holds commands, each command a list of strings (the
+/// program, then its arguments). Read as raw TOML values so that a mistake gets a message
+/// naming the entry and the expected shape ([`HooksConfig::from_file`]) rather than serde's
+/// "invalid type".
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HooksFile {
+    #[serde(default)]
+    pub on_permission: Vec<toml::Value>,
+    #[serde(default)]
+    pub on_run_end: Vec<toml::Value>,
+    #[serde(default)]
+    pub on_error: Vec<toml::Value>,
+    /// How long one hook may run before its process group is killed. Default 10000.
+    #[serde(default)]
+    pub timeout_ms: Option<u64>,
+}
+
+/// One hook command: run as is, never through a shell.
+#[derive(Clone, PartialEq, Eq)]
+pub struct HookCommand {
+    pub program: String,
+    pub args: Vec<String>,
+}
+
+/// Arguments may carry a token (a push service's URL or header): `Debug` shows the program
+/// and how many arguments follow, never their text.
+impl std::fmt::Debug for HookCommand {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HookCommand")
+            .field("program", &self.program)
+            .field("args", &self.args.len())
+            .finish()
+    }
+}
+
+/// `[hooks]`, checked: what [`crate::hooks`] runs. Empty lists (the default) run nothing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HooksConfig {
+    pub on_permission: Vec<HookCommand>,
+    pub on_run_end: Vec<HookCommand>,
+    pub on_error: Vec<HookCommand>,
+    /// The time limit of one hook run.
+    pub timeout: Duration,
+}
+
+/// The default time limit of a hook.
+pub const HOOK_TIMEOUT_MS: u64 = 10_000;
+/// The longest time limit `timeout_ms` may set (ten minutes).
+pub const MAX_HOOK_TIMEOUT_MS: u64 = 600_000;
+/// The most commands one hook list may hold.
+pub const MAX_HOOK_COMMANDS: usize = 16;
+
+impl Default for HooksConfig {
+    fn default() -> Self {
+        HooksConfig {
+            on_permission: Vec::new(),
+            on_run_end: Vec::new(),
+            on_error: Vec::new(),
+            timeout: Duration::from_millis(HOOK_TIMEOUT_MS),
+        }
+    }
+}
+
+/// What is wrong with a `[hooks]` section.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum HooksConfigError {
+    #[error(
+        "hooks.{list}[{index}] must be a command: a list of strings, the program then its \
+         arguments, e.g. {list} = [[\"notify-send\", \"agent-host\"]] (no shell runs it)"
+    )]
+    NotACommand { list: &'static str, index: usize },
+    #[error("hooks.{list}[{index}] is empty: it needs at least the program")]
+    Empty { list: &'static str, index: usize },
+    #[error("hooks.{list}[{index}]: the program is an empty string")]
+    EmptyProgram { list: &'static str, index: usize },
+    #[error("hooks.{list}[{index}] holds a NUL character, which no program argument can carry")]
+    Nul { list: &'static str, index: usize },
+    #[error("hooks.{list} has {count} commands; at most {MAX_HOOK_COMMANDS} are allowed")]
+    TooMany { list: &'static str, count: usize },
+    #[error("hooks.timeout_ms must be between 1 and {MAX_HOOK_TIMEOUT_MS} (milliseconds), not {0}")]
+    Timeout(u64),
+}
+
+impl HooksConfig {
+    /// Check a `[hooks]` section and turn it into commands.
+    pub fn from_file(file: &HooksFile) -> Result<HooksConfig, HooksConfigError> {
+        let timeout_ms = file.timeout_ms.unwrap_or(HOOK_TIMEOUT_MS);
+        if !(1..=MAX_HOOK_TIMEOUT_MS).contains(&timeout_ms) {
+            return Err(HooksConfigError::Timeout(timeout_ms));
+        }
+        Ok(HooksConfig {
+            on_permission: hook_commands("on_permission", &file.on_permission)?,
+            on_run_end: hook_commands("on_run_end", &file.on_run_end)?,
+            on_error: hook_commands("on_error", &file.on_error)?,
+            timeout: Duration::from_millis(timeout_ms),
+        })
+    }
+
+    /// Whether any hook is configured (none: the host does not follow events for hooks).
+    pub fn is_empty(&self) -> bool {
+        self.on_permission.is_empty() && self.on_run_end.is_empty() && self.on_error.is_empty()
+    }
+}
+
+fn hook_commands(
+    list: &'static str,
+    values: &[toml::Value],
+) -> Result<Vec<HookCommand>, HooksConfigError> {
+    if values.len() > MAX_HOOK_COMMANDS {
+        return Err(HooksConfigError::TooMany {
+            list,
+            count: values.len(),
+        });
+    }
+    values
+        .iter()
+        .enumerate()
+        .map(|(index, value)| {
+            let Some(items) = value.as_array() else {
+                return Err(HooksConfigError::NotACommand { list, index });
+            };
+            let argv = items
+                .iter()
+                .map(|item| item.as_str().map(str::to_owned))
+                .collect::<Option<Vec<String>>>()
+                .ok_or(HooksConfigError::NotACommand { list, index })?;
+            let Some((program, args)) = argv.split_first() else {
+                return Err(HooksConfigError::Empty { list, index });
+            };
+            if program.is_empty() {
+                return Err(HooksConfigError::EmptyProgram { list, index });
+            }
+            if argv.iter().any(|a| a.contains('\0')) {
+                return Err(HooksConfigError::Nul { list, index });
+            }
+            Ok(HookCommand {
+                program: program.clone(),
+                args: args.to_vec(),
+            })
+        })
+        .collect()
 }
 
 /// `[relay]`: where the host dials out to, with what token, and what that token may do.
@@ -181,6 +345,7 @@ impl std::fmt::Debug for Config {
             .field("agent_idle_timeout", &self.agent_idle_timeout)
             .field("agents", &self.agents)
             .field("relay", &self.relay)
+            .field("queue_capacity", &self.queue_capacity)
             .field("adopt_orphans", &self.adopt_orphans)
             .finish_non_exhaustive()
     }
@@ -208,6 +373,10 @@ pub struct Config {
     pub agents: std::collections::BTreeMap<String, AgentConfig>,
     /// The remote relay, if configured.
     pub relay: Option<RelayConfig>,
+    /// `[hooks]`: commands run when a session needs its user (none by default).
+    pub hooks: HooksConfig,
+    /// How many prompts may wait behind a busy run in one session.
+    pub queue_capacity: usize,
     /// The host owns its whole process (the binary's `host.start`), so it may become the
     /// subreaper of its agents' orphans and reap them (`adapter::reap`). Off when embedded:
     /// other code in the process owns children of its own.
@@ -251,7 +420,22 @@ impl Config {
     /// Build for an explicit home directory (tests, embedding), reading its `config.toml`.
     pub fn with_home(home: impl Into<PathBuf>) -> Result<Config, ConfigError> {
         let home = home.into();
-        let file = read_file_config(&home.join("config.toml"))?;
+        let path = home.join("config.toml");
+        let file = read_file_config(&path)?;
+        let queue_capacity = match file.queue_capacity {
+            None => DEFAULT_QUEUE_CAPACITY,
+            Some(n) => match usize::try_from(n) {
+                Ok(n) if (1..=MAX_QUEUE_CAPACITY).contains(&n) => n,
+                _ => return Err(ConfigError::QueueCapacity { path, value: n }),
+            },
+        };
+        let hooks = file
+            .hooks
+            .as_ref()
+            .map(HooksConfig::from_file)
+            .transpose()
+            .map_err(|source| ConfigError::Hooks { path, source })?
+            .unwrap_or_default();
         Ok(Config {
             home,
             log_level: file.log_level.unwrap_or_else(|| "info".to_owned()),
@@ -265,6 +449,8 @@ impl Config {
             ),
             agents: file.agents,
             relay: file.relay,
+            hooks,
+            queue_capacity,
             adopt_orphans: false,
         })
     }
@@ -390,6 +576,110 @@ mod tests {
             0o700
         );
         assert!(config.logs_dir().is_dir());
+    }
+
+    fn hooks_of(toml_text: &str) -> Result<HooksConfig, ConfigError> {
+        let dir = tempfile::tempdir().unwrap();
+        fs::write(dir.path().join("config.toml"), toml_text).unwrap();
+        Config::with_home(dir.path()).map(|c| c.hooks)
+    }
+
+    fn hooks_error(toml_text: &str) -> String {
+        match hooks_of(toml_text) {
+            Err(e) => e.to_string(),
+            Ok(hooks) => panic!("accepted: {hooks:?}"),
+        }
+    }
+
+    #[test]
+    fn hooks_are_off_by_default_and_read_as_argv_lists() {
+        let none = hooks_of("").unwrap();
+        assert!(none.is_empty());
+        assert_eq!(none.timeout, Duration::from_millis(10_000));
+        let hooks = hooks_of(
+            "[hooks]\n\
+             on_permission = [[\"notify-send\", \"Agent needs you\", \"$AGENT_HOST_TOOL\"], [\"/bin/true\"]]\n\
+             on_error = [[\"logger\", \"-t\", \"agent-host\"]]\n\
+             timeout_ms = 2500\n",
+        )
+        .unwrap();
+        assert!(!hooks.is_empty());
+        assert_eq!(hooks.timeout, Duration::from_millis(2500));
+        assert_eq!(
+            hooks.on_permission,
+            [
+                HookCommand {
+                    program: "notify-send".into(),
+                    // Kept as written: nothing expands `$…`.
+                    args: vec!["Agent needs you".into(), "$AGENT_HOST_TOOL".into()],
+                },
+                HookCommand {
+                    program: "/bin/true".into(),
+                    args: vec![],
+                },
+            ]
+        );
+        assert!(hooks.on_run_end.is_empty());
+        assert_eq!(hooks.on_error[0].args, ["-t", "agent-host"]);
+        // The arguments (a token may be among them) are not in a Debug.
+        assert!(!format!("{hooks:?}").contains("Agent needs you"));
+    }
+
+    #[test]
+    fn a_wrong_hooks_section_is_refused_with_a_message_naming_the_entry() {
+        // One command written as the list itself: the commonest slip.
+        let e = hooks_error("[hooks]\non_permission = [\"notify-send\", \"x\"]\n");
+        assert!(
+            e.contains("hooks.on_permission[0] must be a command"),
+            "{e}"
+        );
+        assert!(e.contains("config.toml"), "{e}");
+        let e = hooks_error("[hooks]\non_run_end = [[\"a\"], [\"b\", 3]]\n");
+        assert!(e.contains("hooks.on_run_end[1] must be a command"), "{e}");
+        let e = hooks_error("[hooks]\non_error = [[]]\n");
+        assert!(e.contains("hooks.on_error[0] is empty"), "{e}");
+        let e = hooks_error("[hooks]\non_error = [[\"\", \"x\"]]\n");
+        assert!(e.contains("the program is an empty string"), "{e}");
+        let e = hooks_error("[hooks]\non_error = [[\"a\", \"b\\u0000c\"]]\n");
+        assert!(e.contains("NUL"), "{e}");
+        for bad in [0, 600_001] {
+            let e = hooks_error(&format!("[hooks]\ntimeout_ms = {bad}\n"));
+            assert!(
+                e.contains("hooks.timeout_ms must be between 1 and 600000"),
+                "{e}"
+            );
+        }
+        let many = vec!["[\"true\"]"; 17].join(", ");
+        let e = hooks_error(&format!("[hooks]\non_permission = [{many}]\n"));
+        assert!(e.contains("at most 16"), "{e}");
+        // A typo in a key is refused, not ignored.
+        let e = hooks_error("[hooks]\non_permision = [[\"true\"]]\n");
+        assert!(e.contains("on_permision"), "{e}");
+        let e = hooks_error("[hooks]\non_permission = \"notify-send x\"\n");
+        assert!(e.contains("on_permission"), "{e}");
+    }
+
+    #[test]
+    fn queue_capacity_defaults_to_3_and_is_held_to_1_to_100() {
+        let dir = tempfile::tempdir().unwrap();
+        let capacity = |text: &str| {
+            fs::write(dir.path().join("config.toml"), text).unwrap();
+            Config::with_home(dir.path()).map(|c| c.queue_capacity)
+        };
+        assert_eq!(capacity("").unwrap(), DEFAULT_QUEUE_CAPACITY);
+        assert_eq!(capacity("queue_capacity = 1\n").unwrap(), 1);
+        assert_eq!(capacity("queue_capacity = 100\n").unwrap(), 100);
+        for bad in ["0", "101", "-1"] {
+            match capacity(&format!("queue_capacity = {bad}\n")) {
+                Err(e @ ConfigError::QueueCapacity { .. }) => assert!(
+                    e.to_string().contains(&format!(
+                        "queue_capacity must be between 1 and 100, not {bad}"
+                    )),
+                    "{e}"
+                ),
+                other => panic!("{bad}: {other:?}"),
+            }
+        }
     }
 
     #[test]

@@ -1,9 +1,9 @@
 //! Wiring only: builds every part of the host, reports readiness, and tears it down in order.
 //!
 //! Start: home → instance lock → end what a dead host of this home left running → store → bus
-//! → sessions → WebSocket listener (port into the lock file) → IPC socket → `ready`. Shutdown (on the caller's `shutdown` future or `host.shutdown`) is a tree, leaves
+//! → hooks (if configured) → sessions → WebSocket listener (port into the lock file) → IPC socket → `ready`. Shutdown (on the caller's `shutdown` future or `host.shutdown`) is a tree, leaves
 //! first: stop accepting IPC and finish in-flight requests → session actors and their agents → drain the bus
-//! (queued brackets are committed and fanned out) → flush and join the store threads →
+//! (queued brackets are committed and fanned out) → hooks finish within a short grace (or are killed) → flush and join the store threads →
 //! release the lock. The socket file goes with the listener, the lock with the last line.
 
 use std::future::Future;
@@ -20,6 +20,7 @@ use crate::adapter::AgentSettings;
 use crate::adapter::reap;
 use crate::bus::{Bus, BusError};
 use crate::config::{Config, ConfigError};
+use crate::hooks::Hooks;
 use crate::instance::{InstanceError, InstanceLock, LockInfo};
 use crate::ipc::{self, IpcError};
 use crate::link::Link;
@@ -141,11 +142,19 @@ async fn serve(
         .await
         .map_err(|e| DaemonError::Lock(std::io::Error::other(e)))??;
     let (bus, bus_tasks) = Bus::start(store.clone()).await?;
+    // `[hooks]` follow every bracket from here on (recovery's included), never the history.
+    let hooks = Hooks::start(&config, &bus, store.clone())
+        .await
+        .unwrap_or_else(|e| {
+            tracing::error!(error = %e, "hooks cannot run");
+            None
+        });
     let sessions = SessionManager::new(
         store.clone(),
         bus.clone(),
         Arc::new(AgentSettings::from_config(&config)),
-    );
+    )
+    .with_queue_capacity(config.queue_capacity);
     // What a stopped host left open is closed (and published) before anyone can connect.
     if let Err(e) = sessions.recover().await {
         tracing::error!(error = %e, "closing the runs the last host left open failed");
@@ -246,8 +255,8 @@ async fn serve(
     {
         tracing::warn!("IPC requests still running after the grace period; abandoning them");
     }
-    // 2. Sessions: queued prompts dropped, running turns interrupted, agents closed; their
-    //    last events go onto the bus.
+    // 2. Sessions: running turns interrupted, agents closed (queued prompts stay queued for
+    //    the next start); their last events go onto the bus.
     sessions.shutdown().await;
     if config.adopt_orphans {
         reap::end_adopted();
@@ -256,6 +265,12 @@ async fn serve(
     // 3. Bus: everything queued is committed and fanned out.
     drop(bus);
     bus_tasks.shutdown().await;
+    // Hooks of those last brackets get a short grace (`hooks::SHUTDOWN_GRACE`, 2 s, or their
+    // time limit if shorter), then are killed: they add at most that (plus the kill) to a
+    // shutdown whose sessions take up to 10 s of the 15 s `host.shutdown` waits for the lock.
+    if let Some(hooks) = hooks {
+        hooks.shutdown().await;
+    }
     // 4. Store: the writer drains and commits, then both threads exit.
     drop(store);
     store_threads.shutdown().await;

@@ -35,6 +35,7 @@ pub mod follow;
 /// For the fuzz targets in `fuzz/` and the corpus replay test; not an API.
 #[doc(hidden)]
 pub mod fuzzing;
+pub mod hooks;
 pub mod instance;
 pub mod ipc;
 pub mod link;

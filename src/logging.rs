@@ -1,7 +1,10 @@
 //! Tracing setup for the host process: `logs/host.log` under the home, plus stderr when a
-//! person runs the host in the foreground. Secrets (tokens, env values, API keys) are never
-//! passed to a tracing macro, and tungstenite's handshake tracing (which prints request
-//! headers) is capped below `trace`, so they cannot reach either.
+//! person runs the host in the foreground; for CLI commands, warnings on stderr; for the
+//! interactive `follow`, `logs/follow.log` and never the terminal it draws on. Secrets
+//! (tokens, env values, API keys) are never passed to a tracing macro, and tungstenite's
+//! handshake tracing (which prints request headers) is capped below `trace`, so they cannot
+//! reach either. The cap only ever lowers tungstenite's level: at the CLI's `warn` its debug
+//! lines stay out.
 //!
 //! Every line goes through [`Escaped`]: a logged string (a URL from a command, an agent's
 //! stderr, an error message) that holds a newline or a control sequence is written escaped,
@@ -11,9 +14,15 @@
 use std::io::{self, Write};
 use tracing_appender::non_blocking::WorkerGuard;
 
-use tracing_subscriber::EnvFilter;
+use tracing::Subscriber;
+use tracing_subscriber::filter::combinator::And;
+use tracing_subscriber::filter::{FilterExt, LevelFilter, Targets};
 use tracing_subscriber::fmt::MakeWriter;
 use tracing_subscriber::fmt::writer::MakeWriterExt;
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::registry::LookupSpan;
+use tracing_subscriber::util::SubscriberInitExt;
+use tracing_subscriber::{EnvFilter, Layer};
 
 use crate::config::Config;
 
@@ -23,39 +32,71 @@ pub fn init_host_logging(config: &Config, also_stderr: bool) -> Option<WorkerGua
     let file = tracing_appender::rolling::never(config.logs_dir(), "host.log");
     let (file, guard) = tracing_appender::non_blocking(file);
     let filter = EnvFilter::try_new(&config.log_level).unwrap_or_else(|_| EnvFilter::new("info"));
-    let filter = quiet_handshakes(filter);
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_ansi(false);
     let installed = if also_stderr {
-        builder
-            .with_writer(Escaped(file.and(std::io::stderr)))
-            .try_init()
+        install(Escaped(file.and(std::io::stderr)), filter)
     } else {
-        builder.with_writer(Escaped(file)).try_init()
+        install(Escaped(file), filter)
     };
-    installed.ok().map(|()| guard)
+    installed.then_some(guard)
+}
+
+/// One fmt layer writing to `writer`, filtered by `filter` with [`quiet_handshakes`], as the
+/// global subscriber; `false` if one was installed already. No colours: [`Escaped`] would show
+/// their escape sequences as text (`\x1b[2m…`).
+fn install<W>(writer: W, filter: EnvFilter) -> bool
+where
+    W: for<'w> MakeWriter<'w> + Send + Sync + 'static,
+{
+    let layer = tracing_subscriber::fmt::layer()
+        .with_ansi(false)
+        .with_writer(writer)
+        .with_filter(quiet_handshakes(filter));
+    tracing_subscriber::registry()
+        .with(layer)
+        .try_init()
+        .is_ok()
 }
 
 /// tungstenite logs whole handshake requests at `trace`, `Authorization` header included, and
 /// every frame's payload (prompts, agent output): neither the relay token nor a conversation
-/// may reach a log whatever level a user asks for.
-fn quiet_handshakes(filter: EnvFilter) -> EnvFilter {
-    ["tungstenite=debug", "tokio_tungstenite=debug"]
-        .into_iter()
-        .filter_map(|d| d.parse().ok())
-        .fold(filter, EnvFilter::add_directive)
+/// may reach a log whatever level a user asks for. The user's filter AND a cap of `debug` for
+/// those two crates: an event passes only if both let it, so the cap lowers their level and
+/// never raises it (an `EnvFilter` directive `tungstenite=debug` would override a default of
+/// `warn`, and printed a debug line on every connect).
+fn quiet_handshakes<S>(filter: EnvFilter) -> And<EnvFilter, Targets, S>
+where
+    S: Subscriber + for<'a> LookupSpan<'a>,
+{
+    let cap = Targets::new()
+        .with_default(LevelFilter::TRACE)
+        .with_target("tungstenite", LevelFilter::DEBUG)
+        .with_target("tokio_tungstenite", LevelFilter::DEBUG);
+    filter.and(cap)
+}
+
+/// The filter a CLI invocation logs at: `AGENT_HOST_LOG`, else `warn`.
+fn cli_filter() -> EnvFilter {
+    EnvFilter::try_from_env("AGENT_HOST_LOG").unwrap_or_else(|_| EnvFilter::new("warn"))
 }
 
 /// For CLI invocations: warnings and errors to stderr only, stdout stays one JSON line.
 pub fn init_cli_logging() {
-    let filter =
-        EnvFilter::try_from_env("AGENT_HOST_LOG").unwrap_or_else(|_| EnvFilter::new("warn"));
-    let filter = quiet_handshakes(filter);
-    let _already_set = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(Escaped(std::io::stderr))
-        .try_init();
+    let _already_set = install(Escaped(std::io::stderr), cli_filter());
+}
+
+/// For the interactive `follow`, which owns the terminal: the CLI's level, appended to
+/// `logs/follow.log` under the home, or nowhere when that file cannot be opened. Never stderr:
+/// a line written there would land on the drawn screen.
+pub fn init_tui_logging(config: &Config) {
+    let file = std::fs::create_dir_all(config.logs_dir()).and_then(|()| {
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(config.logs_dir().join("follow.log"))
+    });
+    if let Ok(file) = file {
+        let _already_set = install(Escaped(std::sync::Mutex::new(file)), cli_filter());
+    }
 }
 
 /// A [`MakeWriter`] whose writers escape what they are given. The fmt layer formats a whole
@@ -123,6 +164,65 @@ pub fn escape_line(line: &[u8]) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::{Arc, Mutex};
+
+    /// Records `LEVEL target` of every event that reaches it.
+    struct Seen(Arc<Mutex<Vec<String>>>);
+
+    impl<S: Subscriber> Layer<S> for Seen {
+        fn on_event(
+            &self,
+            event: &tracing::Event<'_>,
+            _ctx: tracing_subscriber::layer::Context<'_, S>,
+        ) {
+            let meta = event.metadata();
+            self.0
+                .lock()
+                .unwrap()
+                .push(format!("{} {}", meta.level(), meta.target()));
+        }
+    }
+
+    fn passed(directives: &str) -> Vec<String> {
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let layer = Seen(seen.clone()).with_filter(quiet_handshakes(EnvFilter::new(directives)));
+        let subscriber = tracing_subscriber::registry().with(layer);
+        tracing::subscriber::with_default(subscriber, || {
+            tracing::debug!(target: "tungstenite::handshake::client", "client handshake done");
+            tracing::trace!(target: "tungstenite::protocol", "frame payload");
+            tracing::warn!(target: "tungstenite::protocol", "a warning");
+            tracing::debug!(target: "tokio_tungstenite", "connected");
+            tracing::debug!(target: "agent_host::follow", "ours");
+            tracing::trace!(target: "agent_host::follow", "ours in detail");
+        });
+        seen.lock().unwrap().clone()
+    }
+
+    #[test]
+    fn the_handshake_cap_lowers_tungstenite_and_never_raises_it() {
+        // The CLI's default: no tungstenite debug line on a connect.
+        assert_eq!(passed("warn"), ["WARN tungstenite::protocol"]);
+        // Asked for everything: tungstenite stops at debug, the rest goes through.
+        assert_eq!(
+            passed("trace"),
+            [
+                "DEBUG tungstenite::handshake::client",
+                "WARN tungstenite::protocol",
+                "DEBUG tokio_tungstenite",
+                "DEBUG agent_host::follow",
+                "TRACE agent_host::follow",
+            ]
+        );
+        // Asked for tungstenite's trace by name: still capped.
+        assert_eq!(
+            passed("warn,tungstenite=trace"),
+            [
+                "DEBUG tungstenite::handshake::client",
+                "WARN tungstenite::protocol"
+            ]
+        );
+        assert_eq!(passed("agent_host=debug,warn").len(), 2);
+    }
 
     #[test]
     fn a_logged_newline_cannot_forge_a_line() {

@@ -42,7 +42,7 @@ fn commands_help() -> String {
         ));
     }
     text.push_str(
-        "  follow           [cli]   print a live stream: agent-host follow [session_id] [--json]\n",
+        "  follow           [cli]   follow a live stream: agent-host follow [session_id] [--json]\n                          (interactive on a terminal: type to send, Esc cancels, y/n/a answer, /help)\n",
     );
     text.push_str(
         "  open             [cli]   print and open the web UI's URL: agent-host open [session_id] [--print]\n",
@@ -80,22 +80,33 @@ fn load_config() -> Result<Config, ExitCode> {
     })
 }
 
-/// `agent-host follow [session_id] [--json]`: a live stream on stdout until Ctrl-C; a failure
-/// to start is one JSON reply line, as for every command.
+/// `agent-host follow [session_id] [--json]`: a live stream on stdout until Ctrl-C — on a
+/// terminal the interactive follower, which owns the screen (tracing goes to
+/// `logs/follow.log`, never onto it); a failure to start is one JSON reply line, as for every
+/// command.
 fn follow(cli: Cli) -> anyhow::Result<ExitCode> {
-    agent_host::logging::init_cli_logging();
-    let config = match load_config() {
-        Ok(config) => config,
-        Err(reply) => return Ok(reply),
-    };
     let options = agent_host::follow::FollowOptions {
         session_id: cli.params,
         json: cli.json,
     };
+    let interactive = agent_host::follow::interactive(&options);
+    if !interactive {
+        agent_host::logging::init_cli_logging();
+    }
+    let config = match load_config() {
+        Ok(config) => config,
+        Err(reply) => return Ok(reply),
+    };
+    if interactive {
+        agent_host::logging::init_tui_logging(&config);
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
     let reply = runtime.block_on(async {
+        if interactive {
+            return agent_host::follow::run_interactive(&config, options).await;
+        }
         let mut out = std::io::stdout();
         let mut status = std::io::stderr();
         agent_host::follow::run(&config, options, &mut out, &mut status).await

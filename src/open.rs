@@ -50,6 +50,7 @@ pub async fn run(
         "type": "local",
         "forward_deltas": true,
         "replay_mode": "none",
+        "client": "web",
     });
     let added = ipc_call(config, "subscriber.add", params).await;
     if !added.is_ok() {

@@ -327,7 +327,12 @@ async fn activate_rename_and_the_pending_list_over_ipc() {
     assert_eq!(pending.len(), 1, "{listed}");
     assert_eq!(pending[0]["session_id"], session.as_str());
     assert_eq!(pending[0]["run_id"], run.as_str());
-    assert_eq!(pending[0]["options"], json!(["allow", "deny"]));
+    // The agent's own options, as it offered them.
+    assert_eq!(
+        pending[0]["options"],
+        json!([{"id": "once-1", "label": "Allow once", "kind": "allow_once"},
+               {"id": "no-1", "label": "Reject", "kind": "reject_once"}])
+    );
     assert_eq!(pending[0]["input"], json!({"command": "ls 1"}));
     let all = asker.host.ok("permission.list", json!({})).await;
     assert_eq!(all["permissions"], listed["permissions"]);

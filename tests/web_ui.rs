@@ -430,6 +430,8 @@ fn big_run(session: &str, cwd: &Path, i: usize) -> Vec<Event> {
             EventBody::UserText(UserText {
                 text: format!("question {i}: please do step {i}"),
                 client_msg_id: None,
+                steer: false,
+                from: None,
             }),
         ),
         ev(

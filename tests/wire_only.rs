@@ -237,7 +237,14 @@ fn a_wire_client_alone_drives_a_claude_session_end_to_end() {
             str_of(&p["input"], "command").contains("touch wired"),
             "{p}"
         );
-        assert_eq!(p["options"], json!(["allow", "deny"]), "{p}");
+        // Claude's own choices: allow, allow always (its suggestions), deny.
+        let kinds: Vec<&str> = p["options"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|o| o["kind"].as_str().unwrap())
+            .collect();
+        assert_eq!(kinds, ["allow_once", "allow_always", "reject_once"], "{p}");
         assert_eq!(p["options"], request.event["options"], "{p}");
         assert!(p["created_at_ms"].as_i64().unwrap() > 0, "{p}");
         let all = wire.ok("permission.list", json!({})).await;

@@ -110,6 +110,18 @@ impl Clients {
         }
     }
 
+    /// Who a prompt sent on a transport is from (`user.text` `from`).
+    fn sender(&self, t: Transport) -> Value {
+        match t {
+            Transport::Ipc => json!({"via": "ipc"}),
+            Transport::WsProtobuf => json!({"via": "ws", "subscriberId": self.proto_id}),
+            Transport::WsJson => {
+                json!({"via": "ws", "subscriberId": self.json_id, "client": "parity-app"})
+            }
+            Transport::Relay => json!({"via": "relay"}),
+        }
+    }
+
     /// The subscriber a transport renews its grant for.
     fn own_subscriber(&self, t: Transport) -> &str {
         match t {
@@ -119,21 +131,26 @@ impl Clients {
         }
     }
 
-    /// Wait for the `run.end` of a run (on the watcher's events, no polling).
-    async fn run_end(&mut self, run_id: &str) {
+    /// Wait for the `run.end` of a run (on the watcher's events, no polling); the `from` of
+    /// the run's `user.text` (who sent the prompt).
+    async fn run_end(&mut self, run_id: &str) -> Value {
         tokio::time::timeout(WAIT, async {
+            let mut from = Value::Null;
             loop {
                 let frame = self.watcher.next_frame().await.unwrap().unwrap();
-                if let Some(push) = event_of(&frame)
-                    && push.run_id == run_id
-                    && push.event_json.contains("\"k\":\"run.end\"")
-                {
-                    return;
+                let Some(push) = event_of(&frame).filter(|p| p.run_id == run_id) else {
+                    continue;
+                };
+                let event: Value = serde_json::from_str(&push.event_json).unwrap();
+                match event["k"].as_str() {
+                    Some("user.text") => from = event["from"].clone(),
+                    Some("run.end") => return from,
+                    _ => {}
                 }
             }
         })
         .await
-        .unwrap_or_else(|_| panic!("no run.end for {run_id}"));
+        .unwrap_or_else(|_| panic!("no run.end for {run_id}"))
     }
 }
 
@@ -170,6 +187,8 @@ fn normalize(value: &Value, cwd: &str) -> Value {
         "started_at",
         "deleted",
         "event",
+        // Who sent a prompt names its transport (checked per transport where it is sent).
+        "from",
     ];
     match value {
         Value::Object(map) => Value::Object(
@@ -238,7 +257,11 @@ fn typed(t: Transport, command: &str, reply: &Reply) {
         "session.fork" => check::<r::SessionForkedReply>(t, command, reply),
         "session.activate" => check::<r::ActivateReceipt>(t, command, reply),
         "session.send" => check::<r::SendReceipt>(t, command, reply),
-        "session.cancel" => check::<r::CancelReceipt>(t, command, reply),
+        "session.cancel" | "queue.remove" => check::<r::CancelReceipt>(t, command, reply),
+        "session.steer" => check::<r::SteerReceipt>(t, command, reply),
+        "queue.edit" => check::<r::QueueEdited>(t, command, reply),
+        "queue.move" => check::<r::QueueOrder>(t, command, reply),
+        "queue.clear" => check::<r::QueueCleared>(t, command, reply),
         "session.history" => check::<r::HistoryPage>(t, command, reply),
         "session.runs" => check::<r::RunList>(t, command, reply),
         "session.run" => check::<r::RunInfo>(t, command, reply),
@@ -287,7 +310,8 @@ async fn script_for(c: &mut Clients, t: Transport, cwd: &Path) -> Vec<(String, V
     );
     assert_eq!(sent.code, 0, "{t:?}: {}", sent.to_line());
     let run = sent.data["run_id"].as_str().unwrap().to_owned();
-    c.run_end(&run).await;
+    // The prompt says which transport (and which client) sent it.
+    assert_eq!(c.run_end(&run).await, c.sender(t), "{t:?}");
     // A resent prompt is the first run, marked duplicate (no second run starts).
     let again = step!(
         "session.send",
@@ -329,6 +353,25 @@ async fn script_for(c: &mut Clients, t: Transport, cwd: &Path) -> Vec<(String, V
     step!("session.run", json!({"session_id": s}));
     step!("permission.list", json!({"session_id": s}));
     step!("session.cancel", json!({"session_id": s}));
+    // The queue: nothing waits (the session is idle), and the run that ran is not queued.
+    step!("queue.clear", json!({"session_id": s}));
+    step!(
+        "queue.edit",
+        json!({"session_id": s, "run_id": run, "text": "edited"})
+    );
+    step!(
+        "queue.move",
+        json!({"session_id": s, "run_id": "no-such-run", "position": 0})
+    );
+    step!("queue.remove", json!({"session_id": s, "run_id": run}));
+    // A steer with no turn running is a plain send.
+    let steered = step!(
+        "session.steer",
+        json!({"session_id": s, "text": "steer", "client_msg_id": "k-2"})
+    );
+    assert_eq!(steered.code, 0, "{t:?}: {}", steered.to_line());
+    let steered_run = steered.data["run_id"].as_str().unwrap().to_owned();
+    assert_eq!(c.run_end(&steered_run).await, c.sender(t), "{t:?}");
     let forked = step!("session.fork", json!({"session_id": s}));
     let imported = step!(
         "session.import",
@@ -384,7 +427,8 @@ async fn every_wire_command_answers_alike_on_every_transport() {
         .unwrap();
     let grant = json!({"type": "local", "replay_mode": "none"});
     let (proto, proto_id) = grant_and_connect(&host, grant.clone(), Codec::Protobuf).await;
-    let (json_ws, json_id) = grant_and_connect(&host, grant.clone(), Codec::Json).await;
+    let labelled = json!({"type": "local", "replay_mode": "none", "client": "parity-app"});
+    let (json_ws, json_id) = grant_and_connect(&host, labelled, Codec::Json).await;
     let (watcher, _) = grant_and_connect(&host, grant, Codec::Protobuf).await;
     let mut c = Clients {
         host,
@@ -441,6 +485,9 @@ async fn every_wire_command_answers_alike_on_every_transport() {
     assert_eq!(code_of("session.get", 2), json!("invalid_params"));
     assert_eq!(code_of("session.send", 2), json!("invalid_params"));
     assert_eq!(code_of("session.explode", 0), json!("unknown_command"));
+    assert_eq!(code_of("queue.edit", 0), json!("not_queued"));
+    assert_eq!(code_of("queue.move", 0), json!("run_not_found"));
+    assert_eq!(code_of("queue.remove", 0), json!("not_queued"));
     assert_eq!(code_of("session.run", 2), json!("run_not_found"));
     assert_eq!(code_of("session.run", 3), json!("invalid_params"));
     assert_eq!(

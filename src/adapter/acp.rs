@@ -17,8 +17,9 @@
 //!   else `rawOutput`).
 //! - `plan` → an `artifact.delta` (`plan`) holding the entries; `usage_update` keeps the cost;
 //!   the prompt answer's `usage` is the turn's `usage`.
-//! - `session/request_permission` → `permission.request` (options `allow`, `deny`), keyed by the
-//!   tool call id; the agent's own options are kept to answer with ([`permission_answer`]).
+//! - `session/request_permission` → `permission.request` with the agent's own options (its
+//!   `optionId`, `name` and `kind`; [`permission_options`]), keyed by the tool call id; the
+//!   chosen `optionId` is the answer ([`permission_answer`]).
 //! - The prompt answer's `stopReason` → `run.end`: `end_turn` completed, `cancelled`
 //!   cancelled, `max_tokens` failed `context_exhausted`, `refusal` / `max_turn_requests`
 //!   failed `agent_failed`. Open blocks and tools are closed first.
@@ -33,9 +34,9 @@ use std::collections::HashMap;
 use serde_json::{Value, json};
 
 use crate::protocol::events::{
-    ArtifactDelta, BlockEnd, BlockStart, ErrorCategory, ErrorNotice, EventBody, PermissionRequest,
-    RunEnd, RunState, SessionBound, TextDelta, ToolCallEnd, ToolCallStart, ToolExecEnd,
-    ToolExecStart, ToolExecUpdate, Usage,
+    ArtifactDelta, BlockEnd, BlockStart, ErrorCategory, ErrorNotice, EventBody, PermissionOption,
+    PermissionOptionKind, PermissionRequest, RunEnd, RunState, SessionBound, TextDelta,
+    ToolCallEnd, ToolCallStart, ToolExecEnd, ToolExecStart, ToolExecUpdate, Usage,
 };
 
 /// The ACP version this client speaks.
@@ -110,16 +111,50 @@ pub fn prompt_params(session_id: &str, text: &str) -> Value {
     json!({"sessionId": session_id, "prompt": [{"type": "text", "text": text}]})
 }
 
-/// The answer to `session/request_permission`: the offered option of the matching kind —
-/// allow once (else allow always) or reject once (else reject always). `allow_always` is only
-/// chosen when it is the agent's only way to allow. Nothing suitable offered: `cancelled`.
-pub fn permission_answer(options: &Value, allow: bool) -> Value {
+/// The options of a `session/request_permission`, as the agent words them; an `allow_always`
+/// one's rule is its name (the agent's own words for what it will keep allowing, e.g. Qwen's
+/// "Always Allow in project: touch *"). Options of a kind this build does not know are left
+/// out (they cannot be told apart from a refusal).
+pub fn permission_options(params: &Value) -> Vec<PermissionOption> {
+    params
+        .get("options")
+        .and_then(Value::as_array)
+        .map(Vec::as_slice)
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|o| {
+            let id = o.get("optionId").and_then(Value::as_str)?;
+            let kind: PermissionOptionKind =
+                serde_json::from_value(o.get("kind").cloned().unwrap_or(Value::Null)).ok()?;
+            let label = o.get("name").and_then(Value::as_str).unwrap_or(id);
+            Some(match kind {
+                PermissionOptionKind::AllowAlways => {
+                    PermissionOption::always(id, label, label.to_owned())
+                }
+                kind => PermissionOption::new(id, label, kind),
+            })
+        })
+        .collect()
+}
+
+/// The answer to `session/request_permission`: the chosen option when the agent offered it;
+/// else the offered option of the matching kind — allow once (else allow always) or reject
+/// once (else reject always). `allow_always` is only chosen by kind when it is the agent's
+/// only way to allow. Nothing suitable offered: `cancelled`.
+pub fn permission_answer(options: &Value, allow: bool, option: Option<&PermissionOption>) -> Value {
+    let offered = options.as_array().map(Vec::as_slice).unwrap_or_default();
+    if let Some(option) = option
+        && offered
+            .iter()
+            .any(|o| o.get("optionId").and_then(Value::as_str) == Some(option.id.as_str()))
+    {
+        return json!({"outcome": {"outcome": "selected", "optionId": option.id}});
+    }
     let kinds: &[&str] = if allow {
         &["allow_once", "allow_always"]
     } else {
         &["reject_once", "reject_always"]
     };
-    let offered = options.as_array().map(Vec::as_slice).unwrap_or_default();
     let chosen = kinds.iter().find_map(|kind| {
         offered
             .iter()
@@ -617,7 +652,7 @@ impl Translator {
             request_id: id.clone(),
             tool,
             input,
-            options: vec!["allow".to_owned(), "deny".to_owned()],
+            options: permission_options(params),
         }));
         (out, Some(id))
     }
@@ -756,20 +791,31 @@ mod tests {
             {"kind": "reject_once", "optionId": "no"}
         ]);
         assert_eq!(
-            permission_answer(&options, true)["outcome"]["optionId"],
+            permission_answer(&options, true, None)["outcome"]["optionId"],
             "once"
         );
         assert_eq!(
-            permission_answer(&options, false)["outcome"]["optionId"],
+            permission_answer(&options, false, None)["outcome"]["optionId"],
             "no"
+        );
+        // A chosen option goes back as it is; one the agent never offered falls back by kind.
+        let always = PermissionOption::always("always", "Always", "always".to_owned());
+        assert_eq!(
+            permission_answer(&options, true, Some(&always))["outcome"]["optionId"],
+            "always"
+        );
+        let stranger = PermissionOption::always("nope", "Nope", "nope".to_owned());
+        assert_eq!(
+            permission_answer(&options, true, Some(&stranger))["outcome"]["optionId"],
+            "once"
         );
         let only_always = json!([{"kind": "allow_always", "optionId": "always"}]);
         assert_eq!(
-            permission_answer(&only_always, true)["outcome"]["optionId"],
+            permission_answer(&only_always, true, None)["outcome"]["optionId"],
             "always"
         );
         assert_eq!(
-            permission_answer(&only_always, false)["outcome"]["outcome"],
+            permission_answer(&only_always, false, None)["outcome"]["outcome"],
             "cancelled"
         );
         assert!(is_missing_session("Session not found"));

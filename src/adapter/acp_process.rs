@@ -498,12 +498,17 @@ impl Driver {
         match input {
             AgentInput::Prompt { text, .. } => self.start_turn(&text).await,
             AgentInput::Permission {
-                request_id, allow, ..
+                request_id,
+                allow,
+                option,
+                ..
             } => {
                 match self.permissions.remove(&request_id) {
-                    Some(pending) => pending
-                        .request
-                        .respond(acp::permission_answer(&pending.options, allow)),
+                    Some(pending) => pending.request.respond(acp::permission_answer(
+                        &pending.options,
+                        allow,
+                        option.as_ref(),
+                    )),
                     None => tracing::info!(request_id, "an answer to no pending permission"),
                 }
                 Ok(())
@@ -523,6 +528,14 @@ impl Driver {
                         pending.request.respond(acp::cancelled_answer());
                     }
                 }
+                Ok(())
+            }
+            AgentInput::Steer { reply, .. } => {
+                // The family does not steer (`families/acp.rs` says why): refused, never sent.
+                let _unwaited = reply.send(Err(AdapterError::new(
+                    ErrorCategory::ProtocolIncompatible,
+                    "ACP has no input into a running prompt",
+                )));
                 Ok(())
             }
             AgentInput::Close { .. } => Ok(()),

@@ -15,7 +15,12 @@
 //!   wording of an API error; the `result` reports that error, so it is not shown as text.
 //! - A `user` frame's `tool_result` → `tool.exec.start` + `tool.exec.end` (the CLI does not say
 //!   when a tool starts; it reports only the result).
-//! - `control_request` `can_use_tool` → `permission.request` (options `allow`, `deny`);
+//! - `control_request` `can_use_tool` → `permission.request` with the CLI's choices: `allow`,
+//!   an `allow_always` option built from its `permission_suggestions` (rules and directories;
+//!   a mode switch only when it suggests nothing else), `deny`. The always option answers with
+//!   those suggestions as `updatedPermissions`, scoped to the session (`destination:
+//!   "session"`: the CLI keeps them for the life of its process and writes no settings file),
+//!   so a matching call stops asking ([`Translator::permission_frame`]).
 //!   `control_cancel_request` → `permission.resolved` `withdrawn` by the agent.
 //! - `result` ends a turn — except compaction notices — with `usage` (from `result`, never from
 //!   `assistant` placeholders), an `error` when it failed, and `run.end`: `aborted_*` terminal
@@ -38,9 +43,9 @@ use serde_json::{Value, json};
 
 use super::AdapterError;
 use crate::protocol::events::{
-    BlockEnd, BlockStart, ErrorCategory, ErrorNotice, EventBody, PermissionRequest,
-    PermissionResolved, RunEnd, RunState, SessionBound, TextDelta, ToolCallDelta, ToolCallEnd,
-    ToolCallStart, ToolExecEnd, ToolExecStart, Usage,
+    BlockEnd, BlockStart, ErrorCategory, ErrorNotice, EventBody, PermissionOption,
+    PermissionOptionKind, PermissionRequest, PermissionResolved, RunEnd, RunState, SessionBound,
+    TextDelta, ToolCallDelta, ToolCallEnd, ToolCallStart, ToolExecEnd, ToolExecStart, Usage,
 };
 
 /// The arguments of a long-lived stream-json process; `resume` for a known native session,
@@ -218,15 +223,30 @@ pub fn control_error_frame(request_id: &str, error: &str) -> String {
     .to_string()
 }
 
-/// The stdin line answering a `can_use_tool` request.
+/// The stdin line answering a `can_use_tool` request; `updates`: the permission updates an
+/// "always" answer makes the CLI keep.
 pub fn permission_frame(
     request_id: &str,
     allow: bool,
     input: &Value,
     message: Option<&str>,
 ) -> String {
+    permission_frame_with(request_id, allow, input, message, None)
+}
+
+fn permission_frame_with(
+    request_id: &str,
+    allow: bool,
+    input: &Value,
+    message: Option<&str>,
+    updates: Option<&Value>,
+) -> String {
     let response = if allow {
-        json!({"behavior": "allow", "updatedInput": input})
+        let mut response = json!({"behavior": "allow", "updatedInput": input});
+        if let Some(updates) = updates {
+            response["updatedPermissions"] = updates.clone();
+        }
+        response
     } else {
         json!({
             "behavior": "deny",
@@ -238,6 +258,73 @@ pub fn permission_frame(
         "response": {"subtype": "success", "request_id": request_id, "response": response},
     })
     .to_string()
+}
+
+/// The "always allow" option a `can_use_tool` request's `permission_suggestions` make, and the
+/// `updatedPermissions` it answers with: the rule and directory suggestions (a mode switch
+/// only when there is nothing else), each scoped to the session. `None` when nothing allows.
+fn always_option(suggested: &[Value]) -> Option<(PermissionOption, Value)> {
+    let rules_of = |s: &Value| -> Vec<String> {
+        s.get("rules")
+            .and_then(Value::as_array)
+            .map(Vec::as_slice)
+            .unwrap_or_default()
+            .iter()
+            .map(|r| match r.get("ruleContent").and_then(Value::as_str) {
+                Some(content) => format!("{}({content})", str_of(r, "toolName")),
+                None => str_of(r, "toolName").to_owned(),
+            })
+            .collect()
+    };
+    let session = |s: &Value| {
+        let mut s = s.clone();
+        s["destination"] = json!("session");
+        s
+    };
+    let mut grants = Vec::new();
+    let mut updates = Vec::new();
+    for s in suggested {
+        match str_of(s, "type") {
+            "addRules" | "replaceRules" if str_of(s, "behavior") == "allow" => {
+                grants.extend(rules_of(s));
+                updates.push(session(s));
+            }
+            "addDirectories" => {
+                let dirs: Vec<&str> = s
+                    .get("directories")
+                    .and_then(Value::as_array)
+                    .map(Vec::as_slice)
+                    .unwrap_or_default()
+                    .iter()
+                    .filter_map(Value::as_str)
+                    .collect();
+                if !dirs.is_empty() {
+                    grants.push(format!("access to {}", dirs.join(", ")));
+                    updates.push(session(s));
+                }
+            }
+            _ => {}
+        }
+    }
+    if !grants.is_empty() {
+        let what = grants.join(" and ");
+        let option = PermissionOption::always(
+            "allow_always",
+            &format!("Always allow {what}"),
+            format!("always allow {what} in this session"),
+        );
+        return Some((option, Value::Array(updates)));
+    }
+    let mode = suggested
+        .iter()
+        .find(|s| str_of(s, "type") == "setMode" && !str_of(s, "mode").is_empty())?;
+    let name = str_of(mode, "mode");
+    let option = PermissionOption::always(
+        &format!("mode:{name}"),
+        &format!("Allow, and switch this session to {name} mode"),
+        format!("{name} mode for the rest of this session"),
+    );
+    Some((option, json!([session(mode)])))
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -273,6 +360,9 @@ pub struct Translator {
     skipped: u64,
     /// Lines the driver must write back (answers to control requests we do not serve).
     replies: Vec<String>,
+    /// The `updatedPermissions` each pending request's always options stand for, by request
+    /// id, then option id.
+    suggestions: HashMap<String, HashMap<String, Value>>,
 }
 
 fn str_of<'a>(v: &'a Value, key: &str) -> &'a str {
@@ -287,6 +377,24 @@ impl Translator {
     /// The native session id the CLI last named.
     pub fn native_id(&self) -> Option<&str> {
         self.native_id.as_deref()
+    }
+
+    /// The stdin line answering permission request `request_id` with `option` (one of those
+    /// its `permission.request` offered; `None`: plain allow or deny): an always option sends
+    /// the updates it stands for.
+    pub fn permission_frame(
+        &mut self,
+        request_id: &str,
+        allow: bool,
+        option: Option<&PermissionOption>,
+        input: &Value,
+        message: Option<&str>,
+    ) -> String {
+        let offered = self.suggestions.remove(request_id).unwrap_or_default();
+        let updates = option
+            .filter(|o| o.kind == PermissionOptionKind::AllowAlways)
+            .and_then(|o| offered.get(&o.id));
+        permission_frame_with(request_id, allow, input, message, updates)
     }
 
     /// Lines for stdin that the last frames call for: an error answer to each control request
@@ -314,11 +422,16 @@ impl Translator {
             "assistant" => self.on_assistant(&frame),
             "user" => self.on_user(&frame),
             "control_request" => self.on_control_request(&frame),
-            "control_cancel_request" => vec![EventBody::PermissionResolved(PermissionResolved {
-                request_id: str_of(&frame, "request_id").to_owned(),
-                decision: "withdrawn".to_owned(),
-                by: Some("agent".to_owned()),
-            })],
+            "control_cancel_request" => {
+                let request_id = str_of(&frame, "request_id").to_owned();
+                self.suggestions.remove(&request_id);
+                vec![EventBody::PermissionResolved(PermissionResolved {
+                    request_id,
+                    decision: "withdrawn".to_owned(),
+                    by: Some("agent".to_owned()),
+                    ..PermissionResolved::default()
+                })]
+            }
             "result" => self.on_result(&frame),
             // Known, and nothing for a client: answers to our own requests, rate-limit state.
             "control_response" | "rate_limit_event" => Vec::new(),
@@ -617,11 +730,35 @@ impl Translator {
             ));
             return Vec::new();
         }
+        let request_id = str_of(frame, "request_id").to_owned();
+        let suggested = request
+            .get("permission_suggestions")
+            .and_then(Value::as_array)
+            .map(Vec::as_slice)
+            .unwrap_or_default();
+        let mut options = vec![PermissionOption::new(
+            "allow",
+            "Allow",
+            PermissionOptionKind::AllowOnce,
+        )];
+        let mut updates = HashMap::new();
+        if let Some((option, update)) = always_option(suggested) {
+            updates.insert(option.id.clone(), update);
+            options.push(option);
+        }
+        options.push(PermissionOption::new(
+            "deny",
+            "Deny",
+            PermissionOptionKind::RejectOnce,
+        ));
+        if !updates.is_empty() {
+            self.suggestions.insert(request_id.clone(), updates);
+        }
         vec![EventBody::PermissionRequest(PermissionRequest {
-            request_id: str_of(frame, "request_id").to_owned(),
+            request_id,
             tool: str_of(request, "tool_name").to_owned(),
             input: request.get("input").cloned().unwrap_or(Value::Null),
-            options: vec!["allow".to_owned(), "deny".to_owned()],
+            options,
         })]
     }
 
@@ -892,6 +1029,74 @@ mod tests {
             other => panic!("{other:?}"),
         }
         assert!(t.on_exit(false, "exit 0").is_empty());
+    }
+
+    /// `can_use_tool` as Claude Code 2.1.197 sent it (reference transcript): the suggestions
+    /// become one always option, and choosing it sends them back scoped to the session.
+    #[test]
+    fn permission_suggestions_become_an_always_option() {
+        let mut t = Translator::new();
+        let out = t.on_stdout_line(
+            r#"{"type":"control_request","request_id":"p1","request":{"subtype":"can_use_tool","tool_name":"Bash","input":{"command":"touch x && echo hi"},"permission_suggestions":[{"type":"addRules","rules":[{"toolName":"Bash","ruleContent":"touch x && echo hi"}],"behavior":"allow","destination":"localSettings"},{"type":"addDirectories","directories":["/w"],"destination":"session"},{"type":"setMode","mode":"acceptEdits","destination":"session"}],"tool_use_id":"toolu_1"}}"#,
+        );
+        let EventBody::PermissionRequest(request) = &out[0] else {
+            panic!("{out:?}");
+        };
+        let ids: Vec<&str> = request.options.iter().map(|o| o.id.as_str()).collect();
+        assert_eq!(ids, ["allow", "allow_always", "deny"]);
+        let always = &request.options[1];
+        assert_eq!(always.kind, PermissionOptionKind::AllowAlways);
+        assert_eq!(
+            always.label,
+            "Always allow Bash(touch x && echo hi) and access to /w"
+        );
+        assert_eq!(
+            always.rule.as_deref(),
+            Some("always allow Bash(touch x && echo hi) and access to /w in this session")
+        );
+        let frame: Value = serde_json::from_str(&t.permission_frame(
+            "p1",
+            true,
+            Some(always),
+            &json!({"command": "touch x && echo hi"}),
+            None,
+        ))
+        .unwrap();
+        let response = &frame["response"]["response"];
+        assert_eq!(response["behavior"], "allow");
+        let updates = response["updatedPermissions"].as_array().unwrap();
+        assert_eq!(updates.len(), 2, "{response}");
+        assert!(updates.iter().all(|u| u["destination"] == "session"));
+        assert_eq!(updates[0]["rules"][0]["ruleContent"], "touch x && echo hi");
+        // Allow once sends none.
+        t.on_stdout_line(
+            r#"{"type":"control_request","request_id":"p2","request":{"subtype":"can_use_tool","tool_name":"Bash","input":{},"permission_suggestions":[{"type":"setMode","mode":"acceptEdits","destination":"session"}]}}"#,
+        );
+        let once = PermissionOption::new("allow", "Allow", PermissionOptionKind::AllowOnce);
+        let frame: Value =
+            serde_json::from_str(&t.permission_frame("p2", true, Some(&once), &json!({}), None))
+                .unwrap();
+        assert!(
+            frame["response"]["response"]
+                .get("updatedPermissions")
+                .is_none()
+        );
+        // A mode switch is the always option only when nothing else is suggested.
+        let out = t.on_stdout_line(
+            r#"{"type":"control_request","request_id":"p3","request":{"subtype":"can_use_tool","tool_name":"Write","input":{},"permission_suggestions":[{"type":"setMode","mode":"acceptEdits","destination":"session"}]}}"#,
+        );
+        let EventBody::PermissionRequest(request) = &out[0] else {
+            panic!("{out:?}");
+        };
+        assert_eq!(request.options[1].id, "mode:acceptEdits");
+        // No suggestions: allow and deny only.
+        let out = t.on_stdout_line(
+            r#"{"type":"control_request","request_id":"p4","request":{"subtype":"can_use_tool","tool_name":"Bash","input":{}}}"#,
+        );
+        let EventBody::PermissionRequest(request) = &out[0] else {
+            panic!("{out:?}");
+        };
+        assert_eq!(request.options, PermissionOption::allow_deny());
     }
 
     #[test]

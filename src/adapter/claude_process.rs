@@ -63,16 +63,27 @@ pub fn open(spec: OpenSpec) -> Result<AgentSession, AdapterError> {
 }
 
 /// The stdin line for an input, and whether it starts a turn.
-fn frame_of(input: AgentInput, interrupts: &mut u64) -> Option<(String, bool)> {
+fn frame_of(
+    input: AgentInput,
+    interrupts: &mut u64,
+    translator: &mut Translator,
+) -> Option<(String, bool)> {
     match input {
         AgentInput::Prompt { text, id } => Some((claude::user_frame(&text, &id), true)),
         AgentInput::Permission {
             request_id,
             allow,
+            option,
             input,
             message,
         } => Some((
-            claude::permission_frame(&request_id, allow, &input, message.as_deref()),
+            translator.permission_frame(
+                &request_id,
+                allow,
+                option.as_ref(),
+                &input,
+                message.as_deref(),
+            ),
             false,
         )),
         AgentInput::Interrupt => {
@@ -81,6 +92,16 @@ fn frame_of(input: AgentInput, interrupts: &mut u64) -> Option<(String, bool)> {
                 claude::interrupt_frame(&format!("interrupt-{interrupts}")),
                 false,
             ))
+        }
+        AgentInput::Steer { reply, .. } => {
+            // The family does not steer (`families/claude.rs` says why): refused, never
+            // written, so the session queues it.
+            let _unwaited = reply.send(Err(AdapterError::new(
+                crate::protocol::events::ErrorCategory::ProtocolIncompatible,
+                "Claude Code takes a message mid-turn only when the turn makes another model \
+                 request; the host does not steer it",
+            )));
+            None
         }
         AgentInput::Close { .. } => None,
     }
@@ -158,7 +179,7 @@ async fn run(
                     break;
                 }
                 Some(input) => {
-                    let Some((line, starts_turn)) = frame_of(input, &mut interrupts) else {
+                    let Some((line, starts_turn)) = frame_of(input, &mut interrupts, &mut translator) else {
                         continue;
                     };
                     match write_line(&mut stdin, &line).await {

@@ -23,7 +23,9 @@
 //!   the rollout before it ends the turn), and each shell or patch call of the turn that got
 //!   an output but no item becomes the same `tool.*` bracket a command item does.
 //! - Approval requests (`item/commandExecution/requestApproval`, `item/fileChange/…`,
-//!   `item/permissions/…`) → `permission.request` (options `allow`, `deny`), keyed by the
+//!   `item/permissions/…`) → `permission.request` with Codex's own decisions as options
+//!   ([`approval_options`]: `accept`, `acceptForSession`, an exec-policy amendment, `decline`,
+//!   `cancel`, as the request's `availableDecisions` lists them), keyed by the
 //!   item id; `serverRequest/resolved` → `permission.resolved` `withdrawn` by the agent (the
 //!   session drops it when the request was already answered).
 //! - `thread/tokenUsage/updated` adds up per turn (`last`), one `usage` at the turn's end.
@@ -45,8 +47,9 @@ use serde_json::{Value, json};
 use super::AdapterError;
 use crate::protocol::events::{
     ArtifactDelta, BlockEnd, BlockStart, ErrorCategory, ErrorNotice, EventBody, Notice,
-    PermissionRequest, PermissionResolved, RunEnd, RunState, SessionBound, TextDelta, ToolCallEnd,
-    ToolCallStart, ToolExecEnd, ToolExecStart, ToolExecUpdate, Usage,
+    PermissionOption, PermissionOptionKind, PermissionRequest, PermissionResolved, RunEnd,
+    RunState, SessionBound, TextDelta, ToolCallEnd, ToolCallStart, ToolExecEnd, ToolExecStart,
+    ToolExecUpdate, Usage,
 };
 
 /// The `initialize` params.
@@ -83,8 +86,25 @@ pub fn turn_start_params(thread_id: &str, text: &str) -> Value {
     })
 }
 
-/// The answer to an approval request.
-pub fn approval_answer(method: &str, params: &Value, allow: bool) -> Value {
+/// `turn/steer` params: `text` joins the running turn `turn_id` (its id is the precondition:
+/// the app-server refuses the steer when that turn is no longer the active one).
+pub fn turn_steer_params(thread_id: &str, turn_id: &str, text: &str) -> Value {
+    json!({
+        "threadId": thread_id,
+        "expectedTurnId": turn_id,
+        "input": [{"type": "text", "text": text, "text_elements": []}],
+    })
+}
+
+/// The answer to an approval request: `option`, one of its [`approval_options`] (`None`: plain
+/// `accept` or `decline`). A decision that carries data (an exec-policy amendment) is sent
+/// back as the request offered it.
+pub fn approval_answer(
+    method: &str,
+    params: &Value,
+    allow: bool,
+    option: Option<&PermissionOption>,
+) -> Value {
     if method == "item/permissions/requestApproval" {
         // Granted permissions are listed; none listed is a denial.
         let granted = if allow {
@@ -92,9 +112,138 @@ pub fn approval_answer(method: &str, params: &Value, allow: bool) -> Value {
         } else {
             json!({})
         };
-        return json!({"permissions": granted, "scope": "turn"});
+        let scope = match option {
+            Some(o) if allow && o.kind == PermissionOptionKind::AllowAlways => "session",
+            _ => "turn",
+        };
+        return json!({"permissions": granted, "scope": scope});
     }
-    json!({"decision": if allow { "accept" } else { "decline" }})
+    let decision = match option {
+        Some(o) => offered_decisions(method, params)
+            .into_iter()
+            .find(|d| decision_id(d) == o.id)
+            .unwrap_or_else(|| json!(o.id)),
+        None => json!(if allow { "accept" } else { "decline" }),
+    };
+    json!({"decision": decision})
+}
+
+/// The decisions an approval request offers: its `availableDecisions`, else what the
+/// app-server takes for that kind of request. `acceptForSession` and `decline` are always
+/// among them: Codex 0.171 takes both though its escalation requests leave them out of the
+/// list, and `acceptForSession` is the one that makes the same command stop asking in the
+/// session (`tests/permission_rules.rs`; an exec-policy amendment did not, for an escalated
+/// compound command).
+fn offered_decisions(method: &str, params: &Value) -> Vec<Value> {
+    let mut offered = match params.get("availableDecisions").and_then(Value::as_array) {
+        Some(listed) if !listed.is_empty() && method == "item/commandExecution/requestApproval" => {
+            listed.clone()
+        }
+        _ => ["accept", "acceptForSession", "decline", "cancel"]
+            .map(|d| json!(d))
+            .to_vec(),
+    };
+    if !offered.iter().any(|d| d == "acceptForSession") {
+        let at = offered
+            .iter()
+            .position(|d| d == "accept")
+            .map_or(0, |i| i + 1);
+        offered.insert(at, json!("acceptForSession"));
+    }
+    if !offered.iter().any(|d| d == "decline") {
+        let at = offered
+            .iter()
+            .position(|d| d == "cancel")
+            .unwrap_or(offered.len());
+        offered.insert(at, json!("decline"));
+    }
+    offered
+}
+
+/// A decision's id: the string, or the key of an object decision.
+fn decision_id(decision: &Value) -> String {
+    match decision {
+        Value::String(s) => s.clone(),
+        Value::Object(o) => o.keys().next().cloned().unwrap_or_default(),
+        other => other.to_string(),
+    }
+}
+
+/// The options an approval request becomes, in Codex's order.
+pub fn approval_options(method: &str, params: &Value) -> Vec<PermissionOption> {
+    if method == "item/permissions/requestApproval" {
+        return vec![
+            PermissionOption::new(
+                "allow",
+                "Allow for this turn",
+                PermissionOptionKind::AllowOnce,
+            ),
+            PermissionOption::always(
+                "allow_session",
+                "Allow for this session",
+                "always grant these permissions in this session".to_owned(),
+            ),
+            PermissionOption::new("deny", "Deny", PermissionOptionKind::RejectOnce),
+        ];
+    }
+    let command = params
+        .get("commandActions")
+        .and_then(Value::as_array)
+        .and_then(|a| a.first())
+        .and_then(|a| a.get("command"))
+        .or_else(|| params.get("command"))
+        .and_then(Value::as_str);
+    let subject = match (method, command) {
+        ("item/fileChange/requestApproval", _) => "these file changes".to_owned(),
+        (_, Some(command)) => format!("`{command}`"),
+        (_, None) => "this command".to_owned(),
+    };
+    offered_decisions(method, params)
+        .iter()
+        .map(|decision| {
+            let id = decision_id(decision);
+            match id.as_str() {
+                "accept" => PermissionOption::new(&id, "Allow", PermissionOptionKind::AllowOnce),
+                "acceptForSession" => PermissionOption::always(
+                    &id,
+                    "Allow for this session",
+                    format!("always allow {subject} in this session"),
+                ),
+                "acceptWithExecpolicyAmendment" => {
+                    let prefix: Vec<&str> = decision[&id]["execpolicy_amendment"]
+                        .as_array()
+                        .map(Vec::as_slice)
+                        .unwrap_or_default()
+                        .iter()
+                        .filter_map(Value::as_str)
+                        .collect();
+                    let prefix = prefix.join(" ");
+                    PermissionOption::always(
+                        &id,
+                        &format!("Always allow commands starting with `{prefix}`"),
+                        format!(
+                            "always allow commands starting with `{prefix}` (Codex keeps this \
+                             rule in its exec policy, beyond this session)"
+                        ),
+                    )
+                }
+                "decline" => PermissionOption::new(&id, "Deny", PermissionOptionKind::RejectOnce),
+                "cancel" => PermissionOption::new(
+                    &id,
+                    "Deny and stop the turn",
+                    PermissionOptionKind::RejectOnce,
+                ),
+                other if other.starts_with("accept") || other.starts_with("apply") => {
+                    PermissionOption::always(
+                        other,
+                        &format!("Allow ({other})"),
+                        format!("{other} for {subject}"),
+                    )
+                }
+                other => PermissionOption::new(other, other, PermissionOptionKind::RejectOnce),
+            }
+        })
+        .collect()
 }
 
 /// The approval methods, which become `permission.request`s.
@@ -368,7 +517,7 @@ impl Translator {
             request_id,
             tool: tool.to_owned(),
             input,
-            options: vec!["allow".to_owned(), "deny".to_owned()],
+            options: approval_options(method, params),
         })]
     }
 
@@ -433,6 +582,7 @@ impl Translator {
                             request_id,
                             decision: "withdrawn".to_owned(),
                             by: Some("agent".to_owned()),
+                            ..PermissionResolved::default()
                         })
                     })
                     .collect()
@@ -1066,6 +1216,72 @@ mod tests {
     /// with the answers to the host's requests, and — just before a `turn/completed` — the
     /// rollout lines the driver feeds then) beside its expected events (`*.events.json`).
     /// `AGENT_HOST_BLESS=1` rewrites the expectations for review.
+    /// An escalation request as Codex 0.171.0 sent it (reference transcript): its decisions
+    /// become options (decline added), and each goes back as Codex offered it.
+    #[test]
+    fn approval_decisions_become_options_and_answers() {
+        let params = json!({"itemId": "call_1", "command": "/bin/bash -lc 'touch x && echo hi'",
+            "commandActions": [{"type": "unknown", "command": "touch x && echo hi"}],
+            "availableDecisions": ["accept",
+                {"acceptWithExecpolicyAmendment": {"execpolicy_amendment": ["touch", "x"]}},
+                "cancel"]});
+        let method = "item/commandExecution/requestApproval";
+        let options = approval_options(method, &params);
+        let ids: Vec<&str> = options.iter().map(|o| o.id.as_str()).collect();
+        assert_eq!(
+            ids,
+            [
+                "accept",
+                "acceptForSession",
+                "acceptWithExecpolicyAmendment",
+                "decline",
+                "cancel"
+            ]
+        );
+        assert_eq!(
+            options[1].rule.as_deref(),
+            Some("always allow `touch x && echo hi` in this session")
+        );
+        assert_eq!(options[2].kind, PermissionOptionKind::AllowAlways);
+        assert_eq!(
+            options[2].label,
+            "Always allow commands starting with `touch x`"
+        );
+        assert_eq!(
+            approval_answer(method, &params, true, Some(&options[2])),
+            json!({"decision": {"acceptWithExecpolicyAmendment": {"execpolicy_amendment": ["touch", "x"]}}})
+        );
+        assert_eq!(
+            approval_answer(method, &params, false, Some(&options[4])),
+            json!({"decision": "cancel"})
+        );
+        assert_eq!(
+            approval_answer(method, &params, false, None),
+            json!({"decision": "decline"})
+        );
+        // Without a list: what the app-server takes, acceptForSession among it.
+        let bare = json!({"itemId": "call_2", "command": "ls"});
+        let options = approval_options(method, &bare);
+        let ids: Vec<&str> = options.iter().map(|o| o.id.as_str()).collect();
+        assert_eq!(ids, ["accept", "acceptForSession", "decline", "cancel"]);
+        assert_eq!(
+            options[1].rule.as_deref(),
+            Some("always allow `ls` in this session")
+        );
+        assert_eq!(
+            approval_answer(method, &bare, true, Some(&options[1])),
+            json!({"decision": "acceptForSession"})
+        );
+        // Permission grants: the session scope for the always option.
+        let grant = "item/permissions/requestApproval";
+        let asked = json!({"permissions": {"network": true}});
+        let options = approval_options(grant, &asked);
+        assert_eq!(
+            approval_answer(grant, &asked, true, Some(&options[1])),
+            json!({"permissions": {"network": true}, "scope": "session"})
+        );
+    }
+
     #[test]
     fn fixtures_translate_to_their_expected_events() {
         let checked = super::super::fixtures::check_all("codex", Translator::new, feed);

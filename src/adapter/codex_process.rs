@@ -5,6 +5,7 @@
 //! `initialized`), opens the thread (`thread/start`, or `thread/resume` — a fresh app-server
 //! must load a thread before `turn/start`), then serves the session: a prompt is a
 //! `turn/start`, a cancel a `turn/interrupt` (held until `turn/started` names the turn), a
+//! steer a `turn/steer` into the running turn (answered to the session: taken or not), a
 //! permission answer goes back to the approval request it answers. Everything the app-server
 //! sends goes through the pure [`Translator`]. While it waits for an answer the task keeps
 //! taking what the app-server sends (buffered, then handled in order), so a full queue can
@@ -36,7 +37,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 
 use super::codex::{self, Translator};
 use super::jsonrpc::{Dialect, Incoming, RpcError, ServerRequest};
@@ -63,6 +64,7 @@ pub fn open(spec: OpenSpec) -> Result<AgentSession, AdapterError> {
         approvals: HashMap::new(),
         interrupt_pending: false,
         prompt_sent: false,
+        started_turn: None,
         open_error: None,
         cwd: spec.cwd.display().to_string(),
         rollout: None,
@@ -156,6 +158,9 @@ struct Driver {
     /// The open turn's `turn/start` was written and no `run.end` ended the turn yet (the
     /// translator is in a turn only from `turn/started` on).
     prompt_sent: bool,
+    /// The open turn's id as the `turn/start` answer gave it (`turn/started` may come after
+    /// the answer): what a steer names before the translator knows the turn.
+    started_turn: Option<String>,
     open_error: Option<OpenError>,
     /// The session's cwd, which every `thread/*` request names.
     cwd: String,
@@ -300,6 +305,7 @@ impl Driver {
     async fn emit(&mut self, events: Vec<EventBody>) -> Result<(), Gone> {
         if events.iter().any(|e| matches!(e, EventBody::RunEnd(_))) {
             self.prompt_sent = false;
+            self.started_turn = None;
         }
         self.io.emit(events).await
     }
@@ -414,12 +420,19 @@ impl Driver {
         match input {
             AgentInput::Prompt { text, .. } => self.start_turn(&text).await,
             AgentInput::Permission {
-                request_id, allow, ..
+                request_id,
+                allow,
+                option,
+                ..
             } => {
                 match self.approvals.remove(&request_id) {
                     Some(request) => {
-                        let answer =
-                            codex::approval_answer(&request.method, &request.params, allow);
+                        let answer = codex::approval_answer(
+                            &request.method,
+                            &request.params,
+                            allow,
+                            option.as_ref(),
+                        );
                         request.respond(answer);
                     }
                     None => tracing::info!(request_id, "an answer to no pending approval"),
@@ -433,8 +446,55 @@ impl Driver {
                 }
                 Ok(())
             }
+            AgentInput::Steer { text, reply, .. } => {
+                self.steer(&text, reply).await;
+                Ok(())
+            }
             AgentInput::Close { .. } => Ok(()),
         }
+    }
+
+    /// `turn/steer` into the running turn; the session is told whether the app-server took
+    /// it. A steer whose caller stopped waiting is dropped unsent.
+    async fn steer(&mut self, text: &str, reply: oneshot::Sender<Result<(), AdapterError>>) {
+        if reply.is_closed() {
+            tracing::info!("a steer nobody waits for any more, not sent");
+            return;
+        }
+        let thread = self.translator.thread_id().map(str::to_owned);
+        let turn = match self.translator.turn_id() {
+            Some(turn) => Some(turn.to_owned()),
+            None if self.prompt_sent => self.started_turn.clone(),
+            None => None,
+        };
+        let (Some(thread), Some(turn)) = (thread, turn) else {
+            let _unwaited = reply.send(Err(AdapterError::new(
+                ErrorCategory::AgentFailed,
+                "no turn is running to steer",
+            )));
+            return;
+        };
+        let params = codex::turn_steer_params(&thread, &turn, text);
+        let taken = match self.call("turn/steer", params, CALL_TIMEOUT).await {
+            Ok(_) => Ok(()),
+            Err(RpcError::NotSent { .. }) => Err(AdapterError::new(
+                ErrorCategory::TransportLost,
+                "turn/steer could not be written: the app-server's stdin is closed; the \
+                 steer was not sent",
+            )),
+            Err(e @ RpcError::Remote { .. }) => Err(AdapterError::new(
+                ErrorCategory::AgentFailed,
+                format!("the app-server refused the steer: {}", e.detail()),
+            )),
+            Err(e) => Err(AdapterError::new(
+                ErrorCategory::ResultDeliveryUnknown,
+                format!("turn/steer went unanswered ({e}): whether the turn took it is unknown"),
+            )),
+        };
+        if let Err(e) = &taken {
+            tracing::info!(error = %e, "turn/steer failed");
+        }
+        let _unwaited = reply.send(taken);
     }
 
     async fn start_turn(&mut self, text: &str) -> Result<(), Gone> {
@@ -455,9 +515,13 @@ impl Driver {
             )
             .await;
         match started {
-            Ok(_) => {
+            Ok(answer) => {
                 // What came meanwhile waits in the backlog: its `run.end` clears this.
                 self.prompt_sent = true;
+                self.started_turn = answer
+                    .pointer("/turn/id")
+                    .and_then(Value::as_str)
+                    .map(str::to_owned);
                 Ok(())
             }
             Err(RpcError::NoAnswer { .. }) => {
@@ -553,7 +617,7 @@ impl Driver {
                     None if codex::APPROVALS.contains(&request.method.as_str()) => {
                         // Another thread's approval: not ours to grant.
                         let answer =
-                            codex::approval_answer(&request.method, &request.params, false);
+                            codex::approval_answer(&request.method, &request.params, false, None);
                         request.respond(answer);
                     }
                     // Anything else is refused (method not found) as it drops.
@@ -615,6 +679,62 @@ done"#
             );
             let got = std::fs::read_to_string(dir.path().join("got")).unwrap();
             assert!(got.contains("hello there"), "{got}");
+        }
+    }
+
+    /// A stand-in that answers the handshake, `thread/start` and `turn/start` (turn `u1`, no
+    /// `turn/started` yet), records `turn/steer` in `$dir/steer` and answers it, or, in mode
+    /// `refuse`, refuses it as the app-server does when the turn is not the active one.
+    fn steerable(mode: &str) -> (tempfile::TempDir, OpenSpec) {
+        let body = format!(
+            r#"while read line; do
+  {ID}
+  case "$line" in
+    *'"method":"initialize"'*) printf '{{"id":%s,"result":{{}}}}\n' "$id";;
+    *'"method":"thread/start"'*) printf '{{"id":%s,"result":{{"thread":{{"id":"t1"}}}}}}\n' "$id";;
+    *'"method":"turn/start"'*) printf '{{"id":%s,"result":{{"turn":{{"id":"u1"}}}}}}\n' "$id";;
+    *'"method":"turn/steer"'*)
+      printf '%s' "$line" > "$dir/steer"
+      if [ "$mode" = refuse ]; then
+        printf '{{"id":%s,"error":{{"code":-32600,"message":"expected active turn id u1 but found none"}}}}\n' "$id"
+      else
+        printf '{{"id":%s,"result":{{"turnId":"u1"}}}}\n' "$id"
+      fi;;
+  esac
+done"#
+        );
+        fake(&body, mode)
+    }
+
+    /// A steer goes to the running turn as `turn/steer`, named by the id the `turn/start`
+    /// answer gave (before any `turn/started`); the app-server's answer is the session's.
+    /// With no turn running it is refused without a request.
+    #[tokio::test]
+    async fn a_steer_is_turn_steer_into_the_running_turn() {
+        for mode in ["take", "refuse"] {
+            let (dir, spec) = steerable(mode);
+            let session = open(spec).unwrap();
+            let early = session.steer("too early", "run-0").await.unwrap_err();
+            assert!(early.message.contains("no turn"), "{early:?}");
+            session.send("hello", "run-1").await.unwrap();
+            let taken = session.steer("go left", "run-1").await;
+            let got: Value =
+                serde_json::from_str(&std::fs::read_to_string(dir.path().join("steer")).unwrap())
+                    .unwrap();
+            assert_eq!(
+                got["params"],
+                json!({"threadId": "t1", "expectedTurnId": "u1",
+                       "input": [{"type": "text", "text": "go left", "text_elements": []}]})
+            );
+            match mode {
+                "take" => taken.unwrap(),
+                _ => {
+                    let e = taken.unwrap_err();
+                    assert_eq!(e.category, ErrorCategory::AgentFailed, "{e:?}");
+                    assert!(e.message.contains("expected active turn"), "{e:?}");
+                }
+            }
+            session.close(Duration::ZERO).await;
         }
     }
 

@@ -156,7 +156,11 @@ pub fn agents_markdown() -> String {
          (`tests/conformance.rs`), which runs the same cases over every agent below with its \
          real, pinned CLI through the whole host, offline against the project's mock model. \
          *native*: the agent does it and the host uses it; *degraded*: the host does the \
-         closest honest thing and says so on the session; *absent*: not available.\n\n\
+         closest honest thing and says so on the session; *absent*: not available. *steer* \
+         native: `session.steer` injects into the running turn (Codex `turn/steer`); for the \
+         others the text is queued at the head of the session's queue with a \
+         `steer_unsupported` warning (what each CLI does with input mid-turn is recorded in \
+         its family's descriptor, from `tests/steer.rs`).\n\n\
          | agent | `agent_type` | version | protocol | process | resume | fork | permissions | cancel | steer |\n\
          | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n",
     );

@@ -418,6 +418,17 @@ impl<C: OneShotCli> Driver<C> {
                 )
                 .await
             }
+            AgentInput::Steer { reply, .. } => {
+                // The prompt is the turn's command line: nothing reaches a running turn.
+                let _unwaited = reply.send(Err(AdapterError::new(
+                    ErrorCategory::ProtocolIncompatible,
+                    format!(
+                        "{} runs one process per turn and takes no input mid-turn",
+                        self.cli.name()
+                    ),
+                )));
+                Ok(())
+            }
             AgentInput::Close { .. } => Ok(()),
         }
     }

@@ -14,6 +14,15 @@
 //!   position at or after `evicted_upto` is served from the ring — the same shared events, with
 //!   their frames already encoded — and is made live in the same step, which cannot leave a
 //!   gap because the hub is the one sequencer. Older positions are read from SQLite first.
+//! - `blocks` holds the content so far of every open block (text, thinking, tool input, tool
+//!   output), updated as each event is fanned out; each slot's `progress` says how many bytes
+//!   of each open block it has been queued. A delta is queued to a slot as is when the slot
+//!   has everything before it; a slot that is behind on the block (it just went live, it
+//!   lagged, deltas were dropped for it) is queued instead ONE delta carrying the block from
+//!   its progress to now. When a slot goes live the catch-up answer ends with such a delta per
+//!   open block it follows — computed in the same step that makes it live, by the task that
+//!   alone fans out, so no delta can fall between the snapshot and the live stream, and none
+//!   is sent twice.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
@@ -21,6 +30,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use tokio::sync::{mpsc, oneshot};
 
+use super::blocks::{Appended, Applied, BlockUid, Blocks, Progress};
 use super::{BusError, Delivery, Prepared};
 use crate::store::{SessionFilter, StoreResult};
 
@@ -88,6 +98,11 @@ struct Slot {
     live: bool,
     floor: i64,
     dropped: Arc<AtomicU64>,
+    /// How much of each open block this slot has been queued (absent: nothing).
+    progress: Vec<(BlockUid, Progress)>,
+    /// It went live at a `floor` the hub had not fanned out yet: it is sent the open blocks
+    /// once the hub gets there.
+    resync: bool,
 }
 
 enum Offer {
@@ -96,6 +111,126 @@ enum Offer {
 }
 
 impl Slot {
+    fn progress(&self, uid: BlockUid) -> Progress {
+        self.progress
+            .iter()
+            .find(|(u, _)| *u == uid)
+            .map_or(Progress::Sent(0), |(_, p)| *p)
+    }
+
+    fn set_progress(&mut self, uid: BlockUid, progress: Progress) {
+        match self.progress.iter_mut().find(|(u, _)| *u == uid) {
+            Some(entry) => entry.1 = progress,
+            None => self.progress.push((uid, progress)),
+        }
+    }
+
+    fn forget(&mut self, uids: &[BlockUid]) {
+        if !self.progress.is_empty() {
+            self.progress.retain(|(u, _)| !uids.contains(u));
+        }
+    }
+
+    /// The open blocks this slot follows that it is behind on: (uid, its progress, length).
+    fn behind(&self, blocks: &Blocks) -> Vec<(BlockUid, usize, usize)> {
+        if !self.forward_deltas {
+            return Vec::new();
+        }
+        blocks
+            .open()
+            .filter(|(_, session, _)| self.filter.matches(session))
+            .filter_map(|(uid, _, len)| match self.progress(uid) {
+                Progress::Sent(n) if n < len => Some((uid, n, len)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// What it is behind on of the open blocks, as one delta each (from its progress to now),
+    /// its progress moved to their end. Blocks past their bound are muted instead.
+    fn catch_up_blocks(&mut self, blocks: &mut Blocks, sequence_id: i64) -> Vec<Arc<Delivery>> {
+        let mut out = Vec::new();
+        for (uid, from, len) in self.behind(blocks) {
+            match blocks.coalesced(uid, from, sequence_id) {
+                Some(delta) => {
+                    out.push(delta);
+                    self.set_progress(uid, Progress::Sent(len));
+                }
+                None => self.set_progress(uid, Progress::Muted),
+            }
+        }
+        out
+    }
+
+    /// Offer a delta of a tracked block: as is, or coalesced with what this slot missed of
+    /// the block.
+    fn offer_block_delta(
+        &mut self,
+        item: &Arc<Delivery>,
+        appended: Appended,
+        blocks: &mut Blocks,
+    ) -> Offer {
+        if !self.live
+            || !self.forward_deltas
+            || !self.filter.matches(&item.session_id)
+            || item.sequence_id < self.floor
+        {
+            return Offer::Kept;
+        }
+        let send = match self.progress(appended.uid) {
+            Progress::Muted => return Offer::Kept,
+            Progress::Sent(n) if n == appended.before => item.clone(),
+            Progress::Sent(n) if n > appended.before => return Offer::Kept,
+            Progress::Sent(n) => match blocks.coalesced(appended.uid, n, item.sequence_id) {
+                Some(delta) => delta,
+                None => {
+                    self.set_progress(appended.uid, Progress::Muted);
+                    return Offer::Kept;
+                }
+            },
+        };
+        if self.tx.capacity() <= 1 {
+            // Dropped: the next delta of the block that fits carries what it missed.
+            self.dropped.fetch_add(1, Ordering::Relaxed);
+            return Offer::Kept;
+        }
+        match self.tx.try_send(QueueItem::Event(send)) {
+            Ok(()) => {
+                self.set_progress(appended.uid, Progress::Sent(appended.after));
+                Offer::Kept
+            }
+            Err(mpsc::error::TrySendError::Closed(_)) => Offer::Gone,
+            Err(mpsc::error::TrySendError::Full(_)) => {
+                self.dropped.fetch_add(1, Ordering::Relaxed);
+                Offer::Kept
+            }
+        }
+    }
+
+    /// Queue what it is behind on of the open blocks, as room allows (what does not fit is
+    /// carried by the block's next delta).
+    fn resync(&mut self, blocks: &mut Blocks, sequence_id: i64) -> Offer {
+        self.resync = false;
+        for (uid, from, len) in self.behind(blocks) {
+            let Some(delta) = blocks.coalesced(uid, from, sequence_id) else {
+                self.set_progress(uid, Progress::Muted);
+                continue;
+            };
+            if self.tx.capacity() <= 1 {
+                self.dropped.fetch_add(1, Ordering::Relaxed);
+                continue;
+            }
+            match self.tx.try_send(QueueItem::Event(delta)) {
+                Ok(()) => self.set_progress(uid, Progress::Sent(len)),
+                Err(mpsc::error::TrySendError::Closed(_)) => return Offer::Gone,
+                Err(mpsc::error::TrySendError::Full(_)) => {
+                    self.dropped.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }
+        Offer::Kept
+    }
+
     fn offer(&mut self, item: &Arc<Delivery>) -> Offer {
         if !self.live || !self.filter.matches(&item.session_id) {
             return Offer::Kept;
@@ -142,6 +277,8 @@ struct Hub {
     ring_bytes: usize,
     /// Every bracket fanned with a larger `sequence_id` is in the ring.
     evicted_upto: i64,
+    /// The open blocks and their content so far.
+    blocks: Blocks,
 }
 
 pub(super) async fn run(mut rx: mpsc::Receiver<HubCmd>, last_seq: i64) {
@@ -153,6 +290,7 @@ pub(super) async fn run(mut rx: mpsc::Receiver<HubCmd>, last_seq: i64) {
         ring_bytes: 0,
         // Brackets from before this start are only in SQLite.
         evicted_upto: last_seq,
+        blocks: Blocks::default(),
     };
     while let Some(cmd) = rx.recv().await {
         match cmd {
@@ -176,6 +314,8 @@ pub(super) async fn run(mut rx: mpsc::Receiver<HubCmd>, last_seq: i64) {
                         live: false,
                         floor: 0,
                         dropped: dropped.clone(),
+                        progress: Vec::new(),
+                        resync: false,
                     },
                 );
                 let _subscriber_gone = reply.send(Registered { id, dropped });
@@ -195,12 +335,19 @@ impl Hub {
         if after < self.evicted_upto {
             return CatchUp::Store;
         }
-        let Some(s) = self.slots.get_mut(&slot) else {
+        let Hub {
+            slots,
+            blocks,
+            ring,
+            last_fanned,
+            ..
+        } = self;
+        let Some(s) = slots.get_mut(&slot) else {
             return CatchUp::Live(Vec::new());
         };
-        let start = self.ring.partition_point(|d| d.sequence_id <= after);
+        let start = ring.partition_point(|d| d.sequence_id <= after);
         let mut events = Vec::new();
-        for d in self.ring.range(start..) {
+        for d in ring.range(start..) {
             if !s.filter.matches(&d.session_id) {
                 continue;
             }
@@ -212,7 +359,17 @@ impl Hub {
         // Everything up to `last_fanned` is in `events` (or was read from SQLite up to
         // `after`); everything later will be queued.
         s.live = true;
-        s.floor = after.max(self.last_fanned);
+        s.floor = after.max(*last_fanned);
+        // Then what it is behind on of the open blocks, as of the last event fanned out: every
+        // later delta is offered to it live. Ahead of the hub (it read brackets from SQLite the
+        // hub has not fanned out yet), the blocks as of now are not what it has: they are sent
+        // once the hub gets to its floor.
+        if s.floor == *last_fanned {
+            s.resync = false;
+            events.extend(s.catch_up_blocks(blocks, *last_fanned));
+        } else {
+            s.resync = s.forward_deltas;
+        }
         CatchUp::Live(events)
     }
 
@@ -281,13 +438,34 @@ impl Hub {
             if !item.is_delta {
                 self.remember(&item);
             }
+            let Applied {
+                appended,
+                forgotten,
+            } = self.blocks.apply(p.block, &item);
             for (id, slot) in &mut self.slots {
-                if let Offer::Gone = slot.offer(&item) {
+                let offer = match appended {
+                    Some(appended) => slot.offer_block_delta(&item, appended, &mut self.blocks),
+                    None => slot.offer(&item),
+                };
+                if let Offer::Gone = offer {
                     gone.push(*id);
+                }
+                if !forgotten.is_empty() {
+                    slot.forget(&forgotten);
                 }
             }
             if let Some(ack) = p.ack {
                 let _publisher_gone = ack.send(Ok(item.sequence_id));
+            }
+        }
+        // Slots that went live ahead of the hub and are now reached get the open blocks.
+        for (id, slot) in &mut self.slots {
+            if slot.resync
+                && slot.live
+                && slot.floor <= self.last_fanned
+                && let Offer::Gone = slot.resync(&mut self.blocks, self.last_fanned)
+            {
+                gone.push(*id);
             }
         }
         for id in gone {
@@ -319,6 +497,7 @@ mod tests {
             kind,
             created_at: 0,
             ack: None,
+            block: None,
         }
     }
 
@@ -454,5 +633,490 @@ mod tests {
         hub.send(HubCmd::IngestClosed).await.unwrap();
         task.await.unwrap();
         assert_eq!(drain(&mut queue).first(), Some(&(106, false)));
+    }
+
+    // ---- late joiners: the open blocks so far, then live ----
+
+    use crate::protocol::events::{
+        BlockEnd, BlockStart, Event, EventBody, RunEnd, RunState, SessionStateChange, TextDelta,
+        ToolExecStart, ToolExecUpdate, Usage,
+    };
+    use crate::protocol::states::SessionState;
+
+    /// A real event of session `s`, run `r`, as `publish` prepares it.
+    fn event(body: EventBody) -> Prepared {
+        let event = Event::new("s", Some("r".into()), body);
+        let is_delta = !event.is_bracket();
+        Prepared {
+            delivery: Delivery {
+                sequence_id: 0,
+                message_id: uuid::Uuid::new_v4().to_string().into(),
+                session_id: "s".into(),
+                run_id: Some("r".into()),
+                kind: event.kind().into(),
+                is_delta,
+                json: serde_json::to_string(&event).unwrap().into(),
+                frame: std::sync::OnceLock::new(),
+                json_frame: std::sync::OnceLock::new(),
+            },
+            kind: event.kind(),
+            created_at: 0,
+            ack: None,
+            block: super::super::blocks::BlockOp::of(&event.body),
+        }
+    }
+
+    fn start(item: &str) -> Prepared {
+        event(EventBody::TextStart(BlockStart {
+            item_id: Some(item.into()),
+        }))
+    }
+
+    fn piece(item: &str, text: &str) -> Prepared {
+        event(EventBody::TextDelta(TextDelta {
+            item_id: Some(item.into()),
+            text: text.into(),
+        }))
+    }
+
+    fn end(item: &str, text: &str) -> Prepared {
+        event(EventBody::TextEnd(BlockEnd {
+            item_id: Some(item.into()),
+            text: text.into(),
+            truncated: None,
+        }))
+    }
+
+    fn other_bracket() -> Prepared {
+        event(EventBody::Usage(Usage::default()))
+    }
+
+    /// One batch, committed with the next ids from `next`.
+    fn batch(events: Vec<Prepared>, next: &mut i64) -> HubCmd {
+        let brackets = events.iter().filter(|p| !p.delivery.is_delta).count() as i64;
+        let seqs = (*next..*next + brackets).collect();
+        *next += brackets;
+        committed(events, seqs)
+    }
+
+    /// What a subscriber made of its stream: (kind, item, text) per event, text for deltas.
+    fn shown(events: &[Arc<Delivery>]) -> Vec<(String, String, String)> {
+        events
+            .iter()
+            .map(|d| {
+                let v: serde_json::Value = serde_json::from_str(&d.json).unwrap();
+                let text = if d.is_delta {
+                    v["text"]
+                        .as_str()
+                        .or(v["output"].as_str())
+                        .unwrap_or_default()
+                        .to_owned()
+                } else {
+                    String::new()
+                };
+                (
+                    d.kind.to_string(),
+                    v["itemId"]
+                        .as_str()
+                        .or(v["callId"].as_str())
+                        .unwrap_or_default()
+                        .to_owned(),
+                    text,
+                )
+            })
+            .collect()
+    }
+
+    /// The concatenated deltas of `item`.
+    fn streamed(events: &[Arc<Delivery>], item: &str) -> String {
+        shown(events)
+            .into_iter()
+            .filter(|(k, _, _)| k.ends_with(".delta") || k == "tool.exec.update")
+            .filter(|(_, i, _)| i == item)
+            .map(|(_, _, t)| t)
+            .collect()
+    }
+
+    fn events_of(rx: &mut mpsc::Receiver<QueueItem>) -> Vec<Arc<Delivery>> {
+        let mut out = Vec::new();
+        while let Ok(item) = rx.try_recv() {
+            match item {
+                QueueItem::Event(d) => out.push(d),
+                QueueItem::Lagged => panic!("lagged"),
+            }
+        }
+        out
+    }
+
+    /// Returns once the hub has handled everything sent before it.
+    async fn barrier(hub: &mpsc::Sender<HubCmd>) {
+        let (reply, answer) = oneshot::channel();
+        hub.send(HubCmd::CatchUp {
+            slot: SlotId::MAX,
+            after: i64::MAX,
+            reply,
+        })
+        .await
+        .unwrap();
+        answer.await.unwrap();
+    }
+
+    fn live(answer: CatchUp) -> Vec<Arc<Delivery>> {
+        match answer {
+            CatchUp::Live(events) => events,
+            other => panic!("not live: {other:?}"),
+        }
+    }
+
+    /// A subscriber going live mid-block is answered with the brackets it lacks and then ONE
+    /// delta holding the block so far (the latest bracket's sequence id, the block's id);
+    /// live deltas follow, and the whole equals the end's text. One live from the start got
+    /// the pieces as they came.
+    #[tokio::test]
+    async fn a_late_joiner_gets_the_block_so_far_then_the_rest() {
+        let (hub, rx) = mpsc::channel(16);
+        let task = tokio::spawn(run(rx, 0));
+        let mut next = 1;
+        let (early, mut early_q) = register(&hub, 64).await;
+        live(catch_up(&hub, early, 0).await);
+        hub.send(batch(
+            vec![start("i"), piece("i", "Hel"), piece("i", "lo, ")],
+            &mut next,
+        ))
+        .await
+        .unwrap();
+        let (late, mut late_q) = register(&hub, 64).await;
+        let answer = live(catch_up(&hub, late, 0).await);
+        assert_eq!(
+            shown(&answer),
+            vec![
+                ("text.start".into(), "i".into(), String::new()),
+                ("text.delta".into(), "i".into(), "Hello, ".into()),
+            ]
+        );
+        assert_eq!(seqs(&answer), vec![1, 1]);
+        hub.send(batch(
+            vec![piece("i", "world"), end("i", "Hello, world")],
+            &mut next,
+        ))
+        .await
+        .unwrap();
+        hub.send(HubCmd::IngestClosed).await.unwrap();
+        task.await.unwrap();
+        let mut late_all = answer;
+        late_all.extend(events_of(&mut late_q));
+        assert_eq!(streamed(&late_all, "i"), "Hello, world");
+        assert_eq!(late_all.iter().filter(|d| d.is_delta).count(), 2);
+        let early_all = events_of(&mut early_q);
+        assert_eq!(early_all.iter().filter(|d| d.is_delta).count(), 3);
+        assert_eq!(streamed(&early_all, "i"), "Hello, world");
+        assert_eq!(late_all.last().map(|d| &*d.kind), Some("text.end"));
+    }
+
+    /// The race: deltas stream one batch at a time while subscribers keep joining at
+    /// moments of their own. Whenever each joined, what it got of the block is exactly the
+    /// block: nothing missing between the snapshot and the live stream, nothing twice. (The
+    /// stream waits once, halfway, for the first half of the joiners, so that some surely join
+    /// mid-block; the others race it freely.)
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn joiners_racing_the_stream_get_the_block_exactly_once() {
+        const PIECES: usize = 300;
+        const JOINERS: usize = 24;
+        let (hub, rx) = mpsc::channel(16);
+        let task = tokio::spawn(run(rx, 0));
+        let (published_tx, published) = tokio::sync::watch::channel(0_usize);
+        let (joined_tx, mut joined) = tokio::sync::watch::channel(0_usize);
+        let publisher = {
+            let hub = hub.clone();
+            tokio::spawn(async move {
+                let mut next = 1;
+                hub.send(batch(vec![start("i")], &mut next)).await.unwrap();
+                let mut whole = String::new();
+                for n in 0..PIECES {
+                    if n == PIECES / 2 {
+                        joined.wait_for(|j| *j >= JOINERS / 2).await.unwrap();
+                    }
+                    let text = format!("{n},");
+                    whole.push_str(&text);
+                    hub.send(batch(vec![piece("i", &text)], &mut next))
+                        .await
+                        .unwrap();
+                    published_tx.send_replace(n + 1);
+                    if n % 7 == 0 {
+                        tokio::task::yield_now().await;
+                    }
+                }
+                hub.send(batch(vec![end("i", &whole)], &mut next))
+                    .await
+                    .unwrap();
+                whole
+            })
+        };
+        let mut joiners = Vec::new();
+        for j in 0..JOINERS {
+            let hub = hub.clone();
+            let mut published = published.clone();
+            let joined_tx = joined_tx.clone();
+            joiners.push(tokio::spawn(async move {
+                let when = j * PIECES / JOINERS;
+                published.wait_for(|n| *n >= when).await.unwrap();
+                let (slot, mut queue) = register(&hub, 2 * PIECES).await;
+                let mut got = live(catch_up(&hub, slot, 0).await);
+                joined_tx.send_modify(|n| *n += 1);
+                while !got.iter().any(|d| &*d.kind == "text.end") {
+                    match queue.recv().await {
+                        Some(QueueItem::Event(d)) => got.push(d),
+                        other => panic!("{other:?}"),
+                    }
+                }
+                got
+            }));
+        }
+        let whole = publisher.await.unwrap();
+        let mut joined_mid_block = 0;
+        for joiner in joiners {
+            let got = joiner.await.unwrap();
+            assert_eq!(streamed(&got, "i"), whole);
+            let kinds: Vec<&str> = got.iter().map(|d| &*d.kind).collect();
+            assert_eq!(kinds.first(), Some(&"text.start"), "{kinds:?}");
+            // One that came mid-block has a first delta of several pieces.
+            if got.get(1).is_some_and(|d| d.is_delta)
+                && shown(&got[1..2])[0].2.matches(',').count() > 1
+            {
+                joined_mid_block += 1;
+            }
+        }
+        assert!(joined_mid_block >= JOINERS / 2 - 1, "{joined_mid_block}");
+        hub.send(HubCmd::IngestClosed).await.unwrap();
+        task.await.unwrap();
+    }
+
+    /// A subscriber whose queue filled: deltas dropped, then a bracket that does not fit (it
+    /// lagged). It rejoins with what it missed of the open block as one delta — not the whole
+    /// block again — and the stream goes on; without lagging, a dropped delta is carried by
+    /// the next one that fits.
+    #[tokio::test]
+    async fn a_lagging_subscriber_gets_what_it_missed_once() {
+        let (hub, rx) = mpsc::channel(16);
+        let task = tokio::spawn(run(rx, 0));
+        let mut next = 1;
+        let (slot, mut queue) = register(&hub, 4).await; // room for 3 + the marker
+        live(catch_up(&hub, slot, 0).await);
+        let first = vec![
+            start("i"),
+            piece("i", "a"),
+            piece("i", "b"),
+            piece("i", "c"), // dropped
+            piece("i", "d"), // dropped
+            other_bracket(), // does not fit: lagged
+            piece("i", "e"), // not live
+        ];
+        hub.send(batch(first, &mut next)).await.unwrap();
+        barrier(&hub).await;
+        let mut got = Vec::new();
+        loop {
+            match queue.try_recv() {
+                Ok(QueueItem::Event(d)) => got.push(d),
+                Ok(QueueItem::Lagged) => break,
+                Err(e) => panic!("{e:?}"),
+            }
+        }
+        assert_eq!(streamed(&got, "i"), "ab");
+        let answer = live(catch_up(&hub, slot, 1).await);
+        assert_eq!(
+            shown(&answer),
+            vec![
+                ("usage".into(), String::new(), String::new()),
+                ("text.delta".into(), "i".into(), "cde".into()),
+            ]
+        );
+        got.extend(answer);
+        // Live again with a queue that fills: a dropped delta rides with the next one.
+        hub.send(batch(
+            vec![piece("i", "f"), piece("i", "g"), piece("i", "h")],
+            &mut next,
+        ))
+        .await
+        .unwrap();
+        hub.send(batch(vec![piece("i", "i")], &mut next))
+            .await
+            .unwrap(); // dropped
+        barrier(&hub).await;
+        got.extend(events_of(&mut queue));
+        hub.send(batch(
+            vec![piece("i", "j"), end("i", "abcdefghij")],
+            &mut next,
+        ))
+        .await
+        .unwrap();
+        hub.send(HubCmd::IngestClosed).await.unwrap();
+        task.await.unwrap();
+        let tail = events_of(&mut queue);
+        assert_eq!(shown(&tail)[0].2, "ij");
+        got.extend(tail);
+        assert_eq!(streamed(&got, "i"), "abcdefghij");
+    }
+
+    /// Past its bound a block is not sent to a joiner (it relies on the end bracket), nor its
+    /// later deltas; one that had it all keeps getting them. Tool output is kept like text.
+    #[tokio::test]
+    async fn a_block_past_its_bound_is_left_to_its_end_bracket() {
+        let (hub, rx) = mpsc::channel(16);
+        let task = tokio::spawn(run(rx, 0));
+        let mut next = 1;
+        let (early, mut early_q) = register(&hub, 64).await;
+        live(catch_up(&hub, early, 0).await);
+        let big = "x".repeat(crate::bus::MAX_BLOCK_BYTES / 2 + 1);
+        let exec = |output: &str| {
+            event(EventBody::ToolExecUpdate(ToolExecUpdate {
+                call_id: "c".into(),
+                output: output.into(),
+            }))
+        };
+        hub.send(batch(
+            vec![
+                event(EventBody::ToolExecStart(ToolExecStart {
+                    call_id: "c".into(),
+                    name: None,
+                })),
+                exec("small "),
+            ],
+            &mut next,
+        ))
+        .await
+        .unwrap();
+        let (under, _under_q) = register(&hub, 64).await;
+        let answer = live(catch_up(&hub, under, 0).await);
+        assert_eq!(streamed(&answer, "c"), "small ");
+        assert_eq!(&*answer[1].kind, "tool.exec.update");
+        hub.send(batch(vec![exec(&big), exec(&big)], &mut next))
+            .await
+            .unwrap();
+        let (over, mut over_q) = register(&hub, 64).await;
+        let answer = live(catch_up(&hub, over, 0).await);
+        assert_eq!(
+            shown(&answer),
+            vec![("tool.exec.start".into(), "c".into(), String::new())]
+        );
+        hub.send(batch(
+            vec![
+                exec("tail"),
+                event(EventBody::ToolExecEnd(
+                    crate::protocol::events::ToolExecEnd {
+                        call_id: "c".into(),
+                        output: "…".into(),
+                        ..Default::default()
+                    },
+                )),
+            ],
+            &mut next,
+        ))
+        .await
+        .unwrap();
+        hub.send(HubCmd::IngestClosed).await.unwrap();
+        task.await.unwrap();
+        let over_got = events_of(&mut over_q);
+        assert_eq!(
+            over_got.iter().map(|d| &*d.kind).collect::<Vec<_>>(),
+            vec!["tool.exec.end"]
+        );
+        let early_got = events_of(&mut early_q);
+        assert_eq!(streamed(&early_got, "c"), format!("small {big}{big}tail"));
+    }
+
+    /// Nothing is kept once a block ends, once its run ends (a block left open), or once its
+    /// session goes idle.
+    #[tokio::test]
+    async fn nothing_is_sent_for_a_block_after_its_end() {
+        let (hub, rx) = mpsc::channel(16);
+        let task = tokio::spawn(run(rx, 0));
+        let mut next = 1;
+        let joiner = async |hub: &mpsc::Sender<HubCmd>| {
+            let (slot, queue) = register(hub, 64).await;
+            let answer = live(catch_up(hub, slot, 0).await);
+            drop(queue);
+            answer.into_iter().filter(|d| d.is_delta).count()
+        };
+        hub.send(batch(
+            vec![start("a"), piece("a", "x"), end("a", "x")],
+            &mut next,
+        ))
+        .await
+        .unwrap();
+        assert_eq!(joiner(&hub).await, 0);
+        hub.send(batch(vec![start("b"), piece("b", "y")], &mut next))
+            .await
+            .unwrap();
+        assert_eq!(joiner(&hub).await, 1);
+        hub.send(batch(
+            vec![event(EventBody::RunEnd(RunEnd {
+                state: RunState::Interrupted,
+                category: None,
+                message: None,
+            }))],
+            &mut next,
+        ))
+        .await
+        .unwrap();
+        assert_eq!(joiner(&hub).await, 0);
+        hub.send(batch(vec![start("c"), piece("c", "z")], &mut next))
+            .await
+            .unwrap();
+        assert_eq!(joiner(&hub).await, 1);
+        hub.send(batch(
+            vec![event(EventBody::SessionState(SessionStateChange {
+                state: SessionState::Idle,
+                previous: SessionState::Running,
+            }))],
+            &mut next,
+        ))
+        .await
+        .unwrap();
+        assert_eq!(joiner(&hub).await, 0);
+        hub.send(HubCmd::IngestClosed).await.unwrap();
+        task.await.unwrap();
+    }
+
+    /// A subscriber that read SQLite past what the hub has fanned out goes live "ahead": the
+    /// open blocks are sent once the hub reaches its floor — built from everything before it,
+    /// though the deltas before the floor are not sent to it one by one.
+    #[tokio::test]
+    async fn a_joiner_ahead_of_the_hub_gets_the_block_when_the_hub_catches_up() {
+        let (hub, rx) = mpsc::channel(16);
+        let task = tokio::spawn(run(rx, 0));
+        let mut next = 1;
+        let (slot, mut queue) = register(&hub, 64).await;
+        // It has read brackets 1 and 2 (text.start, usage) from SQLite already.
+        assert!(live(catch_up(&hub, slot, 2).await).is_empty());
+        hub.send(batch(
+            vec![start("i"), piece("i", "x"), other_bracket()],
+            &mut next,
+        ))
+        .await
+        .unwrap();
+        // The block, open with no delta after the floor, is sent at the end of that batch.
+        hub.send(batch(
+            vec![piece("i", "y"), start("j"), piece("j", "p")],
+            &mut next,
+        ))
+        .await
+        .unwrap();
+        hub.send(batch(vec![piece("i", "z"), other_bracket()], &mut next))
+            .await
+            .unwrap();
+        hub.send(HubCmd::IngestClosed).await.unwrap();
+        task.await.unwrap();
+        let got = events_of(&mut queue);
+        assert_eq!(
+            shown(&got),
+            vec![
+                ("text.delta".into(), "i".into(), "x".into()),
+                ("text.delta".into(), "i".into(), "y".into()),
+                ("text.start".into(), "j".into(), String::new()),
+                ("text.delta".into(), "j".into(), "p".into()),
+                ("text.delta".into(), "i".into(), "z".into()),
+                ("usage".into(), String::new(), String::new()),
+            ]
+        );
     }
 }

@@ -21,7 +21,24 @@
 //!   [`subscription`]) and it rejoins live with no gap and no duplicate.
 //! - **Built once.** The canonical JSON of an event is serialized once in `publish`, stored as
 //!   is, and shared by every subscriber as one `Arc<Delivery>`.
+//! - **Late joiners see the block so far.** The hub keeps, in memory only, the content so far
+//!   of every open text, thinking, tool-input and tool-output block (see [`blocks`]), and per
+//!   subscriber how much of each it has been queued. A subscriber with `forward_deltas` that
+//!   goes live while a block is open — a new subscription, a reconnect from a cursor, one
+//!   rejoining after it lagged — is sent, after the brackets it lacks and before any live
+//!   delta, ONE delta per open block (same kind, same `itemId`/`callId`, the latest bracket's
+//!   `sequence_id`) carrying the block from where it stands to now: from the start for a new
+//!   subscription, only what it missed for one that lagged. The snapshot is taken by the hub
+//!   task in the same step that makes the subscriber live, and the hub is the only task that
+//!   fans out, so no delta falls between the snapshot and the live stream and none is sent
+//!   twice: the concatenation of what a subscription gets of a block is its end bracket's
+//!   text. A delta dropped for a full queue is carried likewise by the block's next delta
+//!   that fits. Bounds: [`MAX_BLOCK_BYTES`] per block (past it, a subscriber that is behind on
+//!   the block gets none of it any more and relies on the end bracket; one that has it all
+//!   keeps getting its deltas), 64 MiB and 1024 open blocks in all; a block is forgotten at its
+//!   end bracket, its session's `run.end`, or its session going `idle`.
 
+mod blocks;
 mod cursors;
 mod hub;
 pub mod subscription;
@@ -37,6 +54,7 @@ use crate::protocol::events::Event;
 use crate::protocol::wire::{self, CmdId, pb};
 use crate::store::{SessionFilter, Store, StoreError, StoredEvent, now_ms};
 
+pub use blocks::MAX_BLOCK_BYTES;
 pub use subscription::Subscription;
 
 /// The largest event the bus takes (its canonical JSON). Adapters cut larger tool output and
@@ -183,6 +201,8 @@ struct Prepared {
     kind: &'static str,
     created_at: i64,
     ack: Option<oneshot::Sender<Result<i64, BusError>>>,
+    /// What the event does to its session's open blocks (late joiners, [`blocks`]).
+    block: Option<blocks::BlockOp>,
 }
 
 /// Resolves when a published event has been handled: for a bracket, once it is committed
@@ -307,6 +327,7 @@ impl Bus {
             kind: event.kind(),
             created_at: now_ms(),
             ack,
+            block: blocks::BlockOp::of(&event.body),
         };
         self.ingest
             .send(prepared)

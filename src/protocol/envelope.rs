@@ -44,6 +44,7 @@ pub enum ErrorCode {
     RunNotFound,
     PermissionNotFound,
     AlreadyResolved,
+    NotQueued,
     UnknownAgentType,
     NoAgent,
     AgentUnavailable,
@@ -83,6 +84,7 @@ impl ErrorCode {
         ErrorCode::RunNotFound,
         ErrorCode::PermissionNotFound,
         ErrorCode::AlreadyResolved,
+        ErrorCode::NotQueued,
         ErrorCode::UnknownAgentType,
         ErrorCode::NoAgent,
         ErrorCode::AgentUnavailable,
@@ -122,6 +124,7 @@ impl ErrorCode {
             ErrorCode::RunNotFound => 3003,
             ErrorCode::PermissionNotFound => 3004,
             ErrorCode::AlreadyResolved => 3005,
+            ErrorCode::NotQueued => 3006,
             ErrorCode::UnknownAgentType => 4001,
             ErrorCode::NoAgent => 4002,
             ErrorCode::AgentUnavailable => 4003,
@@ -162,6 +165,7 @@ impl ErrorCode {
             ErrorCode::RunNotFound => "run_not_found",
             ErrorCode::PermissionNotFound => "permission_not_found",
             ErrorCode::AlreadyResolved => "already_resolved",
+            ErrorCode::NotQueued => "not_queued",
             ErrorCode::UnknownAgentType => "unknown_agent_type",
             ErrorCode::NoAgent => "no_agent",
             ErrorCode::AgentUnavailable => "agent_unavailable",
@@ -219,6 +223,10 @@ impl ErrorCode {
             ErrorCode::PermissionNotFound => "no permission request with that id in that session",
             ErrorCode::AlreadyResolved => {
                 "the permission request was answered already; `data` says how and by whom"
+            }
+            ErrorCode::NotQueued => {
+                "the run is not (or no longer) waiting in the queue: it runs or ran already, or \
+                 was removed; `data.run_id` names it and `data.state` says where it is"
             }
             ErrorCode::UnknownAgentType => "no adapter family or registered agent of that name",
             ErrorCode::NoAgent => "no adapter in this build can run this session's agent",
@@ -413,7 +421,7 @@ pub const COMMANDS: &[CommandSpec] = &[
         name: "session.get",
         route: Route::Ipc,
         params: "{session_id: string}",
-        summary: "one session's row, and `live` {agent_pid, run_id, queued} once it has run (null before)",
+        summary: "one session's row, its `queue` [{run_id, text, client_msg_id, created_at_ms, from?}] (head first; from: who sent it, as its user.text says), its `permission_rules` [{request_id, tool, option_id, label, description, by, at_ms}] (the allow-always options accepted in it), and `live` {agent_pid, run_id, queued} once it has run (null before)",
         wire: true,
     },
     CommandSpec {
@@ -441,7 +449,7 @@ pub const COMMANDS: &[CommandSpec] = &[
         name: "session.send",
         route: Route::Ipc,
         params: "{session_id: string, text: string, client_msg_id?: string}",
-        summary: "send a prompt; returns {run_id, queued, duplicate} at once (a busy session queues up to 3, dropping the oldest)",
+        summary: "send a prompt; returns {run_id, queued, duplicate} at once (a busy session queues up to `queue_capacity`, 3 by default, dropping the oldest)",
         wire: true,
     },
     CommandSpec {
@@ -449,6 +457,41 @@ pub const COMMANDS: &[CommandSpec] = &[
         route: Route::Ipc,
         params: "{session_id: string, run_id?: string}",
         summary: "interrupt the running turn, or take a queued run out of the queue: {run_id, state}",
+        wire: true,
+    },
+    CommandSpec {
+        name: "session.steer",
+        route: Route::Ipc,
+        params: "{session_id: string, text: string, client_msg_id?: string}",
+        summary: "give the running turn more input: {run_id, steered, queued}; an agent that cannot take it mid-turn (`agent.list` capabilities.steer) gets it at the head of the queue (warning steer_unsupported); with no turn running, a plain send",
+        wire: true,
+    },
+    CommandSpec {
+        name: "queue.edit",
+        route: Route::Ipc,
+        params: "{session_id: string, run_id: string, text: string}",
+        summary: "change the text of a queued prompt: {run_id, text}; not_queued once it started or left the queue",
+        wire: true,
+    },
+    CommandSpec {
+        name: "queue.move",
+        route: Route::Ipc,
+        params: "{session_id: string, run_id: string, position: int (0 = head; clamped)}",
+        summary: "move a queued prompt: {queue: [{run_id, text, client_msg_id, created_at_ms, from?}]}, head first",
+        wire: true,
+    },
+    CommandSpec {
+        name: "queue.remove",
+        route: Route::Ipc,
+        params: "{session_id: string, run_id: string}",
+        summary: "take a queued prompt out of the queue (it never runs): {run_id, state: \"cancelled\"}; not_queued for a run in progress",
+        wire: true,
+    },
+    CommandSpec {
+        name: "queue.clear",
+        route: Route::Ipc,
+        params: "{session_id: string}",
+        summary: "take every queued prompt out: {removed: [run_id]}",
         wire: true,
     },
     CommandSpec {
@@ -489,15 +532,15 @@ pub const COMMANDS: &[CommandSpec] = &[
     CommandSpec {
         name: "permission.respond",
         route: Route::Ipc,
-        params: "{session_id: string, request_id: string, decision: \"allow\"|\"deny\", message?: string}",
-        summary: "answer a pending permission request; the first answer wins, later ones get already_resolved",
+        params: "{session_id: string, request_id: string, option_id?: string, decision?: \"allow\"|\"deny\", message?: string} (at least one of option_id and decision)",
+        summary: "answer a pending permission request with one of its options (decision allow/deny: its first allow-once/reject-once option); the first answer wins, later ones get already_resolved; an allow_always option is recorded on the session: {request_id, decision, option_id, rule?}",
         wire: true,
     },
     CommandSpec {
         name: "subscriber.add",
         route: Route::Ipc,
-        params: "{type: \"local\", session_id?: string, forward_deltas?: bool, replay_mode?: \"none\"|\"since_cursor\"|\"max_count\", max_count?: int, sessions?: [string], prompt?: bool, permissions?: bool, create_sessions?: bool}",
-        summary: "create a durable subscriber and a WebSocket grant: {subscriber_id, ws_endpoint, ws_token, token_ttl_s}",
+        params: "{type: \"local\", session_id?: string, forward_deltas?: bool, replay_mode?: \"none\"|\"since_cursor\"|\"max_count\", max_count?: int, sessions?: [string], prompt?: bool, permissions?: bool, create_sessions?: bool, client?: string}",
+        summary: "create a durable subscriber and a WebSocket grant: {subscriber_id, ws_endpoint, ws_token, token_ttl_s}; client (1-32 of a-z 0-9 _ . -, e.g. web, follow) labels the prompts it sends (user.text from.client)",
         wire: false,
     },
     CommandSpec {
@@ -710,6 +753,32 @@ impl TryFrom<SessionRunFields> for SessionRunParams {
     }
 }
 
+/// `queue.edit`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct QueueEditParams {
+    pub session_id: String,
+    pub run_id: String,
+    pub text: String,
+}
+
+/// `queue.move`: `position` 0 is the head; past the end is the end.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct QueueMoveParams {
+    pub session_id: String,
+    pub run_id: String,
+    pub position: u32,
+}
+
+/// `queue.remove`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct QueueRunParams {
+    pub session_id: String,
+    pub run_id: String,
+}
+
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SessionCancelParams {
@@ -743,14 +812,77 @@ impl PermissionDecision {
     }
 }
 
+/// `permission.respond`: one of the agent's options by `option_id`, or `decision` as a
+/// shorthand (`allow`: its first allow-once option, `deny`: its first reject-once option); at
+/// least one of the two. Both given: they must agree (checked against the options).
 #[derive(Debug, Clone, PartialEq, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(try_from = "PermissionRespondFields")]
 pub struct PermissionRespondParams {
     pub session_id: String,
     pub request_id: String,
-    pub decision: PermissionDecision,
-    #[serde(default)]
+    pub answer: PermissionAnswer,
     pub message: Option<String>,
+}
+
+/// How an answer names its choice: see [`PermissionRespondParams`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PermissionAnswer {
+    pub decision: Option<PermissionDecision>,
+    pub option_id: Option<String>,
+}
+
+impl From<PermissionDecision> for PermissionAnswer {
+    fn from(decision: PermissionDecision) -> Self {
+        PermissionAnswer {
+            decision: Some(decision),
+            option_id: None,
+        }
+    }
+}
+
+impl PermissionAnswer {
+    /// Choose the agent's option `id`.
+    pub fn option(id: impl Into<String>) -> Self {
+        PermissionAnswer {
+            decision: None,
+            option_id: Some(id.into()),
+        }
+    }
+}
+
+/// The fields `permission.respond` takes, before the one-of rule is checked.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PermissionRespondFields {
+    session_id: String,
+    request_id: String,
+    #[serde(default)]
+    decision: Option<PermissionDecision>,
+    #[serde(default)]
+    option_id: Option<String>,
+    #[serde(default)]
+    message: Option<String>,
+}
+
+impl TryFrom<PermissionRespondFields> for PermissionRespondParams {
+    type Error = String;
+
+    fn try_from(f: PermissionRespondFields) -> Result<Self, Self::Error> {
+        match (&f.decision, &f.option_id) {
+            (None, None) => return Err("give option_id or decision (allow or deny)".to_owned()),
+            (_, Some(id)) if id.is_empty() => return Err("option_id must not be empty".to_owned()),
+            _ => {}
+        }
+        Ok(PermissionRespondParams {
+            session_id: f.session_id,
+            request_id: f.request_id,
+            answer: PermissionAnswer {
+                decision: f.decision,
+                option_id: f.option_id,
+            },
+            message: f.message,
+        })
+    }
 }
 
 /// How a new subscriber starts (design §6).
@@ -811,6 +943,49 @@ pub struct SubscriberAddParams {
     pub permissions: Option<bool>,
     #[serde(default)]
     pub create_sessions: Option<bool>,
+    /// What kind of client this is (`web`, `follow`, an app's own name), so a prompt it sends
+    /// says so (`user.text` `from.client`).
+    #[serde(default)]
+    pub client: Option<ClientLabel>,
+}
+
+/// A subscriber's client label: 1 to [`ClientLabel::MAX`] characters of `a-z`, `0-9`, `_`, `.`
+/// and `-`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct ClientLabel(String);
+
+impl ClientLabel {
+    pub const MAX: usize = 32;
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl TryFrom<String> for ClientLabel {
+    type Error = String;
+
+    fn try_from(text: String) -> Result<Self, Self::Error> {
+        let ok = (1..=Self::MAX).contains(&text.len())
+            && text
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"_.-".contains(&b));
+        if ok {
+            Ok(ClientLabel(text))
+        } else {
+            Err(format!(
+                "client must be 1 to {} characters of a-z, 0-9, '_', '.' and '-', got {text:?}",
+                Self::MAX
+            ))
+        }
+    }
+}
+
+impl From<ClientLabel> for String {
+    fn from(label: ClientLabel) -> String {
+        label.0
+    }
 }
 
 impl SubscriberAddParams {
@@ -879,7 +1054,12 @@ pub enum Command {
     SessionFork(SessionForkParams),
     SessionImport(SessionImportParams),
     SessionSend(SessionSendParams),
+    SessionSteer(SessionSendParams),
     SessionCancel(SessionCancelParams),
+    QueueEdit(QueueEditParams),
+    QueueMove(QueueMoveParams),
+    QueueRemove(QueueRunParams),
+    QueueClear(SessionIdParams),
     PermissionRespond(PermissionRespondParams),
     SubscriberAdd(SubscriberAddParams),
     SubscriberGrant(SubscriberIdParams),
@@ -987,6 +1167,11 @@ impl Command {
             "session.fork" => Command::SessionFork(typed(name, params)?),
             "session.import" => Command::SessionImport(typed(name, params)?),
             "session.send" => Command::SessionSend(typed(name, params)?),
+            "session.steer" => Command::SessionSteer(typed(name, params)?),
+            "queue.edit" => Command::QueueEdit(typed(name, params)?),
+            "queue.move" => Command::QueueMove(typed(name, params)?),
+            "queue.remove" => Command::QueueRemove(typed(name, params)?),
+            "queue.clear" => Command::QueueClear(typed(name, params)?),
             "session.cancel" => Command::SessionCancel(typed(name, params)?),
             "permission.respond" => Command::PermissionRespond(typed(name, params)?),
             "subscriber.add" => Command::SubscriberAdd(typed(name, params)?),
@@ -1027,6 +1212,11 @@ impl Command {
             Command::SessionFork(_) => "session.fork",
             Command::SessionImport(_) => "session.import",
             Command::SessionSend(_) => "session.send",
+            Command::SessionSteer(_) => "session.steer",
+            Command::QueueEdit(_) => "queue.edit",
+            Command::QueueMove(_) => "queue.move",
+            Command::QueueRemove(_) => "queue.remove",
+            Command::QueueClear(_) => "queue.clear",
             Command::SessionCancel(_) => "session.cancel",
             Command::PermissionRespond(_) => "permission.respond",
             Command::SubscriberAdd(_) => "subscriber.add",
@@ -1089,7 +1279,11 @@ mod tests {
                 | "session.activate" | "session.runs" => {
                     json!({"session_id": "x"})
                 }
-                "session.send" => json!({"session_id": "x", "text": "hi"}),
+                "session.send" | "session.steer" => json!({"session_id": "x", "text": "hi"}),
+                "queue.edit" => json!({"session_id": "x", "run_id": "r", "text": "hi"}),
+                "queue.move" => json!({"session_id": "x", "run_id": "r", "position": 0}),
+                "queue.remove" => json!({"session_id": "x", "run_id": "r"}),
+                "queue.clear" => json!({"session_id": "x"}),
                 "session.run" => json!({"session_id": "x", "client_msg_id": "k"}),
                 "session.rename" => json!({"session_id": "x", "title": "t"}),
                 "session.fork" => json!({"session_id": "x"}),
@@ -1147,6 +1341,79 @@ mod tests {
                 .message
                 .contains("give after_seq or before_seq, not both"),
         );
+    }
+
+    /// `permission.respond` takes an option id, a decision, or both; never neither.
+    #[test]
+    fn permission_respond_takes_an_option_or_a_decision() {
+        let parse = |params: Value| Command::parse_named("permission.respond", params);
+        let answer_of = |params: Value| match parse(params) {
+            Ok(Command::PermissionRespond(p)) => p.answer,
+            other => panic!("{other:?}"),
+        };
+        let base = json!({"session_id": "s", "request_id": "r"});
+        let with = |extra: Value| {
+            let mut v = base.clone();
+            for (k, x) in extra.as_object().unwrap() {
+                v[k] = x.clone();
+            }
+            v
+        };
+        assert_eq!(
+            answer_of(with(json!({"option_id": "acceptForSession"}))),
+            PermissionAnswer::option("acceptForSession")
+        );
+        assert_eq!(
+            answer_of(with(json!({"decision": "deny"}))),
+            PermissionDecision::Deny.into()
+        );
+        assert_eq!(
+            answer_of(with(json!({"decision": "allow", "option_id": "a"}))),
+            PermissionAnswer {
+                decision: Some(PermissionDecision::Allow),
+                option_id: Some("a".into())
+            }
+        );
+        for bad in [
+            base.clone(),
+            with(json!({"option_id": ""})),
+            with(json!({"decision": "maybe"})),
+            with(json!({"option_id": "a", "extra": 1})),
+        ] {
+            let err = parse(bad.clone()).unwrap_err();
+            assert_eq!(err.code, ErrorCode::InvalidParams, "{bad}");
+        }
+    }
+
+    /// `subscriber.add` takes an optional client label of 1-32 of `a-z 0-9 _ . -`.
+    #[test]
+    fn subscriber_add_takes_a_client_label() {
+        let parse = |params: Value| Command::parse_named("subscriber.add", params);
+        let client_of = |params: Value| match parse(params) {
+            Ok(Command::SubscriberAdd(p)) => p.client.map(|c| c.as_str().to_owned()),
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(client_of(json!({"type": "local"})), None);
+        for good in ["web", "follow", "my-app_2.0", &"a".repeat(32)] {
+            assert_eq!(
+                client_of(json!({"type": "local", "client": good})).as_deref(),
+                Some(good)
+            );
+        }
+        for bad in [
+            json!(""),
+            json!("Web"),
+            json!("my app"),
+            json!("é"),
+            json!("a".repeat(33)),
+            json!(7),
+        ] {
+            let err = parse(json!({"type": "local", "client": bad})).unwrap_err();
+            assert_eq!(err.code, ErrorCode::InvalidParams, "{bad}");
+            if bad.is_string() {
+                assert!(err.message.contains("client must be"), "{}", err.message);
+            }
+        }
     }
 
     /// `session.run` names its run exactly one way.
@@ -1294,8 +1561,15 @@ silently ignored option. This page is generated from `src/protocol/envelope.rs`
 is stale). The same codes travel in the WebSocket protocol's `ErrorResp` (docs/protocol.md).
 
 `agent-host follow [session_id] [--json]` and `agent-host open [session_id] [--print]` are
-not envelope commands: the first prints a live stream, the second prints (and opens in the
-browser) the URL of the host's web UI with a fresh grant (see the README).
+not envelope commands: the first follows a live stream, the second prints (and opens in the
+browser) the URL of the host's web UI with a fresh grant (see the README). On a terminal,
+`follow` is interactive: type and Enter to send a prompt, Esc or `/cancel` to cancel the turn,
+`y` / `n` / `a` on an empty line to answer the pending permission (allow once / deny / allow
+always where offered), Tab then Enter to unfold a tool call's output (`/tools`: all of them),
+`/steer <text>`, `/fork`, `/queue` (`/queue rm N`, `/queue clear`), `/help`, and `/quit` or
+Ctrl-C to leave; its log goes to `logs/follow.log`, never onto the screen. With `--json`, or
+when stdout is not a terminal, it prints lines: readable text, or one canonical event as JSON
+per line.
 
 ## Commands
 

@@ -12,7 +12,7 @@ use std::fmt::Write as _;
 
 use serde::de::{self, Deserialize, Deserializer, Visitor};
 
-use super::events::{ErrorCategory, EventClass, RunState};
+use super::events::{ErrorCategory, EventClass, QueueReason, RunState};
 use super::states::SessionState;
 
 /// The marker lines around the generated section in `docs/protocol.md`.
@@ -34,6 +34,17 @@ pub enum JsonType {
     RunState,
     ErrorCategory,
     SessionState,
+    /// The reason of a `queue.changed`.
+    QueueReason,
+    /// The queue of a `queue.changed`: `[{runId, text, truncated?, from?}]`.
+    QueueList,
+    /// Who sent a prompt: `{via, subscriberId?, client?}`.
+    PromptFrom,
+    /// The options of a `permission.request`: `[{id, label, kind, rule?}]`.
+    PermissionOptions,
+    /// What a permission option does: `allow_once`, `allow_always`, `reject_once`,
+    /// `reject_always`.
+    OptionKind,
 }
 
 impl JsonType {
@@ -50,6 +61,21 @@ impl JsonType {
             JsonType::RunState => "string: a [run state](#run-states)",
             JsonType::ErrorCategory => "string: an [error category](#error-categories)",
             JsonType::SessionState => "string: a [session state](#session-states)",
+            JsonType::QueueReason => "string: a [queue reason](#queue-reasons)",
+            JsonType::QueueList => {
+                "array of objects `{runId, text, truncated?, from?}` (strings; `truncated` a \
+                 boolean; `from` as in `user.text`)"
+            }
+            JsonType::PromptFrom => {
+                "object `{via, subscriberId?, client?}` (strings; `via` one of `ipc`, `ws`, \
+                 `relay`)"
+            }
+            JsonType::PermissionOptions => {
+                "array of objects `{id, label, kind, rule?}` (strings; `kind` an option kind)"
+            }
+            JsonType::OptionKind => {
+                "string: `allow_once`, `allow_always`, `reject_once` or `reject_always`"
+            }
         }
     }
 }
@@ -162,9 +188,16 @@ pub const PUSH: &[(&str, &str, &str)] = &[
 pub const WARNING_CODES: &[(&str, &str)] = &[
     (
         "followup_dropped",
-        "A queued prompt will never run: more than 3 were waiting and it was the oldest, or the \
-         host stopped first. It carries the prompt's `runId` and stands in for its `run.start` \
-         and `run.end`.",
+        "A queued prompt will never run: more were waiting than the queue holds \
+         (`queue_capacity` in `config.toml`, 3 by default) and it was the oldest, or no agent \
+         could run it after a restart. It carries the prompt's `runId` (its `message` names the \
+         run and the start of its text) and stands in for its `run.start` and `run.end`.",
+    ),
+    (
+        "steer_unsupported",
+        "A `session.steer` to a turn the agent cannot take input into (its family does not \
+         steer, or the agent refused it): the prompt was not given to the running turn; it \
+         waits at the head of the queue and runs next. It carries the queued prompt's `runId`.",
     ),
     (
         "followup_cancelled",
@@ -287,7 +320,8 @@ pub const EVENTS: &[EventDoc] = &[
         class: EventClass::Bracket,
         when: "When a prompt is dispatched to the agent (not when it is queued): the first event \
                of its run, before `run.start`. A prompt dropped or cancelled while queued has a \
-               `warning` instead.",
+               `warning` instead. A steer the agent took (`session.steer`) is a `user.text` with \
+               `steer` inside the running run.",
         fields: &[
             req(
                 "text",
@@ -299,8 +333,23 @@ pub const EVENTS: &[EventDoc] = &[
                 JsonType::String,
                 "The client's idempotency key of the prompt, if it sent one.",
             ),
+            opt(
+                "steer",
+                JsonType::Boolean,
+                "`true`: a `session.steer` the agent took into this run's turn while it ran \
+                 (the run's own prompt came before it); absent otherwise.",
+            ),
+            opt(
+                "from",
+                JsonType::PromptFrom,
+                "Who sent the prompt: `via` `ipc` (a terminal command over the host's socket), \
+                 `ws` (a loopback WebSocket client: `subscriberId` is its subscriber, `client` \
+                 the label it was added with — `web` for the browser page of `agent-host open`, \
+                 `follow` for `agent-host follow`, or an app's own) or `relay` (a bot). Kept \
+                 with a queued prompt across a host restart; absent in events of older hosts.",
+            ),
         ],
-        example: r#"{"k":"user.text","sessionId":"s1","runId":"r1","text":"Fix the failing test","clientMsgId":"c-42"}"#,
+        example: r#"{"k":"user.text","sessionId":"s1","runId":"r1","text":"Fix the failing test","clientMsgId":"c-42","from":{"via":"ws","subscriberId":"0190a6f2-7c1e-7d3a-9f10-2b4c6d8e0a1f","client":"web"}}"#,
     },
     EventDoc {
         kind: "text.start",
@@ -460,12 +509,18 @@ pub const EVENTS: &[EventDoc] = &[
             ),
             opt(
                 "options",
-                JsonType::StringList,
-                "The decisions a client may send: `[\"allow\", \"deny\"]` with every built-in \
-                 adapter.",
+                JsonType::PermissionOptions,
+                "The agent's own choices, in its order; answer with one's `id` as \
+                 `permission.respond`'s `option_id` (`decision` `allow` / `deny` pick the first \
+                 `allow_once` / `reject_once`). `kind` says what it does; an `allow_always` \
+                 option's `rule` says, in words, what the agent will stop asking about. Claude: \
+                 `allow`, `allow_always` (its suggested permission updates, kept for the session) \
+                 or `mode:<mode>`, `deny`. Codex: its decisions (`accept`, `acceptForSession`, \
+                 `acceptWithExecpolicyAmendment`, `decline`, `cancel`). ACP: the agent's \
+                 `optionId`s. History written by earlier builds holds bare ids (`\"allow\"`).",
             ),
         ],
-        example: r#"{"k":"permission.request","sessionId":"s1","runId":"r1","requestId":"perm_3","tool":"Bash","input":{"command":"rm -rf target"},"options":["allow","deny"]}"#,
+        example: r#"{"k":"permission.request","sessionId":"s1","runId":"r1","requestId":"perm_3","tool":"Bash","input":{"command":"npm test"},"options":[{"id":"allow","label":"Allow","kind":"allow_once"},{"id":"allow_always","label":"Always allow Bash(npm test)","kind":"allow_always","rule":"always allow Bash(npm test) in this session"},{"id":"deny","label":"Deny","kind":"reject_once"}]}"#,
     },
     EventDoc {
         kind: "permission.resolved",
@@ -491,8 +546,20 @@ pub const EVENTS: &[EventDoc] = &[
                 "Who resolved it: the answering subscriber's id (`ipc` for the IPC command), \
                  `agent` or `host`.",
             ),
+            opt(
+                "optionId",
+                JsonType::String,
+                "The `id` of the request's option the answer chose (an answer only).",
+            ),
+            opt("kind", JsonType::OptionKind, "That option's kind."),
+            opt(
+                "rule",
+                JsonType::String,
+                "Set when the chosen option was `allow_always` and the agent got it: the rule it \
+                 keeps, in words; `session.get` lists it in `permission_rules` from then on.",
+            ),
         ],
-        example: r#"{"k":"permission.resolved","sessionId":"s1","runId":"r1","requestId":"perm_3","decision":"allow","by":"sub_9"}"#,
+        example: r#"{"k":"permission.resolved","sessionId":"s1","runId":"r1","requestId":"perm_3","decision":"allow","by":"sub_9","optionId":"allow_always","kind":"allow_always","rule":"always allow Bash(npm test) in this session"}"#,
     },
     EventDoc {
         kind: "usage",
@@ -584,6 +651,31 @@ pub const EVENTS: &[EventDoc] = &[
             req("previous", JsonType::SessionState, "The state before."),
         ],
         example: r#"{"k":"session.state","sessionId":"s1","runId":"r1","state":"waiting","previous":"running"}"#,
+    },
+    EventDoc {
+        kind: "queue.changed",
+        class: EventClass::Bracket,
+        when: "Emitted by the session whenever its follow-up queue changes, with the whole queue \
+               after the change (head first), so every client shows it without polling: a prompt \
+               sent to a busy session (`added`), `queue.edit` (`edited`), `queue.move` \
+               (`moved`), `queue.remove` or `session.cancel` of a queued run (`removed`), \
+               `queue.clear` (`cleared`), a prompt over the capacity (`dropped`, after its \
+               `warning` `followup_dropped`), the head starting (`dispatched`, right after its \
+               `run.start`), a host start queuing what the last host left queued (`restored`), \
+               a steer that went to the head (`steered`). Its `runId` is the prompt's the change \
+               concerns (absent for `cleared` and `restored`): that run has no `run.start` yet \
+               (except for `dispatched`).",
+        fields: &[
+            req("reason", JsonType::QueueReason, "What changed the queue."),
+            req(
+                "queue",
+                JsonType::QueueList,
+                "Every prompt still queued, head (the next to run) first: its run's `runId`, \
+                 its text and who sent it (`from`, as in `user.text`, when known). A queue whose texts would be over 2 MiB together carries the start of \
+                 each, marked `truncated` (`session.get` has them whole).",
+            ),
+        ],
+        example: r#"{"k":"queue.changed","sessionId":"s1","runId":"r3","reason":"moved","queue":[{"runId":"r3","text":"Then run the linter","from":{"via":"ipc"}},{"runId":"r2","text":"Add a test for it"}]}"#,
     },
     EventDoc {
         kind: "warning",
@@ -751,6 +843,32 @@ fn session_state_meaning(state: SessionState) -> &'static str {
         SessionState::Running => "A run is in progress.",
         SessionState::Waiting => {
             "A run is in progress and waits for a person: a permission request is pending."
+        }
+    }
+}
+
+/// What each queue reason means. Exhaustive: a new reason must be described here.
+fn queue_reason_meaning(reason: QueueReason) -> &'static str {
+    match reason {
+        QueueReason::Added => "A prompt sent to a busy session was queued at the end.",
+        QueueReason::Edited => "`queue.edit` changed a queued prompt's text.",
+        QueueReason::Moved => "`queue.move` moved a queued prompt.",
+        QueueReason::Removed => {
+            "A queued prompt was taken out (`queue.remove`, or `session.cancel` of its run)."
+        }
+        QueueReason::Cleared => "`queue.clear` took every queued prompt out.",
+        QueueReason::Dropped => {
+            "The queue was over its capacity: its oldest prompt was dropped (the `warning` \
+             `followup_dropped` before it names it)."
+        }
+        QueueReason::Dispatched => "The prompt at the head started (after its `run.start`).",
+        QueueReason::Restored => {
+            "The host started again and queued, in their order, the prompts the last host left \
+             queued (they run one after the other)."
+        }
+        QueueReason::Steered => {
+            "A `session.steer` the agent could not take into its turn went to the head of the \
+             queue (after its `warning` `steer_unsupported`)."
         }
     }
 }
@@ -943,6 +1061,12 @@ pub fn markdown() -> String {
     );
     value_table(
         &mut out,
+        "Queue reasons",
+        "The `reason` of `queue.changed`.",
+        &values(queue_reason_meaning),
+    );
+    value_table(
+        &mut out,
         "Warning codes",
         "The `code` of `warning` events this build writes.",
         WARNING_CODES,
@@ -1017,6 +1141,7 @@ mod tests {
             EventBody::SessionBound(_) => ("session.bound", serde_names::<SessionBound>()),
             EventBody::SessionForked(_) => ("session.forked", serde_names::<SessionForked>()),
             EventBody::SessionState(_) => ("session.state", serde_names::<SessionStateChange>()),
+            EventBody::QueueChanged(_) => ("queue.changed", serde_names::<QueueChange>()),
             EventBody::Warning(_) => ("warning", serde_names::<Notice>()),
             EventBody::Error(_) => ("error", serde_names::<ErrorNotice>()),
             EventBody::TextDelta(_) => ("text.delta", serde_names::<TextDelta>()),
@@ -1047,6 +1172,13 @@ mod tests {
             JsonType::RunState => "failed".into(),
             JsonType::ErrorCategory => "agent_failed".into(),
             JsonType::SessionState => "running".into(),
+            JsonType::QueueReason => "moved".into(),
+            JsonType::QueueList => serde_json::json!([{"runId": "r", "text": "t"}]),
+            JsonType::PromptFrom => serde_json::json!({"via": "ipc"}),
+            JsonType::PermissionOptions => {
+                serde_json::json!([{"id": "allow", "label": "Allow", "kind": "allow_once"}])
+            }
+            JsonType::OptionKind => "allow_always".into(),
         }
     }
 
@@ -1055,7 +1187,29 @@ mod tests {
             JsonType::String
             | JsonType::RunState
             | JsonType::ErrorCategory
-            | JsonType::SessionState => v.is_string(),
+            | JsonType::SessionState
+            | JsonType::QueueReason => v.is_string(),
+            JsonType::OptionKind => v.as_str().is_some_and(|k| {
+                ["allow_once", "allow_always", "reject_once", "reject_always"].contains(&k)
+            }),
+            JsonType::PermissionOptions => v.as_array().is_some_and(|a| {
+                a.iter().all(|o| {
+                    o["id"].is_string()
+                        && o["label"].is_string()
+                        && has_type(JsonType::OptionKind, &o["kind"])
+                })
+            }),
+            JsonType::QueueList => v.as_array().is_some_and(|a| {
+                a.iter().all(|i| {
+                    i["runId"].is_string()
+                        && i["text"].is_string()
+                        && i.get("from")
+                            .is_none_or(|f| has_type(JsonType::PromptFrom, f))
+                })
+            }),
+            JsonType::PromptFrom => v["via"]
+                .as_str()
+                .is_some_and(|via| ["ipc", "ws", "relay"].contains(&via)),
             JsonType::Integer => v.is_i64() || v.is_u64(),
             JsonType::Number => v.is_number(),
             JsonType::Boolean => v.is_boolean(),

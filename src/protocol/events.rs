@@ -125,6 +125,12 @@ pub enum EventBody {
     /// badge it without polling.
     #[serde(rename = "session.state")]
     SessionState(SessionStateChange),
+    /// The session's follow-up queue changed (a prompt queued, edited, moved, removed, dropped,
+    /// dispatched, restored after a restart): the whole queue after the change, so a client
+    /// shows it without polling. Its `runId` is the run the change concerns (none for a
+    /// `cleared` queue or a `restored` one).
+    #[serde(rename = "queue.changed")]
+    QueueChanged(QueueChange),
     /// Something the user should see that did not stop the run.
     #[serde(rename = "warning")]
     Warning(Notice),
@@ -242,6 +248,7 @@ impl EventBody {
             | EventBody::SessionBound(_)
             | EventBody::SessionForked(_)
             | EventBody::SessionState(_)
+            | EventBody::QueueChanged(_)
             | EventBody::Warning(_)
             | EventBody::Error(_) => EventClass::Bracket,
             EventBody::TextDelta(_)
@@ -272,6 +279,7 @@ impl EventBody {
             EventBody::SessionBound(_) => "session.bound",
             EventBody::SessionForked(_) => "session.forked",
             EventBody::SessionState(_) => "session.state",
+            EventBody::QueueChanged(_) => "queue.changed",
             EventBody::Warning(_) => "warning",
             EventBody::Error(_) => "error",
             EventBody::TextDelta(_) => "text.delta",
@@ -334,6 +342,40 @@ pub struct UserText {
     /// The client's idempotency key for the prompt, if it sent one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub client_msg_id: Option<String>,
+    /// The prompt was injected into the run's turn while it ran (`session.steer`), not
+    /// started as a run of its own. Absent (false) for a run's own prompt.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub steer: bool,
+    /// Who sent it: the transport, and for a loopback client its subscriber and label.
+    /// Absent in events of hosts that did not record it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from: Option<PromptFrom>,
+}
+
+/// Who sent a prompt (`user.text`, a queued prompt of `session.get` and `queue.changed`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PromptFrom {
+    pub via: PromptVia,
+    /// The loopback subscriber that sent it (`ws` only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub subscriber_id: Option<String>,
+    /// The label that subscriber was registered with (`subscriber.add` `client`: `web` for
+    /// the browser page, `follow` for the terminal follower, or an app's own).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client: Option<String>,
+}
+
+/// The transport a prompt came by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PromptVia {
+    /// The Unix socket: a terminal command.
+    Ipc,
+    /// A loopback WebSocket client.
+    Ws,
+    /// The relay (a bot).
+    Relay,
 }
 
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
@@ -440,21 +482,155 @@ pub struct PermissionRequest {
     pub tool: String,
     #[serde(default)]
     pub input: Value,
-    /// The choices the agent offers (e.g. allow once, allow always, deny).
+    /// The choices the agent itself offers, in its order (allow once, allow always with the
+    /// rule it would keep, deny, …); `permission.respond` names one by `option_id`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub options: Vec<String>,
+    pub options: Vec<PermissionOption>,
+}
+
+/// What choosing a [`PermissionOption`] does (ACP's option kinds, which every family maps to).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PermissionOptionKind {
+    AllowOnce,
+    /// Allow, and the agent keeps a rule so that matching calls stop asking.
+    AllowAlways,
+    RejectOnce,
+    RejectAlways,
+}
+
+impl PermissionOptionKind {
+    pub fn allows(self) -> bool {
+        matches!(
+            self,
+            PermissionOptionKind::AllowOnce | PermissionOptionKind::AllowAlways
+        )
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PermissionOptionKind::AllowOnce => "allow_once",
+            PermissionOptionKind::AllowAlways => "allow_always",
+            PermissionOptionKind::RejectOnce => "reject_once",
+            PermissionOptionKind::RejectAlways => "reject_always",
+        }
+    }
+}
+
+/// One choice an agent offers for a permission request: `{"id","label","kind"}`, plus, for an
+/// option that keeps a rule, `rule`: that rule in words ("always allow Bash(npm test) in this
+/// session").
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(from = "OptionOnWire")]
+pub struct PermissionOption {
+    /// The agent's own id for the choice (ACP `optionId`, Codex decision), opaque to clients.
+    pub id: String,
+    pub label: String,
+    pub kind: PermissionOptionKind,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rule: Option<String>,
+}
+
+impl PermissionOption {
+    pub fn new(id: &str, label: &str, kind: PermissionOptionKind) -> Self {
+        PermissionOption {
+            id: id.to_owned(),
+            label: label.to_owned(),
+            kind,
+            rule: None,
+        }
+    }
+
+    /// An option that keeps a rule, described by `rule`.
+    pub fn always(id: &str, label: &str, rule: String) -> Self {
+        PermissionOption {
+            rule: Some(rule),
+            ..PermissionOption::new(id, label, PermissionOptionKind::AllowAlways)
+        }
+    }
+
+    /// The plain allow-once / deny pair, for an agent that offers nothing else.
+    pub fn allow_deny() -> Vec<PermissionOption> {
+        vec![
+            PermissionOption::new("allow", "Allow", PermissionOptionKind::AllowOnce),
+            PermissionOption::new("deny", "Deny", PermissionOptionKind::RejectOnce),
+        ]
+    }
+}
+
+/// An option as history holds it: an object, or a bare id (what builds before options had
+/// kinds wrote: `"allow"`, `"deny"`, `"allow_always"`).
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum OptionOnWire {
+    Full {
+        id: String,
+        #[serde(default)]
+        label: String,
+        kind: PermissionOptionKind,
+        #[serde(default)]
+        rule: Option<String>,
+    },
+    Bare(String),
+}
+
+impl From<OptionOnWire> for PermissionOption {
+    fn from(wire: OptionOnWire) -> Self {
+        match wire {
+            OptionOnWire::Full {
+                id,
+                label,
+                kind,
+                rule,
+            } => PermissionOption {
+                label: if label.is_empty() { id.clone() } else { label },
+                id,
+                kind,
+                rule,
+            },
+            OptionOnWire::Bare(id) => {
+                let kind = match id.as_str() {
+                    "allow_always" => PermissionOptionKind::AllowAlways,
+                    "reject_always" => PermissionOptionKind::RejectAlways,
+                    i if i.starts_with("deny") || i.starts_with("reject") => {
+                        PermissionOptionKind::RejectOnce
+                    }
+                    _ => PermissionOptionKind::AllowOnce,
+                };
+                PermissionOption::new(&id, &id, kind)
+            }
+        }
+    }
+}
+
+/// A bare id, as older history holds it: `allow` / `deny` / `allow_always` by their names, any
+/// other id allows once unless it starts with `deny` or `reject`.
+impl From<&str> for PermissionOption {
+    fn from(id: &str) -> Self {
+        OptionOnWire::Bare(id.to_owned()).into()
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct PermissionResolved {
     pub request_id: String,
-    /// The option chosen, e.g. `allow`, `deny`.
+    /// `allow` or `deny` for an answer (whichever option it chose); `withdrawn` (by the
+    /// agent), `expired` (by the host).
     pub decision: String,
     /// Who resolved it: the answering subscriber's id (`ipc` for the terminal, `relay` for the
     /// relay), `agent` (withdrawn) or `host` (expired).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub by: Option<String>,
+    /// The agent's option the answer chose (an answer only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub option_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<PermissionOptionKind>,
+    /// The rule the answer made the agent keep (an `allow_always` option), in words; it is
+    /// listed in `session.get`'s `permission_rules` from then on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rule: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
@@ -481,6 +657,56 @@ pub struct SessionBound {
 pub struct SessionStateChange {
     pub state: super::states::SessionState,
     pub previous: super::states::SessionState,
+}
+
+/// Why a session's queue changed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum QueueReason {
+    /// A prompt sent to a busy session was queued at the end.
+    #[default]
+    Added,
+    /// `queue.edit` changed a queued prompt's text.
+    Edited,
+    /// `queue.move` moved a queued prompt.
+    Moved,
+    /// A queued prompt was taken out (`queue.remove`, `session.cancel` of a queued run).
+    Removed,
+    /// `queue.clear` took every queued prompt out.
+    Cleared,
+    /// The queue was over its capacity: its oldest prompt was dropped.
+    Dropped,
+    /// The head of the queue started (after its `run.start`).
+    Dispatched,
+    /// A host that started again queued what the last one left queued.
+    Restored,
+    /// A `session.steer` the agent could not take went to the head of the queue.
+    Steered,
+}
+
+/// `queue.changed`: why, and the whole queue after the change, head first.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct QueueChange {
+    pub reason: QueueReason,
+    pub queue: Vec<QueueItem>,
+}
+
+/// One queued prompt of a `queue.changed`.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct QueueItem {
+    /// The run the prompt becomes (`session.send`'s answer).
+    pub run_id: String,
+    /// The prompt's text (only its start when `truncated`).
+    pub text: String,
+    /// The texts of a long queue were too large for one event: this one holds only its start
+    /// (`session.get` has the whole text).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub truncated: bool,
+    /// Who sent it, when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from: Option<PromptFrom>,
 }
 
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
@@ -563,6 +789,7 @@ pub const KNOWN_KINDS: &[&str] = &[
     "session.bound",
     "session.forked",
     "session.state",
+    "queue.changed",
     "warning",
     "error",
     "text.delta",
@@ -651,6 +878,8 @@ mod tests {
         let user = EventBody::UserText(UserText {
             text: "z".repeat(10),
             client_msg_id: None,
+            steer: false,
+            from: None,
         });
         assert!(user.truncated_to(5 * max, max).is_none());
     }
@@ -674,6 +903,12 @@ mod tests {
             EventBody::UserText(UserText {
                 text: "hi".into(),
                 client_msg_id: Some("c1".into()),
+                steer: true,
+                from: Some(PromptFrom {
+                    via: PromptVia::Ws,
+                    subscriber_id: Some("sub-1".into()),
+                    client: Some("web".into()),
+                }),
             }),
             EventBody::TextStart(BlockStart::default()),
             EventBody::TextEnd(BlockEnd {
@@ -705,7 +940,7 @@ mod tests {
                 request_id: "p".into(),
                 tool: "Bash".into(),
                 input: json!({}),
-                options: vec!["allow".into(), "deny".into()],
+                options: PermissionOption::allow_deny(),
             }),
             EventBody::PermissionResolved(PermissionResolved::default()),
             EventBody::Usage(Usage {
@@ -721,6 +956,15 @@ mod tests {
             EventBody::SessionState(SessionStateChange {
                 state: crate::protocol::states::SessionState::Waiting,
                 previous: crate::protocol::states::SessionState::Running,
+            }),
+            EventBody::QueueChanged(QueueChange {
+                reason: QueueReason::Moved,
+                queue: vec![QueueItem {
+                    run_id: "r2".into(),
+                    text: "next".into(),
+                    truncated: false,
+                    from: None,
+                }],
             }),
             EventBody::Warning(Notice::default()),
             EventBody::Error(ErrorNotice {
@@ -754,6 +998,38 @@ mod tests {
             assert_eq!(&back, event);
             assert_eq!(AnyEvent::from_json(&text).unwrap(), AnyEvent::Known(back));
         }
+    }
+
+    /// `user.text` says who sent it in camelCase, leaves `from` out when unknown, and a
+    /// stored event of an older host (no `from`) still reads.
+    #[test]
+    fn user_text_carries_its_sender_and_old_ones_still_read() {
+        let old = r#"{"k":"user.text","sessionId":"s","runId":"r","text":"hi","clientMsgId":"c"}"#;
+        let AnyEvent::Known(event) = AnyEvent::from_json(old).unwrap() else {
+            panic!("not known");
+        };
+        let EventBody::UserText(user) = &event.body else {
+            panic!("not user.text");
+        };
+        assert_eq!(user.from, None);
+        assert!(!serde_json::to_string(&event).unwrap().contains("from"));
+        let from = PromptFrom {
+            via: PromptVia::Ws,
+            subscriber_id: Some("sub".into()),
+            client: Some("follow".into()),
+        };
+        assert_eq!(
+            serde_json::to_value(&from).unwrap(),
+            json!({"via": "ws", "subscriberId": "sub", "client": "follow"})
+        );
+        let ipc = PromptFrom {
+            via: PromptVia::Ipc,
+            subscriber_id: None,
+            client: None,
+        };
+        assert_eq!(serde_json::to_value(&ipc).unwrap(), json!({"via": "ipc"}));
+        let relay: PromptFrom = serde_json::from_value(json!({"via": "relay"})).unwrap();
+        assert_eq!(relay.via, PromptVia::Relay);
     }
 
     #[test]
@@ -805,6 +1081,35 @@ mod tests {
             }
             other => panic!("expected unknown, got {other:?}"),
         }
+    }
+
+    /// Options are `{id,label,kind}` objects; history written before they had kinds holds bare
+    /// ids, which still parse.
+    #[test]
+    fn permission_options_parse_old_and_new_shapes() {
+        let request: PermissionRequest = serde_json::from_value(json!({
+            "requestId": "p", "tool": "Bash",
+            "options": ["allow", "deny", "allow_always",
+                        {"id": "acceptForSession", "label": "Allow for this session",
+                         "kind": "allow_always", "rule": "always allow `ls` in this session"}]
+        }))
+        .unwrap();
+        let kinds: Vec<_> = request.options.iter().map(|o| o.kind.as_str()).collect();
+        assert_eq!(
+            kinds,
+            ["allow_once", "reject_once", "allow_always", "allow_always"]
+        );
+        assert_eq!(request.options[1].label, "deny");
+        let back = serde_json::to_value(&request.options[3]).unwrap();
+        assert_eq!(
+            back,
+            json!({"id": "acceptForSession", "label": "Allow for this session",
+                   "kind": "allow_always", "rule": "always allow `ls` in this session"})
+        );
+        assert_eq!(
+            serde_json::to_value(&PermissionOption::allow_deny()[0]).unwrap(),
+            json!({"id": "allow", "label": "Allow", "kind": "allow_once"})
+        );
     }
 
     #[test]

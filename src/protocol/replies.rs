@@ -92,6 +92,75 @@ pub struct SessionDetail {
     #[serde(flatten)]
     pub session: SessionInfo,
     pub live: Option<LiveStatus>,
+    /// The prompts waiting in the session's queue, head (the next to run) first.
+    #[serde(default)]
+    pub queue: Vec<QueueEntry>,
+    /// The "allow always" rules answers in this session made its agent keep, oldest first:
+    /// why a later matching tool ran without asking.
+    #[serde(default)]
+    pub permission_rules: Vec<PermissionRule>,
+}
+
+/// An accepted `allow_always` option, recorded on its session.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PermissionRule {
+    /// The request it answered.
+    pub request_id: String,
+    pub tool: String,
+    /// The agent's option that was chosen, and its label.
+    pub option_id: String,
+    pub label: String,
+    /// The rule in words ("always allow Bash(npm test) in this session").
+    pub description: String,
+    /// Who chose it (as `permission.resolved`'s `by`).
+    pub by: String,
+    pub at_ms: i64,
+}
+
+/// A prompt waiting in a session's queue (`session.get`, `queue.move`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QueueEntry {
+    /// The run it becomes when it starts.
+    pub run_id: String,
+    pub text: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_msg_id: Option<String>,
+    /// When it was sent (ms since the epoch).
+    pub created_at_ms: i64,
+    /// Who sent it, when known (as its `user.text` will say).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from: Option<crate::protocol::events::PromptFrom>,
+}
+
+/// `queue.edit`: the queued prompt's text as it is now.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QueueEdited {
+    pub run_id: String,
+    pub text: String,
+}
+
+/// `queue.move`: the queue after the move, head first.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QueueOrder {
+    pub queue: Vec<QueueEntry>,
+}
+
+/// `queue.clear`: the runs taken out of the queue, as they were ordered.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QueueCleared {
+    pub removed: Vec<String>,
+}
+
+/// `session.steer`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SteerReceipt {
+    /// The run the text went into (`steered`), or the run it became (a queued prompt, or a
+    /// plain send when nothing ran).
+    pub run_id: String,
+    /// The agent took it into the running turn.
+    pub steered: bool,
+    /// It waits in the queue: at its head when the agent could not take it mid-turn.
+    pub queued: bool,
 }
 
 /// What a live session is doing.
@@ -182,7 +251,14 @@ pub struct CancelReceipt {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct PermissionReceipt {
     pub request_id: String,
+    /// `allow` or `deny`.
     pub decision: String,
+    /// The agent's option the answer chose.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub option_id: Option<String>,
+    /// The rule recorded on the session, when the option keeps one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rule: Option<String>,
 }
 
 /// `session.activate`.
@@ -206,7 +282,7 @@ pub struct PendingPermission {
     /// The tool input the agent asks to run with.
     pub input: serde_json::Value,
     /// The choices the agent offers (those of its `permission.request`).
-    pub options: Vec<String>,
+    pub options: Vec<crate::protocol::events::PermissionOption>,
     pub created_at_ms: i64,
 }
 

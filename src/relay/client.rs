@@ -323,6 +323,7 @@ async fn ensure_subscriber(subscribers: &Subscribers) -> Result<(), DialError> {
         updated_at_ms: now,
         // The relay's scope is its token's, from the configuration, not this row's.
         scope: None,
+        client: None,
     };
     subscribers
         .ensure(row)

@@ -75,10 +75,25 @@ pub fn session_error(e: SessionError) -> Reply {
             Reply::error(ErrorCode::AgentUnavailable, message, Value::Null)
         }
         SessionError::RunNotFound(_) => Reply::error(ErrorCode::RunNotFound, message, Value::Null),
+        SessionError::NotQueued { run_id, state } => Reply::error(
+            ErrorCode::NotQueued,
+            message,
+            json!({"run_id": run_id, "state": state}),
+        ),
         SessionError::PermissionNotFound(id) => Reply::error(
             ErrorCode::PermissionNotFound,
             message,
             json!({"request_id": id}),
+        ),
+        SessionError::UnknownOption {
+            request_id,
+            option_id,
+            offered,
+        } => Reply::error(
+            ErrorCode::InvalidParams,
+            message,
+            json!({"reason": "unknown_option", "request_id": request_id, "option_id": option_id,
+                   "options": offered}),
         ),
         SessionError::AlreadyResolved {
             request_id,

@@ -20,9 +20,10 @@ use crate::instance::LockInfo;
 use crate::protocol::envelope::{
     Command, ErrorCode, HistoryFrom, HostRelaySetParams, Reply, SessionHistoryParams, spec,
 };
+use crate::protocol::events::{PromptFrom, PromptVia};
 use crate::protocol::replies::{
-    Deleted, HistoryEntry, HistoryPage, PermissionList, RunList, SessionCreated, SessionDetail,
-    SessionForkedReply, SessionRenamed,
+    Deleted, HistoryEntry, HistoryPage, PermissionList, QueueCleared, QueueOrder, RunList,
+    SessionCreated, SessionDetail, SessionForkedReply, SessionRenamed,
 };
 use crate::protocol::scope::Scope;
 use crate::session::{DEFAULT_HISTORY_LIMIT, NewSession, SessionManager};
@@ -88,6 +89,28 @@ impl Handler {
                 .await
         {
             tracing::warn!(error = %e, "a created session could not be saved in the grant's scope");
+        }
+    }
+
+    /// Who a prompt of `caller` is from (`user.text` `from`): its transport, and for a
+    /// loopback client its subscriber and the label that subscriber was added with.
+    async fn sender(&self, caller: &Caller) -> PromptFrom {
+        match &caller.via {
+            Via::Ipc => PromptFrom {
+                via: PromptVia::Ipc,
+                subscriber_id: None,
+                client: None,
+            },
+            Via::Loopback { subscriber_id } => PromptFrom {
+                via: PromptVia::Ws,
+                client: self.subscribers.client_of(subscriber_id).await,
+                subscriber_id: Some(subscriber_id.clone()),
+            },
+            Via::Relay => PromptFrom {
+                via: PromptVia::Relay,
+                subscriber_id: None,
+                client: None,
+            },
         }
     }
 
@@ -244,7 +267,22 @@ impl Handler {
                     .await
                     .map_err(session_error)?;
                 let live = self.sessions.live(&p.session_id).await;
-                Reply::ok(SessionDetail { session, live })
+                let queue = self
+                    .sessions
+                    .queue(&p.session_id)
+                    .await
+                    .map_err(session_error)?;
+                let permission_rules = self
+                    .sessions
+                    .permission_rules(&p.session_id)
+                    .await
+                    .map_err(session_error)?;
+                Reply::ok(SessionDetail {
+                    session,
+                    live,
+                    queue,
+                    permission_rules,
+                })
             }
             Command::SessionActivate(p) => Reply::ok(
                 self.sessions
@@ -312,7 +350,12 @@ impl Handler {
             }
             Command::SessionSend(p) => Reply::ok(
                 self.sessions
-                    .send(&p.session_id, p.text, p.client_msg_id)
+                    .send_from(
+                        &p.session_id,
+                        p.text,
+                        p.client_msg_id,
+                        Some(self.sender(caller).await),
+                    )
                     .await
                     .map_err(session_error)?,
             ),
@@ -322,12 +365,52 @@ impl Handler {
                     .await
                     .map_err(session_error)?,
             ),
+            Command::SessionSteer(p) => Reply::ok(
+                self.sessions
+                    .steer_from(
+                        &p.session_id,
+                        p.text,
+                        p.client_msg_id,
+                        Some(self.sender(caller).await),
+                    )
+                    .await
+                    .map_err(session_error)?,
+            ),
+            Command::QueueEdit(p) => Reply::ok(
+                self.sessions
+                    .queue_edit(&p.session_id, p.run_id, p.text)
+                    .await
+                    .map_err(session_error)?,
+            ),
+            Command::QueueMove(p) => {
+                let position = usize::try_from(p.position).unwrap_or(usize::MAX);
+                let queue = self
+                    .sessions
+                    .queue_move(&p.session_id, p.run_id, position)
+                    .await
+                    .map_err(session_error)?;
+                Reply::ok(QueueOrder { queue })
+            }
+            Command::QueueRemove(p) => Reply::ok(
+                self.sessions
+                    .queue_remove(&p.session_id, p.run_id)
+                    .await
+                    .map_err(session_error)?,
+            ),
+            Command::QueueClear(p) => {
+                let removed = self
+                    .sessions
+                    .queue_clear(&p.session_id)
+                    .await
+                    .map_err(session_error)?;
+                Reply::ok(QueueCleared { removed })
+            }
             Command::PermissionRespond(p) => Reply::ok(
                 self.sessions
                     .respond_permission(
                         &p.session_id,
                         p.request_id,
-                        p.decision,
+                        p.answer,
                         p.message,
                         caller.by(),
                     )
@@ -456,6 +539,26 @@ fn authorize(caller: &Caller, command: &Command) -> Result<(), Reply> {
             access.session(&p.session_id)?;
             access.allows(scope.prompt, "cancelling runs")
         }
+        Command::SessionSteer(p) => {
+            access.session(&p.session_id)?;
+            access.allows(scope.prompt, "prompts")
+        }
+        Command::QueueEdit(p) => {
+            access.session(&p.session_id)?;
+            access.allows(scope.prompt, "prompts")
+        }
+        Command::QueueMove(p) => {
+            access.session(&p.session_id)?;
+            access.allows(scope.prompt, "prompts")
+        }
+        Command::QueueRemove(p) => {
+            access.session(&p.session_id)?;
+            access.allows(scope.prompt, "prompts")
+        }
+        Command::QueueClear(p) => {
+            access.session(&p.session_id)?;
+            access.allows(scope.prompt, "prompts")
+        }
         Command::SessionActivate(p) => {
             access.session(&p.session_id)?;
             access.allows(scope.prompt, "driving sessions")
@@ -575,6 +678,8 @@ mod tests {
                     EventBody::UserText(UserText {
                         text: format!("prompt {n}"),
                         client_msg_id: None,
+                        steer: false,
+                        from: None,
                     }),
                 );
                 let seq = self
@@ -590,6 +695,65 @@ mod tests {
             }
             (session.session_id, seqs)
         }
+    }
+
+    /// A prompt says who sent it: the transport, and for a loopback client its subscriber and
+    /// the label it was added with (kept by a renewed grant).
+    #[tokio::test]
+    async fn a_prompts_sender_comes_from_its_caller() {
+        let world = world().await;
+        let added = world
+            .call("subscriber.add", json!({"type": "local", "client": "web"}))
+            .await;
+        let web: crate::protocol::replies::Grant = added.data_as().unwrap();
+        let plain: crate::protocol::replies::Grant = world
+            .call("subscriber.add", json!({"type": "local"}))
+            .await
+            .data_as()
+            .unwrap();
+        let renewed = world
+            .call(
+                "subscriber.grant",
+                json!({"subscriber_id": web.subscriber_id}),
+            )
+            .await;
+        assert!(renewed.is_ok(), "{renewed:?}");
+        let refused = world
+            .call(
+                "subscriber.add",
+                json!({"type": "local", "client": "Web UI"}),
+            )
+            .await;
+        assert_eq!(refused.error_code(), Some(ErrorCode::InvalidParams));
+        let loopback = |id: &str| Caller {
+            via: Via::Loopback {
+                subscriber_id: id.to_owned(),
+            },
+            access: Access::new(Scope::all()),
+        };
+        let relay = Caller {
+            via: Via::Relay,
+            access: Access::new(Scope::all()),
+        };
+        let as_json = |from: PromptFrom| serde_json::to_value(from).unwrap();
+        let h = &world.handler;
+        assert_eq!(
+            as_json(h.sender(&Caller::ipc()).await),
+            json!({"via": "ipc"})
+        );
+        assert_eq!(as_json(h.sender(&relay).await), json!({"via": "relay"}));
+        assert_eq!(
+            as_json(h.sender(&loopback(&web.subscriber_id)).await),
+            json!({"via": "ws", "subscriberId": web.subscriber_id, "client": "web"})
+        );
+        assert_eq!(
+            as_json(h.sender(&loopback(&plain.subscriber_id)).await),
+            json!({"via": "ws", "subscriberId": plain.subscriber_id})
+        );
+        assert_eq!(
+            as_json(h.sender(&loopback("gone")).await),
+            json!({"via": "ws", "subscriberId": "gone"})
+        );
     }
 
     #[tokio::test]

@@ -2,11 +2,21 @@
 //! current run, its follow-up queue and its pending permission requests. Commands reach it
 //! through a channel, so everything a session does happens in one order:
 //!
-//! - `send`: the run id is allocated and the run row written at once, and the caller gets the
-//!   id before anything else happens. An idle session dispatches it; a busy one queues it
-//!   (at most [`MAX_QUEUE`]; past that the oldest waiting prompt is dropped with a visible
-//!   `warning` `followup_dropped` carrying its run id). Dispatch publishes `user.text` then
-//!   `run.start`, after the previous run's `run.end`.
+//! - `send`: the run id is allocated and the run row written at once (with the prompt's text
+//!   and, when it queues, its place in the queue), and the caller gets the id before anything
+//!   else happens. An idle session dispatches it; a busy one queues it (at most the configured
+//!   capacity; past that the oldest waiting prompt is dropped with a visible `warning`
+//!   `followup_dropped` naming its run and the start of its text). Dispatch publishes
+//!   `user.text` then `run.start`, after the previous run's `run.end`.
+//! - the queue is durable and visible: every change to it (a prompt queued, edited, moved,
+//!   removed, cleared, dropped, dispatched, restored) is written to the run rows first, then
+//!   published as one `queue.changed` bracket with the whole queue. A host that stops keeps its
+//!   queued prompts queued; the next one gives them back to the session's actor at its start
+//!   (`restored`), and they run in order.
+//! - `steer`: text for the running turn goes to the agent when its family can take it
+//!   ([`Capabilities::steer`](super::agent::Capabilities)) and is then published as a
+//!   `user.text` with `steer` in the running run; otherwise (or when the agent refuses it) it
+//!   queues at the head with a `warning` `steer_unsupported`: nothing claims the turn took it.
 //! - the agent is opened lazily on the first dispatch: a resume of the native id the session
 //!   row holds (or a fork, when someone else wrote or holds it), else a new native session. A
 //!   resume the agent rejects is reported (`error` `resume_rejected` and a `warning`) and the
@@ -37,7 +47,8 @@
 //!
 //! The code map: [`state`] is the state machine (one enum, its transitions, no I/O); `queue`
 //! takes prompts and dispatches them; `turn` runs them (agent output, ends, cancel, idle close);
-//! `open` decides and makes each open (ownership, capabilities, the binding check);
+//! `open` decides and makes each open (ownership, capabilities, the binding check); `steer`
+//! the input injected into a running turn;
 //! `permissions` the requests; `outage` the store's failures and recovery; `files` the session
 //! file's ownership (watch, tail, baselines); `stop` the end of the task; `publish` the one way
 //! out to the bus and the session state.
@@ -49,6 +60,7 @@ mod permissions;
 mod publish;
 mod queue;
 mod state;
+mod steer;
 mod stop;
 #[cfg(test)]
 mod tests;
@@ -65,15 +77,15 @@ use tokio::time::Instant;
 use super::SessionError;
 use super::agent::{AgentOutput, AgentSession, Launcher};
 use crate::bus::Bus;
+pub use crate::protocol::envelope::PermissionAnswer;
 pub use crate::protocol::envelope::PermissionDecision as Decision;
 use crate::protocol::events::ErrorCategory;
+use crate::protocol::events::{PermissionOption, PromptFrom};
 use crate::protocol::states::SessionState;
 use crate::store::{SessionRow, Store, StoreHealth};
 pub(super) use permissions::expire_permission;
 use state::{Binding, Link, State};
 
-/// Follow-ups waiting behind a busy run (design §8).
-pub const MAX_QUEUE: usize = 3;
 /// How long an interrupted turn may take to end before the agent's process group is killed.
 pub const CANCEL_GRACE: Duration = Duration::from_secs(3);
 /// How long a turn may take to wind down when the host stops.
@@ -88,8 +100,10 @@ const OUTAGE_RETRY: Duration = Duration::from_millis(200);
 pub const MAX_PROMPT_BYTES: usize = 256 * 1024;
 
 pub use crate::protocol::replies::{
-    ActivateReceipt, CancelOutcome, CancelReceipt, LiveStatus, PermissionReceipt, SendReceipt,
+    ActivateReceipt, CancelOutcome, CancelReceipt, LiveStatus, PermissionReceipt, QueueEdited,
+    QueueEntry, SendReceipt, SteerReceipt,
 };
+pub(super) use queue::Queued;
 
 pub(super) type Reply<T> = oneshot::Sender<Result<T, SessionError>>;
 
@@ -97,15 +111,48 @@ pub(super) enum Msg {
     Send {
         text: String,
         client_msg_id: Option<String>,
+        from: Option<PromptFrom>,
         reply: Reply<SendReceipt>,
     },
     Cancel {
         run_id: Option<String>,
         reply: Reply<CancelReceipt>,
     },
+    /// Text for the running turn (`session.steer`).
+    Steer {
+        text: String,
+        client_msg_id: Option<String>,
+        from: Option<PromptFrom>,
+        reply: Reply<SteerReceipt>,
+    },
+    /// A queued prompt's new text.
+    QueueEdit {
+        run_id: String,
+        text: String,
+        reply: Reply<QueueEdited>,
+    },
+    /// A queued prompt to another place (0: the head; past the end: the end).
+    QueueMove {
+        run_id: String,
+        position: usize,
+        reply: Reply<Vec<QueueEntry>>,
+    },
+    /// A queued prompt out of the queue (never a running run).
+    QueueRemove {
+        run_id: String,
+        reply: Reply<CancelReceipt>,
+    },
+    /// Every queued prompt out of the queue: their run ids.
+    QueueClear {
+        reply: Reply<Vec<String>>,
+    },
+    /// The queue, head first.
+    Queue {
+        reply: oneshot::Sender<Vec<QueueEntry>>,
+    },
     Permission {
         request_id: String,
-        decision: Decision,
+        answer: PermissionAnswer,
         message: Option<String>,
         by: String,
         reply: Reply<PermissionReceipt>,
@@ -119,7 +166,7 @@ pub(super) enum Msg {
     },
     /// The choices each pending permission request offers, by request id.
     PendingOptions {
-        reply: oneshot::Sender<HashMap<String, Vec<String>>>,
+        reply: oneshot::Sender<HashMap<String, Vec<PermissionOption>>>,
     },
     /// Stop the agent and end the task. `quiet`: publish nothing (the session is being
     /// deleted).
@@ -137,6 +184,8 @@ pub(super) struct Cx {
     store: Store,
     bus: Bus,
     launcher: Arc<dyn Launcher>,
+    /// How many prompts may wait in the queue.
+    capacity: usize,
 }
 
 pub(super) struct Actor {
@@ -150,7 +199,7 @@ pub(super) struct Actor {
     queue: VecDeque<queue::Queued>,
     /// The permission requests saved as pending and not answered yet: their offered choices,
     /// by request id. Non-empty during a run: the session is `waiting`.
-    pending: HashMap<String, Vec<String>>,
+    pending: HashMap<String, Vec<PermissionOption>>,
     /// The session state last published (and written to the row).
     published: SessionState,
     /// The native session file and the host's prompt ids, looked up once.
@@ -206,13 +255,17 @@ fn category_name(category: Option<ErrorCategory>) -> Option<String> {
 
 impl Actor {
     /// An actor for the session `row`, following the store's health on `health` (the store's
-    /// own watch, or a test's).
+    /// own watch, or a test's), holding at most `capacity` queued prompts. `restored`: the
+    /// prompts the store says are queued (a host stopped with them waiting), head first; the
+    /// actor publishes them and runs them, in order, as soon as it starts.
     pub(super) fn new(
         row: &SessionRow,
         store: Store,
         bus: Bus,
         launcher: Arc<dyn Launcher>,
         health: watch::Receiver<StoreHealth>,
+        capacity: usize,
+        restored: Vec<Queued>,
     ) -> Actor {
         let outages_seen = health.borrow().outages;
         Actor {
@@ -223,13 +276,14 @@ impl Actor {
                 store,
                 bus,
                 launcher,
+                capacity: capacity.max(1),
             },
             state: State::Cold {
                 next: state::NextOpen::Decide,
             },
             link: Link::Up,
             binding: Binding::of_row(row.native_session_id.clone(), row.fork_of.clone()),
-            queue: VecDeque::new(),
+            queue: VecDeque::from(restored),
             pending: HashMap::new(),
             published: row.state,
             files: files::FileCache::default(),
@@ -239,6 +293,10 @@ impl Actor {
     }
 
     pub(super) async fn run(mut self, mut inbox: mpsc::Receiver<Msg>) {
+        if !self.queue.is_empty() {
+            self.restore().await;
+            self.sync_state().await;
+        }
         let stop = loop {
             let deadline = self.state.run().and_then(state::Run::deadline);
             let idle = self.state.close_at();
@@ -286,20 +344,54 @@ impl Actor {
             Msg::Send {
                 text,
                 client_msg_id,
+                from,
                 reply,
-            } => self.on_send(text, client_msg_id, reply).await,
+            } => self.on_send(text, client_msg_id, from, reply).await,
             Msg::Cancel { run_id, reply } => {
                 let answer = self.on_cancel(run_id).await;
                 let _caller_gone = reply.send(answer);
             }
+            Msg::Steer {
+                text,
+                client_msg_id,
+                from,
+                reply,
+            } => self.on_steer(text, client_msg_id, from, reply).await,
+            Msg::QueueEdit {
+                run_id,
+                text,
+                reply,
+            } => {
+                let answer = self.on_queue_edit(run_id, text).await;
+                let _caller_gone = reply.send(answer);
+            }
+            Msg::QueueMove {
+                run_id,
+                position,
+                reply,
+            } => {
+                let answer = self.on_queue_move(run_id, position).await;
+                let _caller_gone = reply.send(answer);
+            }
+            Msg::QueueRemove { run_id, reply } => {
+                let answer = self.on_queue_remove(run_id).await;
+                let _caller_gone = reply.send(answer);
+            }
+            Msg::QueueClear { reply } => {
+                let answer = self.on_queue_clear().await;
+                let _caller_gone = reply.send(answer);
+            }
+            Msg::Queue { reply } => {
+                let _caller_gone = reply.send(self.queue_entries());
+            }
             Msg::Permission {
                 request_id,
-                decision,
+                answer,
                 message,
                 by,
                 reply,
             } => {
-                let answer = self.on_permission(request_id, decision, message, by).await;
+                let answer = self.on_permission(request_id, answer, message, by).await;
                 let _caller_gone = reply.send(answer);
             }
             Msg::Activate { reply } => {

@@ -4,7 +4,7 @@
 //!
 //! - [`AgentSession`] is the handle of one running agent. Every family's driver is one task
 //!   that owns its process and talks to the handle by two channels: [`AgentInput`] in
-//!   (prompt, permission answer, interrupt, close) and [`AgentOutput`] out (canonical event
+//!   (prompt, permission answer, interrupt, steer, close) and [`AgentOutput`] out (canonical event
 //!   bodies, then one `Exited`).
 //! - [`AdapterError`] carries one of the shared error categories, everywhere.
 //! - [`AdapterError::prompt_not_sent`] and [`AdapterError::result_unknown`] are the one rule for
@@ -43,7 +43,9 @@ use std::time::Duration;
 use serde_json::Value;
 use tokio::sync::{mpsc, oneshot};
 
-use crate::protocol::events::{ErrorCategory, ErrorNotice, EventBody, RunEnd, RunState};
+use crate::protocol::events::{
+    ErrorCategory, ErrorNotice, EventBody, PermissionOption, RunEnd, RunState,
+};
 
 /// An adapter failure, always with one of the shared categories.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -209,21 +211,38 @@ pub enum AgentInput {
     /// Start a turn with this prompt; `id` (the host's run id) names the prompt where the
     /// family can carry it into its session file.
     Prompt { text: String, id: String },
-    /// Answer a `permission.request`.
+    /// Answer a `permission.request`: `option` is the one of the agent's own options that was
+    /// chosen (`None`: a plain yes/no, `allow`), which the driver passes on natively (Claude:
+    /// an allow with the suggested permission updates; Codex: its decision; ACP: the
+    /// `optionId`).
     Permission {
         request_id: String,
         allow: bool,
+        option: Option<PermissionOption>,
         input: Value,
         message: Option<String>,
     },
     /// Interrupt the current turn; the process stays.
     Interrupt,
+    /// Inject `text` into the running turn (the family's `Capabilities::steer`); `id` is the
+    /// run it joins. `reply` says whether the agent took it: an error means the turn was not
+    /// influenced (no turn running, a family that cannot steer, the agent refused), and the
+    /// session layer then queues the text instead. A driver that cannot steer answers an
+    /// error at once.
+    Steer {
+        text: String,
+        id: String,
+        reply: oneshot::Sender<Result<(), AdapterError>>,
+    },
     /// Close stdin, let the process finish, stop its group after `grace`.
     Close {
         grace: Duration,
         done: oneshot::Sender<()>,
     },
 }
+
+/// How long [`AgentSession::steer`] waits for the driver's answer.
+pub const STEER_WAIT: Duration = Duration::from_secs(15);
 
 /// A live agent. Dropping it closes the process (its driver stops the group after a short
 /// grace).
@@ -274,7 +293,7 @@ impl AgentSession {
             .map_err(|_| AdapterError::prompt_not_sent("the agent process is gone"))
     }
 
-    /// Answer a `permission.request`.
+    /// Answer a `permission.request` yes or no (the driver picks the agent's plain option).
     pub async fn respond_permission(
         &self,
         request_id: &str,
@@ -285,10 +304,61 @@ impl AgentSession {
         self.request(AgentInput::Permission {
             request_id: request_id.to_owned(),
             allow,
+            option: None,
             input: input.clone(),
             message: message.map(str::to_owned),
         })
         .await
+    }
+
+    /// Answer a `permission.request` with one of the options it offered.
+    pub async fn choose_permission(
+        &self,
+        request_id: &str,
+        option: &PermissionOption,
+        input: &Value,
+        message: Option<&str>,
+    ) -> Result<(), AdapterError> {
+        self.request(AgentInput::Permission {
+            request_id: request_id.to_owned(),
+            allow: option.kind.allows(),
+            option: Some(option.clone()),
+            input: input.clone(),
+            message: message.map(str::to_owned),
+        })
+        .await
+    }
+
+    /// Inject `text` into the running turn, named by its run id (`AgentInput::Steer`). `Ok`
+    /// means the agent took it into that turn; an error means it did not (nothing running to
+    /// steer, a family that cannot, the agent refused, the process gone), so the turn was
+    /// not influenced. The answer is awaited for at most [`STEER_WAIT`] (the caller takes no
+    /// events meanwhile, and a driver may be waiting for room to send them): a driver finds
+    /// a steer whose caller stopped waiting abandoned and never sends it.
+    pub async fn steer(&self, text: &str, id: &str) -> Result<(), AdapterError> {
+        let (reply, answer) = oneshot::channel();
+        self.request(AgentInput::Steer {
+            text: text.to_owned(),
+            id: id.to_owned(),
+            reply,
+        })
+        .await?;
+        match tokio::time::timeout(STEER_WAIT, answer).await {
+            Ok(Ok(taken)) => taken,
+            Ok(Err(_)) => Err(AdapterError::new(
+                ErrorCategory::TransportLost,
+                "the agent process went before it took the steer",
+            )),
+            // Most often never sent (the driver drops a steer nobody waits for); if it was
+            // already on its way, the agent may still take it.
+            Err(_) => Err(AdapterError::new(
+                ErrorCategory::ResultDeliveryUnknown,
+                format!(
+                    "the agent did not answer the steer within {} s",
+                    STEER_WAIT.as_secs()
+                ),
+            )),
+        }
     }
 
     /// Interrupt the current turn; the process stays for the next one. The turn ends with

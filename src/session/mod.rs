@@ -25,15 +25,16 @@ use tokio::task::JoinHandle;
 use tracing::Instrument;
 
 pub use actor::{
-    ActivateReceipt, CancelReceipt, Decision, LiveStatus, MAX_PROMPT_BYTES, MAX_QUEUE,
-    PermissionReceipt, SendReceipt,
+    ActivateReceipt, CancelReceipt, Decision, LiveStatus, MAX_PROMPT_BYTES, PermissionReceipt,
+    QueueEdited, QueueEntry, SendReceipt, SteerReceipt,
 };
 pub use agent::{Launcher, NativeFile, NoAgents};
 
 use crate::bus::Bus;
 use crate::protocol::envelope::HistoryFrom;
 use crate::protocol::events::{
-    Event, EventBody, Notice, RunEnd, RunState, SessionForked, SessionStateChange,
+    Event, EventBody, Notice, PermissionOption, PromptFrom, RunEnd, RunState, SessionForked,
+    SessionStateChange,
 };
 use crate::protocol::states::{PermissionState, RunStatus, SessionState};
 use crate::store::{SessionRow, Store, StoreError, StoreHealth, StoredEvent, now_ms};
@@ -108,8 +109,22 @@ pub enum SessionError {
     AgentUnavailable(String),
     #[error("run not found: {0}")]
     RunNotFound(String),
+    /// The run exists but does not wait in the queue (any more): it runs, ran, or was taken
+    /// out.
+    #[error("run {run_id} is not queued (it is {state})")]
+    NotQueued { run_id: String, state: RunStatus },
     #[error("no permission request {0:?} in this session")]
     PermissionNotFound(String),
+    /// `permission.respond` named an option its request does not offer.
+    #[error(
+        "permission request {request_id:?} offers no option {option_id:?}; it offers: {}",
+        offered.join(", ")
+    )]
+    UnknownOption {
+        request_id: String,
+        option_id: String,
+        offered: Vec<String>,
+    },
     #[error("permission request {request_id:?} was already resolved ({decision} by {by})")]
     AlreadyResolved {
         request_id: String,
@@ -172,6 +187,8 @@ pub struct SessionManager {
     launcher: Arc<dyn Launcher>,
     /// The store's health as the sessions follow it (the store's own watch; a test's).
     health: tokio::sync::watch::Receiver<StoreHealth>,
+    /// How many prompts may wait in one session's queue.
+    queue_capacity: usize,
     actors: Arc<Mutex<Actors>>,
 }
 
@@ -193,8 +210,16 @@ impl SessionManager {
             bus,
             launcher,
             health,
+            queue_capacity: crate::config::DEFAULT_QUEUE_CAPACITY,
             actors: Arc::new(Mutex::new(Actors::default())),
         }
+    }
+
+    /// At most `capacity` prompts wait in one session's queue (`queue_capacity` in
+    /// `config.toml`); past that the oldest is dropped, visibly.
+    pub fn with_queue_capacity(mut self, capacity: usize) -> SessionManager {
+        self.queue_capacity = capacity.max(1);
+        self
     }
 
     fn lock_actors(&self) -> std::sync::MutexGuard<'_, Actors> {
@@ -219,6 +244,9 @@ impl SessionManager {
                 row.agent_type
             )));
         }
+        // What the store holds queued for the session (a host stopped with prompts waiting)
+        // is the new actor's queue.
+        let restored = self.stored_queue(session_id).await?;
         let mut actors = self.lock_actors();
         if actors.closed {
             return Err(SessionError::ShuttingDown);
@@ -238,6 +266,8 @@ impl SessionManager {
             self.bus.clone(),
             self.launcher.clone(),
             self.health.clone(),
+            self.queue_capacity,
+            restored,
         );
         let span = tracing::info_span!("session", session_id = %row.session_id);
         let task = tokio::spawn(actor.run(messages).instrument(span));
@@ -249,6 +279,31 @@ impl SessionManager {
             },
         );
         Ok(inbox)
+    }
+
+    /// The queued runs the store holds for a session, as an actor's queue (head first; a run
+    /// without its text, of a host before schema 6, is left out: recovery drops it).
+    async fn stored_queue(&self, session_id: &str) -> Result<Vec<actor::Queued>, SessionError> {
+        let mut queue = Vec::new();
+        for stored in self.store.queued_runs(session_id.to_owned()).await? {
+            let Some(text) = stored.prompt else {
+                continue;
+            };
+            let lifecycle = self
+                .store
+                .run_lifecycle(session_id.to_owned(), stored.run.run_id.clone())
+                .await?;
+            queue.push(actor::Queued {
+                announced: lifecycle.iter().any(|(kind, _)| kind == "user.text"),
+                run_id: stored.run.run_id,
+                text,
+                client_msg_id: stored.run.client_msg_id,
+                created_at_ms: stored.run.created_at_ms,
+                pos: stored.queue_pos.unwrap_or(0),
+                from: stored.sender,
+            });
+        }
+        Ok(queue)
     }
 
     /// Send a message to the session's actor and wait for its answer.
@@ -299,30 +354,188 @@ impl SessionManager {
         text: String,
         client_msg_id: Option<String>,
     ) -> Result<SendReceipt, SessionError> {
-        if text.trim().is_empty() {
-            return Err(SessionError::InvalidParams("text is empty".to_owned()));
-        }
-        if text.len() > MAX_PROMPT_BYTES {
-            return Err(SessionError::InvalidParams(format!(
-                "text is {} bytes; the limit is {MAX_PROMPT_BYTES}",
-                text.len()
-            )));
-        }
-        if client_msg_id
-            .as_ref()
-            .is_some_and(|k| k.is_empty() || k.len() > 256)
-        {
-            return Err(SessionError::InvalidParams(
-                "client_msg_id must be 1 to 256 bytes".to_owned(),
-            ));
-        }
+        self.send_from(session_id, text, client_msg_id, None).await
+    }
+
+    /// [`SessionManager::send`] saying who sent the prompt (its `user.text` `from`, kept with
+    /// a queued run).
+    pub async fn send_from(
+        &self,
+        session_id: &str,
+        text: String,
+        client_msg_id: Option<String>,
+        from: Option<PromptFrom>,
+    ) -> Result<SendReceipt, SessionError> {
+        check_prompt(&text, client_msg_id.as_deref())?;
         self.writable()?;
         self.ask(session_id, |reply| actor::Msg::Send {
             text,
             client_msg_id,
+            from,
             reply,
         })
         .await
+    }
+
+    /// Give the running turn more input (`session.steer`): into the turn where the agent's
+    /// family can take it, else at the head of the queue (a `warning` `steer_unsupported`
+    /// says so); with no turn running, a plain send.
+    pub async fn steer(
+        &self,
+        session_id: &str,
+        text: String,
+        client_msg_id: Option<String>,
+    ) -> Result<SteerReceipt, SessionError> {
+        self.steer_from(session_id, text, client_msg_id, None).await
+    }
+
+    /// [`SessionManager::steer`] saying who sent the text.
+    pub async fn steer_from(
+        &self,
+        session_id: &str,
+        text: String,
+        client_msg_id: Option<String>,
+        from: Option<PromptFrom>,
+    ) -> Result<SteerReceipt, SessionError> {
+        check_prompt(&text, client_msg_id.as_deref())?;
+        self.writable()?;
+        self.ask(session_id, |reply| actor::Msg::Steer {
+            text,
+            client_msg_id,
+            from,
+            reply,
+        })
+        .await
+    }
+
+    /// The session's queue, head first: its actor's, or what the store holds when none runs.
+    pub async fn queue(&self, session_id: &str) -> Result<Vec<QueueEntry>, SessionError> {
+        let inbox = self
+            .lock_actors()
+            .by_session
+            .get(session_id)
+            .map(|h| h.inbox.clone());
+        if let Some(inbox) = inbox {
+            let (reply, answer) = oneshot::channel();
+            if inbox.send(actor::Msg::Queue { reply }).await.is_ok()
+                && let Ok(queue) = answer.await
+            {
+                return Ok(queue);
+            }
+        }
+        Ok(self
+            .stored_queue(session_id)
+            .await?
+            .into_iter()
+            .map(|q| QueueEntry {
+                run_id: q.run_id,
+                text: q.text,
+                client_msg_id: q.client_msg_id,
+                created_at_ms: q.created_at_ms,
+                from: q.from,
+            })
+            .collect())
+    }
+
+    /// Whether the session has a queue to change: its actor runs, or the store holds queued
+    /// runs for it (its actor is then started, which takes them). An actor is never started
+    /// only to answer that nothing is queued.
+    async fn has_queue(&self, session_id: &str) -> Result<bool, SessionError> {
+        if self.is_live(session_id) {
+            return Ok(true);
+        }
+        self.get(session_id).await?;
+        Ok(!self
+            .store
+            .queued_runs(session_id.to_owned())
+            .await?
+            .is_empty())
+    }
+
+    /// Why `run_id` is not in a session's queue, as the store says.
+    async fn not_queued(&self, session_id: &str, run_id: String) -> SessionError {
+        let found = self
+            .store
+            .find_run(
+                session_id.to_owned(),
+                crate::protocol::envelope::RunRef::RunId(run_id.clone()),
+            )
+            .await;
+        match found {
+            Ok(Some(row)) => SessionError::NotQueued {
+                run_id,
+                state: row.state,
+            },
+            Ok(None) => SessionError::RunNotFound(format!("no run {run_id} in this session")),
+            Err(e) => e.into(),
+        }
+    }
+
+    /// A queued prompt's new text (`queue.edit`).
+    pub async fn queue_edit(
+        &self,
+        session_id: &str,
+        run_id: String,
+        text: String,
+    ) -> Result<QueueEdited, SessionError> {
+        check_prompt(&text, None)?;
+        self.writable()?;
+        if !self.has_queue(session_id).await? {
+            return Err(self.not_queued(session_id, run_id).await);
+        }
+        self.ask(session_id, |reply| actor::Msg::QueueEdit {
+            run_id,
+            text,
+            reply,
+        })
+        .await
+    }
+
+    /// Move a queued prompt (`queue.move`; 0 is the head, past the end the end): the queue
+    /// after the move.
+    pub async fn queue_move(
+        &self,
+        session_id: &str,
+        run_id: String,
+        position: usize,
+    ) -> Result<Vec<QueueEntry>, SessionError> {
+        self.writable()?;
+        if !self.has_queue(session_id).await? {
+            return Err(self.not_queued(session_id, run_id).await);
+        }
+        self.ask(session_id, |reply| actor::Msg::QueueMove {
+            run_id,
+            position,
+            reply,
+        })
+        .await
+    }
+
+    /// Take a queued prompt out of the queue (`queue.remove`): it never runs.
+    pub async fn queue_remove(
+        &self,
+        session_id: &str,
+        run_id: String,
+    ) -> Result<CancelReceipt, SessionError> {
+        self.writable()?;
+        if !self.has_queue(session_id).await? {
+            return Err(self.not_queued(session_id, run_id).await);
+        }
+        self.ask(session_id, |reply| actor::Msg::QueueRemove {
+            run_id,
+            reply,
+        })
+        .await
+    }
+
+    /// Take every queued prompt out (`queue.clear`): their run ids, head first.
+    pub async fn queue_clear(&self, session_id: &str) -> Result<Vec<String>, SessionError> {
+        self.writable()?;
+        if !self.has_queue(session_id).await? {
+            return Ok(Vec::new());
+        }
+        self.ask(session_id, |reply| actor::Msg::QueueClear { reply })
+            .await
     }
 
     /// Start (or resume) the session's agent now, without a prompt, so the first prompt does not
@@ -359,10 +572,11 @@ impl SessionManager {
         &self,
         session_id: &str,
         request_id: String,
-        decision: Decision,
+        answer: impl Into<actor::PermissionAnswer>,
         message: Option<String>,
         by: String,
     ) -> Result<PermissionReceipt, SessionError> {
+        let answer = answer.into();
         self.writable()?;
         // A request the host no longer tracks (e.g. after a restart) is answered from the
         // store without starting an agent for it.
@@ -389,7 +603,7 @@ impl SessionManager {
         }
         self.ask(session_id, |reply| actor::Msg::Permission {
             request_id,
-            decision,
+            answer,
             message,
             by,
             reply,
@@ -423,7 +637,7 @@ impl SessionManager {
             .store
             .pending_permissions(session_id.map(str::to_owned))
             .await?;
-        let mut offered: HashMap<String, HashMap<String, Vec<String>>> = HashMap::new();
+        let mut offered: HashMap<String, HashMap<String, Vec<PermissionOption>>> = HashMap::new();
         let mut pending = Vec::with_capacity(rows.len());
         for row in rows {
             if !offered.contains_key(&row.session_id) {
@@ -460,7 +674,10 @@ impl SessionManager {
 
     /// The choices of a live session's pending requests, by request id; `None` when no actor
     /// runs for it (none is started for the question).
-    async fn live_options(&self, session_id: &str) -> Option<HashMap<String, Vec<String>>> {
+    async fn live_options(
+        &self,
+        session_id: &str,
+    ) -> Option<HashMap<String, Vec<PermissionOption>>> {
         let inbox = self
             .lock_actors()
             .by_session
@@ -474,16 +691,25 @@ impl SessionManager {
         answer.await.ok()
     }
 
-    /// Close what a host that stopped (or crashed) left open, each visibly: pending permission
-    /// requests expire; a run the event log shows started but not ended ends `interrupted`; a
-    /// prompt that never started is dropped. The event log decides, not the row: a terminal
-    /// event is committed before its row, so a crash in between leaves a row to fix and no
-    /// event to repeat. Sessions still marked `running` or `waiting` go back to `idle`, each
-    /// with its `session.state`.
+    /// Close what a host that stopped (or crashed) left open, each visibly, and give each
+    /// session back its queue: pending permission requests expire; a run the event log shows
+    /// started but not ended ends `interrupted`; a prompt still queued stays queued, and its
+    /// session's actor is started, which publishes the queue (`queue.changed` `restored`) and
+    /// runs it in order. A queued prompt without its text (a host before schema 6 took it) or
+    /// that no agent of this build can run is dropped instead, as is one that started and never
+    /// got its `run.start`. The event log decides, not the row: a terminal event is committed
+    /// before its row, so a crash in between leaves a row to fix and no event to repeat.
+    /// Sessions still marked `running` or `waiting` go back to `idle`, each with its
+    /// `session.state`, before any queue runs.
     pub async fn recover(&self) -> Result<(), SessionError> {
         for row in self.store.pending_permissions(None).await? {
             actor::expire_permission(&self.store, &self.bus, row).await;
         }
+        // Per session: whether its queued prompts can run again here, and which of them have
+        // their text.
+        let mut runnable: HashMap<String, bool> = HashMap::new();
+        let mut texts: HashMap<String, std::collections::HashSet<String>> = HashMap::new();
+        let mut restore: Vec<String> = Vec::new();
         for run in self.store.unfinished_runs().await? {
             let lifecycle = self
                 .store
@@ -492,9 +718,49 @@ impl SessionManager {
             let Recovered {
                 state,
                 category,
-                message,
-                publish,
+                mut message,
+                mut publish,
+                never_started,
             } = recovered(&lifecycle);
+            if run.state == RunStatus::Queued && never_started {
+                let sid = run.session_id.clone();
+                if !runnable.contains_key(&sid) {
+                    let runs = match self.store.get_session(sid.clone()).await? {
+                        Some(row) => self.launcher.runs_turns(&row.agent_type),
+                        None => false,
+                    };
+                    runnable.insert(sid.clone(), runs);
+                }
+                if !texts.contains_key(&sid) {
+                    let with_text = self
+                        .store
+                        .queued_runs(sid.clone())
+                        .await?
+                        .into_iter()
+                        .filter(|q| q.prompt.is_some())
+                        .map(|q| q.run.run_id)
+                        .collect();
+                    texts.insert(sid.clone(), with_text);
+                }
+                let has_text = texts.get(&sid).is_some_and(|t| t.contains(&run.run_id));
+                if has_text && runnable.get(&sid) == Some(&true) {
+                    tracing::info!(run_id = %run.run_id, "a prompt the last host left queued waits again");
+                    if !restore.contains(&sid) {
+                        restore.push(sid);
+                    }
+                    continue;
+                }
+                if has_text {
+                    let why = "no agent of this host can run this session's prompts; this \
+                               queued prompt was dropped"
+                        .to_owned();
+                    message = Some(why.clone());
+                    publish = Some(EventBody::Warning(Notice {
+                        code: "followup_dropped".to_owned(),
+                        message: why,
+                    }));
+                }
+            }
             tracing::info!(run_id = %run.run_id, %state, "closing a run the last host left open");
             if let Some(body) = publish {
                 let event = Event::new(&run.session_id, Some(run.run_id.clone()), body);
@@ -528,11 +794,50 @@ impl SessionManager {
                 }
             }
         }
+        // Each queue goes on in its session's actor.
+        for session_id in restore {
+            if let Err(e) = self.inbox(&session_id).await {
+                tracing::error!(error = %e, %session_id, "a restored queue has no actor; dropped");
+                self.drop_stored_queue(&session_id, &e.to_string()).await?;
+            }
+        }
         Ok(())
     }
 
-    /// Stop every actor (queued prompts dropped, running turns interrupted, agents closed) and
-    /// refuse new ones. Their last events are published before this returns.
+    /// Drop every prompt the store holds queued for a session, each with its `warning`
+    /// (committed before its row).
+    async fn drop_stored_queue(&self, session_id: &str, why: &str) -> Result<(), SessionError> {
+        for stored in self.store.queued_runs(session_id.to_owned()).await? {
+            let message = format!("this queued prompt cannot run after the restart: {why}");
+            let event = Event::new(
+                session_id,
+                Some(stored.run.run_id.clone()),
+                EventBody::Warning(Notice {
+                    code: "followup_dropped".to_owned(),
+                    message: message.clone(),
+                }),
+            );
+            match self.bus.publish(&event).await {
+                Ok(receipt) => {
+                    if let Err(e) = receipt.committed().await {
+                        tracing::error!(error = %e, "a dropped prompt's warning was not committed");
+                        continue;
+                    }
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, "publishing a dropped prompt's warning failed");
+                    continue;
+                }
+            }
+            self.store
+                .set_run_state(stored.run.run_id, RunStatus::Dropped, None, Some(message))
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// Stop every actor (running turns interrupted, agents closed; queued prompts stay queued
+    /// in the store, for the next start) and refuse new ones. Their last events are published before this returns.
     pub async fn shutdown(&self) {
         let handles: Vec<ActorHandle> = {
             let mut actors = self.lock_actors();
@@ -767,6 +1072,14 @@ impl SessionManager {
             .ok_or_else(|| SessionError::NotFound(session_id.to_owned()))
     }
 
+    /// The "allow always" rules accepted in a session, oldest first.
+    pub async fn permission_rules(
+        &self,
+        session_id: &str,
+    ) -> Result<Vec<crate::protocol::replies::PermissionRule>, SessionError> {
+        Ok(self.store.permission_rules(session_id.to_owned()).await?)
+    }
+
     pub async fn list(&self) -> Result<Vec<SessionRow>, SessionError> {
         Ok(self.store.list_sessions().await?)
     }
@@ -865,6 +1178,9 @@ struct Recovered {
     category: Option<String>,
     message: Option<String>,
     publish: Option<EventBody>,
+    /// The log shows nothing of it: no start, no end, no retirement (a queued prompt, or one
+    /// whose dispatch never got its `run.start`).
+    never_started: bool,
 }
 
 fn recovered(lifecycle: &[(String, String)]) -> Recovered {
@@ -883,6 +1199,7 @@ fn recovered(lifecycle: &[(String, String)]) -> Recovered {
             category: text(&end, "category"),
             message: text(&end, "message"),
             publish: None,
+            never_started: false,
         };
     }
     let retired = lifecycle.iter().find_map(|(k, p)| {
@@ -901,6 +1218,7 @@ fn recovered(lifecycle: &[(String, String)]) -> Recovered {
             category: None,
             message,
             publish: None,
+            never_started: false,
         };
     }
     if payload_of("run.start").is_some() {
@@ -914,6 +1232,7 @@ fn recovered(lifecycle: &[(String, String)]) -> Recovered {
                 category: None,
                 message: Some(message),
             })),
+            never_started: false,
         };
     }
     let message = "the host stopped before this prompt ran".to_owned();
@@ -925,7 +1244,27 @@ fn recovered(lifecycle: &[(String, String)]) -> Recovered {
             code: "followup_dropped".to_owned(),
             message,
         })),
+        never_started: true,
     }
+}
+
+/// A prompt's text (and its idempotency key) as every command that takes one checks it.
+fn check_prompt(text: &str, client_msg_id: Option<&str>) -> Result<(), SessionError> {
+    if text.trim().is_empty() {
+        return Err(SessionError::InvalidParams("text is empty".to_owned()));
+    }
+    if text.len() > MAX_PROMPT_BYTES {
+        return Err(SessionError::InvalidParams(format!(
+            "text is {} bytes; the limit is {MAX_PROMPT_BYTES}",
+            text.len()
+        )));
+    }
+    if client_msg_id.is_some_and(|k| k.is_empty() || k.len() > 256) {
+        return Err(SessionError::InvalidParams(
+            "client_msg_id must be 1 to 256 bytes".to_owned(),
+        ));
+    }
+    Ok(())
 }
 
 fn title_fits(title: &str) -> Result<(), SessionError> {

@@ -110,6 +110,13 @@ async fn drive(
                 end(RunState::Completed)
             }
             AgentInput::Interrupt => end(RunState::Cancelled),
+            AgentInput::Steer { reply, .. } => {
+                let _unwaited = reply.send(Err(AdapterError::new(
+                    ErrorCategory::ProtocolIncompatible,
+                    "the scripted agent cannot steer",
+                )));
+                continue;
+            }
             AgentInput::Close { done, .. } => {
                 let _closed = done.send(());
                 return;
@@ -261,7 +268,8 @@ async fn a_pending_permission_makes_the_session_waiting_until_the_last_is_answer
         .unwrap();
     let ids: Vec<&str> = pending.iter().map(|p| p.request_id.as_str()).collect();
     assert_eq!(ids, ["p0", "p1"]);
-    assert_eq!(pending[0].options, ["allow", "deny", "allow_always"]);
+    let ids: Vec<&str> = pending[0].options.iter().map(|o| o.id.as_str()).collect();
+    assert_eq!(ids, ["allow", "deny", "allow_always"]);
     assert_eq!(pending[1].input, json!({"command": "ls 1"}));
     assert_eq!(pending[0].run_id.as_deref(), Some(run.as_str()));
     assert_eq!(pending[0].tool, "Bash");

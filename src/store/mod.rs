@@ -37,7 +37,7 @@ use serde::Serialize;
 use crate::protocol::states::SessionState;
 use tokio::sync::{mpsc, oneshot};
 
-pub use runs::{PermissionRow, Resolve, RunInsert, StoredBaseline};
+pub use runs::{PermissionRow, QueuedRun, Resolve, RunInsert, StoredBaseline};
 pub use schema::SCHEMA_VERSION;
 pub use sessions::{
     DEFAULT_SESSION_PAGE, MAX_SESSION_PAGE, PREVIEW_CHARS, SessionListRow, SessionPage,
@@ -209,6 +209,9 @@ pub struct SubscriberRow {
     /// What the subscriber may see, as JSON; the store keeps it without reading it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub scope: Option<String>,
+    /// The client label it was added with (`subscriber.add` `client`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client: Option<String>,
 }
 
 /// One page of catch-up: the rows, and the largest `sequence_id` in the whole table at the
@@ -524,6 +527,10 @@ impl Store {
                 [&session_id],
             )?;
             tx.execute(
+                "DELETE FROM permission_rules WHERE session_id = ?1",
+                [&session_id],
+            )?;
+            tx.execute(
                 "DELETE FROM session_baselines WHERE session_id = ?1",
                 [&session_id],
             )?;
@@ -693,7 +700,7 @@ impl Store {
             conn.execute(
                 "INSERT INTO subscribers (id, type, session_id, forward_deltas, replay_mode, \
                  max_count, most_recent_sequence_id, deltas_dropped, created_at, updated_at, \
-                 scope) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
+                 scope, client) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
                 params![
                     row.subscriber_id,
                     row.kind,
@@ -705,7 +712,8 @@ impl Store {
                     row.deltas_dropped,
                     row.created_at_ms,
                     row.updated_at_ms,
-                    row.scope
+                    row.scope,
+                    row.client
                 ],
             )?;
             Ok(())
@@ -838,8 +846,8 @@ fn event_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<StoredEvent> {
 }
 
 const SUBSCRIBER_SELECT: &str = "SELECT id, type, session_id, forward_deltas, replay_mode, \
-     max_count, most_recent_sequence_id, deltas_dropped, created_at, updated_at, scope \
-     FROM subscribers";
+     max_count, most_recent_sequence_id, deltas_dropped, created_at, updated_at, scope, \
+     client FROM subscribers";
 
 fn subscriber_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<SubscriberRow> {
     Ok(SubscriberRow {
@@ -854,6 +862,7 @@ fn subscriber_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<SubscriberRow>
         created_at_ms: r.get(8)?,
         updated_at_ms: r.get(9)?,
         scope: r.get(10)?,
+        client: r.get(11)?,
     })
 }
 
@@ -1470,6 +1479,7 @@ mod tests {
                     created_at_ms: 1,
                     updated_at_ms: 1,
                     scope: None,
+                    client: None,
                 })
                 .await
                 .unwrap();
@@ -1545,6 +1555,7 @@ mod tests {
             created_at_ms: 1,
             updated_at_ms: 1,
             scope: Some(r#"{"sessions":["a"]}"#.into()),
+            client: Some("follow".into()),
         };
         store.insert_subscriber(row).await.unwrap();
         let update = |seq| CursorUpdate {
@@ -1558,6 +1569,7 @@ mod tests {
         assert_eq!(got.most_recent_sequence_id, 9);
         assert_eq!(got.deltas_dropped, 2);
         assert_eq!(got.scope.as_deref(), Some(r#"{"sessions":["a"]}"#));
+        assert_eq!(got.client.as_deref(), Some("follow"));
         drop(store);
         threads.shutdown().await;
     }

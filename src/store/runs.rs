@@ -1,4 +1,4 @@
-//! Runs, permission requests and the session fields a live agent updates: the durable state
+//! Runs, permission requests (and the rules accepted answers keep) and the session fields a live agent updates: the durable state
 //! of the session actors (design §8). Every mutation here is one writer-thread job, so two
 //! answers to one permission request are decided in one place, in order.
 
@@ -7,6 +7,8 @@ use serde::Serialize;
 
 use super::{RunRow, Store, StoreResult, now_ms};
 use crate::protocol::envelope::RunRef;
+use crate::protocol::events::{PermissionOption, PromptFrom};
+use crate::protocol::replies::PermissionRule;
 use crate::protocol::states::{PermissionState, RunStatus, SessionState};
 
 /// What inserting a run found.
@@ -106,9 +108,43 @@ fn permission_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<PermissionRow>
     })
 }
 
+/// A `queued` run as the store keeps it: its row, the prompt's text (`None` for a run of a host
+/// before schema 6) and its place in the queue.
+#[derive(Debug, Clone, PartialEq)]
+pub struct QueuedRun {
+    pub run: RunRow,
+    pub prompt: Option<String>,
+    pub queue_pos: Option<i64>,
+    /// Who sent the prompt (`None` before schema 8, or a sender that does not read).
+    pub sender: Option<PromptFrom>,
+}
+
 impl Store {
     /// Insert a run, unless its `client_msg_id` was seen in this session before.
     pub async fn insert_run(&self, row: RunRow) -> StoreResult<RunInsert> {
+        self.insert_prompt_run(row, None, None).await
+    }
+
+    /// Insert a run with its prompt's text and, for a queued one, its place in the queue
+    /// (lower first), unless its `client_msg_id` was seen in this session before.
+    pub async fn insert_prompt_run(
+        &self,
+        row: RunRow,
+        prompt: Option<String>,
+        queue_pos: Option<i64>,
+    ) -> StoreResult<RunInsert> {
+        self.insert_sent_run(row, prompt, queue_pos, None).await
+    }
+
+    /// [`Store::insert_prompt_run`] with who sent the prompt (kept as JSON in `runs.sender`).
+    pub async fn insert_sent_run(
+        &self,
+        row: RunRow,
+        prompt: Option<String>,
+        queue_pos: Option<i64>,
+        sender: Option<PromptFrom>,
+    ) -> StoreResult<RunInsert> {
+        let sender = sender.and_then(|s| serde_json::to_string(&s).ok());
         self.write(move |conn| {
             let tx = conn.transaction()?;
             if let Some(key) = &row.client_msg_id {
@@ -124,7 +160,8 @@ impl Store {
             }
             tx.execute(
                 "INSERT INTO runs (id, session_id, state, client_msg_id, error_category, \
-                 created_at, ended_at, message) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+                 created_at, ended_at, message, prompt, queue_pos, sender) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
                 params![
                     row.run_id,
                     row.session_id,
@@ -133,7 +170,10 @@ impl Store {
                     row.error_category,
                     row.created_at_ms,
                     row.ended_at_ms,
-                    row.message
+                    row.message,
+                    prompt,
+                    queue_pos,
+                    sender
                 ],
             )?;
             tx.commit()?;
@@ -164,6 +204,62 @@ impl Store {
                 ],
             )?;
             Ok(())
+        })
+        .await
+    }
+
+    /// A queued run's new prompt text; `false` when the run is not (or no longer) queued.
+    pub async fn set_run_prompt(&self, run_id: String, prompt: String) -> StoreResult<bool> {
+        self.write(move |conn| {
+            let changed = conn.execute(
+                "UPDATE runs SET prompt = ?2 WHERE id = ?1 AND state = ?3",
+                params![run_id, prompt, RunStatus::Queued.as_str()],
+            )?;
+            Ok(changed > 0)
+        })
+        .await
+    }
+
+    /// The queue of a session, head first: each listed run's `queue_pos` becomes its index
+    /// (one transaction).
+    pub async fn set_queue_order(&self, run_ids: Vec<String>) -> StoreResult<()> {
+        self.write(move |conn| {
+            let tx = conn.transaction()?;
+            for (pos, run_id) in run_ids.iter().enumerate() {
+                tx.execute(
+                    "UPDATE runs SET queue_pos = ?2 WHERE id = ?1",
+                    params![run_id, pos as i64],
+                )?;
+            }
+            tx.commit()?;
+            Ok(())
+        })
+        .await
+    }
+
+    /// The `queued` runs of a session in queue order: by `queue_pos`, then in the order they
+    /// were taken.
+    pub async fn queued_runs(&self, session_id: String) -> StoreResult<Vec<QueuedRun>> {
+        self.read(move |conn| {
+            let mut stmt = conn.prepare_cached(
+                "SELECT id, session_id, state, client_msg_id, error_category, created_at, \
+                 ended_at, message, prompt, queue_pos, sender FROM runs \
+                 WHERE session_id = ?1 AND state = ?2 \
+                 ORDER BY queue_pos IS NULL, queue_pos, created_at, id",
+            )?;
+            let rows = stmt
+                .query_map(params![session_id, RunStatus::Queued.as_str()], |r| {
+                    Ok(QueuedRun {
+                        run: run_from_row(r)?,
+                        prompt: r.get(8)?,
+                        queue_pos: r.get(9)?,
+                        sender: r
+                            .get::<_, Option<String>>(10)?
+                            .and_then(|text| serde_json::from_str(&text).ok()),
+                    })
+                })?
+                .collect::<Result<Vec<_>, _>>()?;
+            Ok(rows)
         })
         .await
     }
@@ -237,8 +333,8 @@ impl Store {
         .await
     }
 
-    /// The lifecycle events of one run — `run.start`, `run.end` and `warning` — as (kind,
-    /// payload), oldest first: what the event log says happened to it.
+    /// The lifecycle events of one run — `user.text`, `run.start`, `run.end` and `warning` —
+    /// as (kind, payload), oldest first: what the event log says happened to it.
     pub async fn run_lifecycle(
         &self,
         session_id: String,
@@ -247,7 +343,8 @@ impl Store {
         self.read(move |conn| {
             let mut stmt = conn.prepare_cached(
                 "SELECT kind, payload FROM messages WHERE session_id = ?1 AND run_id = ?2 \
-                 AND kind IN ('run.start', 'run.end', 'warning') ORDER BY sequence_id",
+                 AND kind IN ('user.text', 'run.start', 'run.end', 'warning') \
+                 ORDER BY sequence_id",
             )?;
             let rows = stmt
                 .query_map(params![session_id, run_id], |r| Ok((r.get(0)?, r.get(1)?)))?
@@ -505,13 +602,65 @@ impl Store {
         .await
     }
 
+    /// Record an accepted "allow always" option on its session (again for the same request:
+    /// kept as first written).
+    pub async fn insert_permission_rule(
+        &self,
+        session_id: String,
+        rule: PermissionRule,
+    ) -> StoreResult<()> {
+        self.write(move |conn| {
+            conn.execute(
+                "INSERT OR IGNORE INTO permission_rules (session_id, request_id, tool, option_id, \
+                 label, description, by, created_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+                params![
+                    session_id,
+                    rule.request_id,
+                    rule.tool,
+                    rule.option_id,
+                    rule.label,
+                    rule.description,
+                    rule.by,
+                    rule.at_ms
+                ],
+            )?;
+            Ok(())
+        })
+        .await
+    }
+
+    /// The rules accepted in a session, oldest first.
+    pub async fn permission_rules(&self, session_id: String) -> StoreResult<Vec<PermissionRule>> {
+        self.read(move |conn| {
+            let mut stmt = conn.prepare_cached(
+                "SELECT request_id, tool, option_id, label, description, by, created_at \
+                 FROM permission_rules WHERE session_id = ?1 ORDER BY created_at, rowid",
+            )?;
+            let rules = stmt
+                .query_map([session_id], |r| {
+                    Ok(PermissionRule {
+                        request_id: r.get(0)?,
+                        tool: r.get(1)?,
+                        option_id: r.get(2)?,
+                        label: r.get(3)?,
+                        description: r.get(4)?,
+                        by: r.get(5)?,
+                        at_ms: r.get(6)?,
+                    })
+                })?
+                .collect::<Result<Vec<_>, _>>()?;
+            Ok(rules)
+        })
+        .await
+    }
+
     /// The choices a permission request offered, from its `permission.request` event in the
     /// log (the `permissions` row does not keep them): `None` if no such event is committed.
     pub async fn permission_options(
         &self,
         session_id: String,
         request_id: String,
-    ) -> StoreResult<Option<Vec<String>>> {
+    ) -> StoreResult<Option<Vec<PermissionOption>>> {
         self.read(move |conn| {
             let payload: Option<String> = conn
                 .prepare_cached(
@@ -523,13 +672,14 @@ impl Store {
                 .query_row(params![session_id, request_id], |r| r.get(0))
                 .optional()?;
             Ok(payload.map(|p| {
+                // Bare ids from older builds parse too; an option that does not is left out.
                 serde_json::from_str::<serde_json::Value>(&p)
                     .ok()
                     .and_then(|v| {
                         v.get("options")?.as_array().map(|options| {
                             options
                                 .iter()
-                                .filter_map(|o| o.as_str().map(str::to_owned))
+                                .filter_map(|o| serde_json::from_value(o.clone()).ok())
                                 .collect()
                         })
                     })
@@ -627,6 +777,56 @@ mod tests {
     }
 
     /// `session.run`'s lookup: by run id or by client key, within the one session only.
+    /// A queued prompt's sender is kept with its run and read back after the store reopens;
+    /// a run without one (or with one that does not read) has none.
+    #[tokio::test]
+    async fn a_queued_runs_sender_survives_a_reopen() {
+        let (dir, store, threads) = store_with_session().await;
+        let from = PromptFrom {
+            via: crate::protocol::events::PromptVia::Ws,
+            subscriber_id: Some("sub".into()),
+            client: Some("web".into()),
+        };
+        store
+            .insert_sent_run(
+                run("r1", None),
+                Some("one".into()),
+                Some(0),
+                Some(from.clone()),
+            )
+            .await
+            .unwrap();
+        store
+            .insert_prompt_run(run("r2", None), Some("two".into()), Some(1))
+            .await
+            .unwrap();
+        store
+            .insert_prompt_run(run("r3", None), Some("three".into()), Some(2))
+            .await
+            .unwrap();
+        store
+            .write(|conn| {
+                conn.execute("UPDATE runs SET sender = 'nope' WHERE id = 'r3'", [])?;
+                Ok(())
+            })
+            .await
+            .unwrap();
+        drop(store);
+        threads.shutdown().await;
+        let (store, threads) = Store::open(&dir.path().join("t.db")).unwrap();
+        let queued = store.queued_runs("s".into()).await.unwrap();
+        let senders: Vec<_> = queued
+            .iter()
+            .map(|q| (q.run.run_id.as_str(), q.sender.clone()))
+            .collect();
+        assert_eq!(
+            senders,
+            vec![("r1", Some(from)), ("r2", None), ("r3", None)]
+        );
+        drop(store);
+        threads.shutdown().await;
+    }
+
     #[tokio::test]
     async fn a_run_is_found_by_its_id_or_its_client_msg_id_in_its_session() {
         let (_dir, store, threads) = store_with_session().await;
@@ -665,6 +865,47 @@ mod tests {
             .await
             .unwrap();
         assert!(plan.contains("USING INDEX runs_client_msg"), "{plan}");
+        threads.shutdown().await;
+    }
+
+    /// Rules are kept per session, oldest first, once per request, and go with the session.
+    #[tokio::test]
+    async fn permission_rules_are_listed_and_deleted_with_their_session() {
+        let (_dir, store, threads) = store_with_session().await;
+        let rule = |request: &str, at: i64| PermissionRule {
+            request_id: request.into(),
+            tool: "Bash".into(),
+            option_id: "allow_always".into(),
+            label: "Always allow Bash(ls)".into(),
+            description: format!("rule {request}"),
+            by: "ipc".into(),
+            at_ms: at,
+        };
+        store
+            .insert_permission_rule("s".into(), rule("p2", 20))
+            .await
+            .unwrap();
+        store
+            .insert_permission_rule("s".into(), rule("p1", 10))
+            .await
+            .unwrap();
+        let mut again = rule("p1", 30);
+        again.by = "late".into();
+        store
+            .insert_permission_rule("s".into(), again)
+            .await
+            .unwrap();
+        let rules = store.permission_rules("s".into()).await.unwrap();
+        assert_eq!(rules, [rule("p1", 10), rule("p2", 20)]);
+        assert!(
+            store
+                .permission_rules("other".into())
+                .await
+                .unwrap()
+                .is_empty()
+        );
+        assert!(store.delete_session("s".into()).await.unwrap());
+        assert!(store.permission_rules("s".into()).await.unwrap().is_empty());
         threads.shutdown().await;
     }
 
@@ -778,7 +1019,7 @@ mod tests {
         let options = |request: &str| store.permission_options("s".into(), request.into());
         assert_eq!(
             options("p").await.unwrap(),
-            Some(vec!["allow".to_owned(), "deny".to_owned()])
+            Some(vec!["allow".into(), "deny".into()])
         );
         assert_eq!(options("q").await.unwrap(), Some(Vec::new()));
         assert_eq!(options("none").await.unwrap(), None);

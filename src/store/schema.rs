@@ -7,7 +7,7 @@ use rusqlite::Connection;
 use super::{StoreError, StoreResult};
 
 /// The schema version this build writes.
-pub const SCHEMA_VERSION: i64 = 5;
+pub const SCHEMA_VERSION: i64 = 8;
 
 /// Migration `i` takes a database from version `i` to `i + 1`.
 const MIGRATIONS: &[&str] = &[
@@ -16,7 +16,48 @@ const MIGRATIONS: &[&str] = &[
     MIGRATION_3,
     MIGRATION_4,
     MIGRATION_5,
+    MIGRATION_6,
+    MIGRATION_7,
+    MIGRATION_8,
 ];
+
+/// Version 8: who sent a prompt. `subscribers.client`, the label a loopback client registered
+/// with (`subscriber.add` `client`: `web`, `follow`, an app's own); `runs.sender`, a prompt's
+/// sender as JSON (opaque to the store), so a queued prompt that runs after a restart still
+/// says who sent it. Rows of earlier versions have neither.
+const MIGRATION_8: &str = "
+ALTER TABLE subscribers ADD COLUMN client TEXT;
+ALTER TABLE runs ADD COLUMN sender TEXT;
+";
+
+/// Version 7: `permission_rules`, the "allow always" options accepted in a session (one per
+/// answered request): what its agent was told to keep allowing, by whom and when, so every
+/// client sees why a later matching tool ran without asking. Deleted with the session.
+const MIGRATION_7: &str = "
+CREATE TABLE IF NOT EXISTS permission_rules (
+    session_id  TEXT NOT NULL,
+    request_id  TEXT NOT NULL,
+    tool        TEXT NOT NULL,
+    option_id   TEXT NOT NULL,
+    label       TEXT NOT NULL,
+    description TEXT NOT NULL,
+    by          TEXT NOT NULL,
+    created_at  INTEGER NOT NULL,
+    PRIMARY KEY (session_id, request_id)
+);
+";
+
+/// Version 6: the follow-up queue is durable. `runs.prompt` holds the prompt's text (written
+/// when the run is taken, changed by `queue.edit`), `runs.queue_pos` a queued run's place in its
+/// session's queue (lower first; ties in the order the runs were taken). A host that starts
+/// finds every `queued` run of a session with its text and queues it again, in that order.
+/// Runs of earlier versions have neither: a queued one of those is dropped at the next start,
+/// as before.
+const MIGRATION_6: &str = "
+ALTER TABLE runs ADD COLUMN prompt TEXT;
+ALTER TABLE runs ADD COLUMN queue_pos INTEGER;
+CREATE INDEX IF NOT EXISTS runs_state ON runs (state);
+";
 
 /// Version 5: `runs.message`, the sentence the run's end (or its retirement from the queue)
 /// said, so that `session.run` answers "did my prompt run, and how did it end" from the row
@@ -144,6 +185,7 @@ mod tests {
             "session_baselines",
             "agents",
             "permissions",
+            "permission_rules",
         ] {
             let n: i64 = conn
                 .query_row(
@@ -154,6 +196,9 @@ mod tests {
                 .unwrap();
             assert_eq!(n, 1, "{table}");
         }
+        // Version 8: who sent a prompt.
+        conn.prepare("SELECT client FROM subscribers").unwrap();
+        conn.prepare("SELECT sender FROM runs").unwrap();
         conn.pragma_update(None, "user_version", 99).unwrap();
         assert!(matches!(
             migrate(&mut conn),

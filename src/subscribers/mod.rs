@@ -114,6 +114,18 @@ impl Subscribers {
         Ok(())
     }
 
+    /// The client label a subscriber was added with (`subscriber.add` `client`); `None` for
+    /// none, or when its row cannot be read.
+    pub async fn client_of(&self, subscriber_id: &str) -> Option<String> {
+        match self.store.get_subscriber(subscriber_id.to_owned()).await {
+            Ok(row) => row.and_then(|r| r.client),
+            Err(e) => {
+                tracing::warn!(error = %e, "a subscriber's client label could not be read");
+                None
+            }
+        }
+    }
+
     /// The token and connection registry.
     pub fn grants(&self) -> &Arc<GrantStore> {
         &self.grants
@@ -204,6 +216,7 @@ impl Subscribers {
             created_at_ms: now,
             updated_at_ms: now,
             scope: serde_json::to_string(&scope).ok(),
+            client: p.client.map(String::from),
         };
         let id = row.subscriber_id.clone();
         self.store.insert_subscriber(row).await?;

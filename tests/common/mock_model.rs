@@ -9,7 +9,9 @@
 //! user messages, such as Codex's `<environment_context>` or Gemini's `<session_context>`).
 //!
 //! Scripts, by the text of the last user message:
-//! - plain text → `echo: <text> [user turns seen: N; first: <first user text>]`;
+//! - plain text → `echo: <text> [user turns seen: N; first: <first user text>]` (a message
+//!   Claude Code injects into a running turn, a `system`-role "The user sent a new message
+//!   while you were working" in `messages`, counts as a user text);
 //! - `TOOLCALL` (optionally ``TOOLCALL `cmd` ``) → a shell tool call (Claude `Bash`, Codex
 //!   `exec_command`, Qwen and Gemini `run_shell_command`), then, once the tool result comes
 //!   back, `tool said: <result>`;
@@ -37,6 +39,8 @@
 //! JSON-mode side calls (Qwen's `response_format`, Gemini's `responseMimeType:
 //! application/json`, as the Gemini CLI's `auto` model router sends) get the smallest value
 //! that fits their schema, whatever their text says.
+//!
+//! Every request body is kept in [`MockModel::bodies`] (what the model was shown).
 //!
 //! Anything else: `GET /v1/models` → an empty model list, any other `GET`/`HEAD` → `{}`,
 //! `POST /v1/messages/count_tokens` → 10 tokens, Gemini `:countTokens` → 10 tokens, other
@@ -67,6 +71,8 @@ use tokio::net::{TcpListener, TcpStream};
 pub struct MockModel {
     pub addr: SocketAddr,
     pub requests: Arc<AtomicUsize>,
+    /// Every request body that parsed as JSON, in arrival order (what the model was shown).
+    pub bodies: Arc<std::sync::Mutex<Vec<Value>>>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -83,17 +89,21 @@ impl MockModel {
         let addr = listener.local_addr()?;
         let requests = Arc::new(AtomicUsize::new(0));
         let counter = requests.clone();
+        let bodies = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let log = bodies.clone();
         let task = tokio::spawn(async move {
             while let Ok((stream, _)) = listener.accept().await {
                 counter.fetch_add(1, Ordering::Relaxed);
+                let log = log.clone();
                 tokio::spawn(async move {
-                    let _ = serve(stream).await;
+                    let _ = serve(stream, log).await;
                 });
             }
         });
         Ok(MockModel {
             addr,
             requests,
+            bodies,
             task,
         })
     }
@@ -103,7 +113,7 @@ impl MockModel {
     }
 }
 
-async fn serve(stream: TcpStream) -> std::io::Result<()> {
+async fn serve(stream: TcpStream, log: Arc<std::sync::Mutex<Vec<Value>>>) -> std::io::Result<()> {
     let mut reader = BufReader::new(stream);
     let mut head = String::new();
     let mut content_length = 0usize;
@@ -124,6 +134,11 @@ async fn serve(stream: TcpStream) -> std::io::Result<()> {
     }
     let mut body = vec![0u8; content_length.min(64 * 1024 * 1024)];
     reader.read_exact(&mut body).await?;
+    if let Ok(json) = serde_json::from_slice::<Value>(&body) {
+        log.lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .push(json);
+    }
     let mut stream = reader.into_inner();
     let request_line = head.lines().next().unwrap_or_default().to_owned();
     let mut parts = request_line.split_whitespace();
@@ -408,12 +423,27 @@ fn text_of(content: &Value) -> String {
     }
 }
 
+/// The text of a message Claude Code wrote while a turn ran, as it puts it into that turn's
+/// next request: a `system`-role message in `messages` ("The user sent a new message while
+/// you were working:\n<text>\n\nIMPORTANT: …").
+fn injected_text(message: &Value) -> Option<String> {
+    const HEAD: &str = "The user sent a new message while you were working:\n";
+    let text = text_of(&message["content"]);
+    let rest = text.strip_prefix(HEAD)?;
+    let end = rest.find("\n\nIMPORTANT:").unwrap_or(rest.len());
+    Some(rest[..end].to_owned())
+}
+
 fn script(request: &Value) -> Reply {
     let messages = request["messages"].as_array().cloned().unwrap_or_default();
+    // A message injected into the running turn counts as the user's.
     let user_texts: Vec<String> = messages
         .iter()
-        .filter(|m| m["role"] == "user")
-        .map(|m| text_of(&m["content"]))
+        .filter_map(|m| match m["role"].as_str() {
+            Some("user") => Some(text_of(&m["content"])),
+            Some("system") => injected_text(m),
+            _ => None,
+        })
         .filter(|t| !t.is_empty())
         .collect();
     let last = messages.last().cloned().unwrap_or(Value::Null);

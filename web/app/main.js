@@ -4,7 +4,7 @@
 // the cursor are wire.js's; rendering events is transcript.js's.
 
 import { Wire, storeToken, ReplyError } from "./wire.js";
-import { Transcript } from "./transcript.js";
+import { Transcript, streamKey, promptFrom } from "./transcript.js";
 
 const FIRST_PAGE = 200; // brackets of a session's newest page: what opening it waits for
 const PAGE = 500; // brackets per older page, loaded as the user scrolls back
@@ -23,9 +23,16 @@ const app = {
   tree: false,
   current: null,
   transcripts: new Map(),
-  queues: new Map(), // session id → [{run_id, text}]
+  // session id → {items: [{run_id, text, truncated}], seq, version}: session.get's `queue`,
+  // then every `queue.changed` (the whole queue after each change).
+  queues: new Map(),
+  rules: new Map(), // session id → session.get's permission_rules
+  // session id → Map(block key → {run, text}): what this connection streamed of each open
+  // block. The host sends a new connection each open block from its start ("Joining
+  // mid-block", docs/protocol.md), so it is cleared at every hello and then appended to.
+  streams: new Map(),
+  editing: null, // {session, run_id, value}: the queued prompt being edited in place
   agents: [],
-  started: new Map(), // session id → run ids whose user.text came (no longer queued)
   opening: 0, // generation of the latest openSession
   draft: { text: null, id: null }, // the client_msg_id of the prompt box's text
   ready: false,
@@ -61,6 +68,10 @@ app.wire = new Wire({
   onEvent,
   onState: connState,
   onHello: async ({ first }) => {
+    // Before the replay and the deltas of this connection: the blocks still open come again
+    // whole, from their start, so what the last connection streamed of them is dropped (the
+    // page keeps showing it until the new one's first delta replaces it).
+    app.streams.clear();
     if (!first) {
       // Resumed from the cursor: brackets missed meanwhile were replayed. Refresh what is
       // not an event (the list's order and previews, the queue).
@@ -102,7 +113,7 @@ function connState(state, detail) {
     banner.hidden = true;
   }
   document.body.dataset.conn = state;
-  for (const id of ["send", "cancel", "fork", "rename", "delete", "new-session"]) {
+  for (const id of ["send", "steer", "cancel", "fork", "rename", "delete", "new-session", "queue-clear"]) {
     const b = $(id);
     if (state !== "live") b.dataset.offline = "1";
     else delete b.dataset.offline;
@@ -294,9 +305,10 @@ function scheduleRender() {
 function onEvent(push) {
   const t = app.transcripts.get(push.sessionId);
   if (push.isDelta) {
+    const full = streamDelta(push);
     if (t && t.loadedOnce) {
       const stick = nearBottom();
-      t.delta(push);
+      t.delta(push, full);
       if (stick && push.sessionId === app.current) scrollToBottom();
     }
     return;
@@ -306,19 +318,70 @@ function onEvent(push) {
     t.add([push], true);
     if (stick && push.sessionId === app.current) scrollToBottom();
   }
+  forgetStreams(push);
   const e = push.event;
-  if (e.k === "user.text" || e.k === "warning") {
-    // A queued prompt started (its user.text), or never will (followup_dropped/cancelled).
-    const q = app.queues.get(push.sessionId);
-    if (push.runId) {
-      if (!app.started.has(push.sessionId)) app.started.set(push.sessionId, new Set());
-      app.started.get(push.sessionId).add(push.runId);
-    }
-    if (q && push.runId) app.queues.set(push.sessionId, q.filter((x) => x.run_id !== push.runId));
-    if (push.sessionId === app.current) renderQueue();
+  if (e.k === "queue.changed") applyQueueEvent(push);
+  if (push.sessionId === app.current) {
+    if (e.k === "warning" && e.code === "steer_unsupported") status(`Not steered: ${e.message} (steer_unsupported)`);
+    // An "allow always" answer: the session's rules changed.
+    if (e.k === "permission.resolved" && e.rule) refreshLive(push.sessionId);
   }
   listUpdate(push);
   if (push.sessionId === app.current && (e.k === "session.state" || e.k === "run.end")) renderHeader();
+}
+
+// ---- streamed blocks --------------------------------------------------------------------
+
+/** A delta appended to its block's text on this connection: the block's text so far, or null
+ * for a delta that streams no text the page shows. */
+function streamDelta(push) {
+  const key = streamKey(push);
+  if (!key) return null;
+  let blocks = app.streams.get(push.sessionId);
+  if (!blocks) app.streams.set(push.sessionId, (blocks = new Map()));
+  const entry = blocks.get(key) || { run: push.runId, text: "" };
+  entry.text += push.event.text ?? push.event.output ?? "";
+  blocks.set(key, entry);
+  return entry.text;
+}
+
+/** What a session's block streamed so far on this connection (undefined: nothing). */
+function streamed(sessionId, key) {
+  return app.streams.get(sessionId)?.get(key)?.text;
+}
+
+/** A block's end (its run's end, the session going idle) forgets what it streamed. */
+function forgetStreams(push) {
+  const blocks = app.streams.get(push.sessionId);
+  if (!blocks) return;
+  const e = push.event;
+  if (e.k === "text.end" || e.k === "thinking.end") blocks.delete(`${e.k.split(".")[0]}:${push.runId}:${e.itemId || ""}`);
+  else if (e.k === "tool.exec.end") blocks.delete(`tool:${e.callId}`);
+  else if (e.k === "run.end") {
+    for (const [key, entry] of blocks) if (entry.run === push.runId) blocks.delete(key);
+  } else if (e.k === "session.state" && e.state === "idle") app.streams.delete(push.sessionId);
+}
+
+// ---- the queue --------------------------------------------------------------------------
+
+function queueOf(id) {
+  let q = app.queues.get(id);
+  if (!q) app.queues.set(id, (q = { items: [], seq: 0, version: 0, loaded: false }));
+  return q;
+}
+
+/** A `queue.changed` bracket: the whole queue after the change. */
+function applyQueueEvent(push) {
+  const q = queueOf(push.sessionId);
+  if (push.seq && push.seq <= q.seq) return;
+  q.seq = push.seq;
+  q.version += 1;
+  q.loaded = true;
+  const items = Array.isArray(push.event.queue) ? push.event.queue : [];
+  q.items = items.map((x) => ({ run_id: x.runId, text: x.text ?? "", truncated: !!x.truncated, from: x.from }));
+  // Texts cut to fit the bracket: session.get has them whole.
+  if (q.items.some((x) => x.truncated)) refreshLive(push.sessionId);
+  if (push.sessionId === app.current) renderQueue();
 }
 
 // ---- the open session -------------------------------------------------------------------
@@ -337,9 +400,10 @@ function hooks() {
   return {
     own: () => app.wire.subscriberId,
     openSession: (id) => openSession(id),
-    respond: async (sessionId, requestId, decision) => {
+    streamed,
+    respond: async (sessionId, requestId, optionId) => {
       try {
-        await app.wire.ok("permission.respond", { session_id: sessionId, request_id: requestId, decision });
+        await app.wire.ok("permission.respond", { session_id: sessionId, request_id: requestId, option_id: optionId });
         return null;
       } catch (e) {
         return `Not answered: ${errorText(e)}`;
@@ -390,10 +454,12 @@ async function openSession(id) {
   renderList();
   renderHeader();
   renderQueue();
+  renderRules();
   if (!t.loadedOnce) {
     // The first page, once, however often the session is opened meanwhile.
     t.firstPage ??= loadOlder(t).then(() => {
       t.loadedOnce = true;
+      t.syncStreams(); // deltas that came while the first page loaded
       observeTop(t);
     });
     await t.firstPage;
@@ -460,18 +526,21 @@ function observeTop(t) {
 }
 
 async function refreshLive(id) {
+  const before = queueOf(id).version;
   try {
     const detail = await app.wire.ok("session.get", { session_id: id });
     const row = app.sessions.get(id);
     if (row) Object.assign(row, { state: detail.state, title: detail.title });
-    const queued = (detail.live && detail.live.queued) || [];
-    const mine = app.queues.get(id) || [];
-    const known = new Set(mine.map((q) => q.run_id));
-    const merged = mine.filter((q) => queued.includes(q.run_id));
-    for (const runId of queued) if (!known.has(runId)) merged.push({ run_id: runId, text: null });
-    app.queues.set(id, merged);
+    // A queue.changed that came meanwhile is at least as new as this reply.
+    const q = queueOf(id);
+    if (q.version === before) {
+      q.items = (detail.queue || []).map((x) => ({ run_id: x.run_id, text: x.text ?? "", truncated: false, from: x.from }));
+      q.loaded = true;
+    }
+    app.rules.set(id, detail.permission_rules || []);
     if (id === app.current) {
       renderQueue();
+      renderRules();
       renderHeader();
     }
   } catch {
@@ -499,72 +568,202 @@ function renderHeader() {
     b.addEventListener("click", () => openSession(row.parent_session_id));
     lineage.append(b);
   }
-  $("cancel").disabled = !(row.state === "running" || row.state === "waiting");
+  const busy = row.state === "running" || row.state === "waiting";
+  $("cancel").disabled = !busy;
+  // While a turn runs, Send queues the prompt; Steer gives it to the running turn.
+  $("steer").hidden = !busy;
+  $("send").textContent = busy ? "Queue" : "Send";
+  $("send").title = busy ? "Runs after the current turn (Enter)" : "Send (Enter)";
+}
+
+function button(text, attrs, onClick) {
+  const b = document.createElement("button");
+  b.type = "button";
+  b.textContent = text;
+  for (const [k, v] of Object.entries(attrs)) b.setAttribute(k, v);
+  b.addEventListener("click", onClick);
+  return b;
+}
+
+async function queueCommand(command, params, failed) {
+  try {
+    return await app.wire.ok(command, { session_id: app.current, ...params });
+  } catch (e) {
+    status(e instanceof ReplyError && e.name_ === "not_queued" ? `${failed}: it already started or left the queue.` : `${failed}: ${errorText(e)}`);
+    return null;
+  }
+}
+
+async function saveEdit() {
+  const ed = app.editing;
+  if (!ed) return;
+  const r = await queueCommand("queue.edit", { run_id: ed.run_id, text: ed.value }, "Not edited");
+  if (app.editing === ed) app.editing = null;
+  if (r) status("");
+  renderQueue();
+}
+
+function queueItem(item, i, count) {
+  const li = document.createElement("li");
+  li.className = "queue-item";
+  li.dataset.runId = item.run_id;
+  const label = item.text || item.run_id;
+  const ed = app.editing;
+  if (ed && ed.session === app.current && ed.run_id === item.run_id) {
+    const area = document.createElement("textarea");
+    area.className = "queue-edit";
+    area.rows = 2;
+    area.value = ed.value;
+    area.setAttribute("aria-label", "Edit the queued prompt (Enter saves, Esc cancels)");
+    area.addEventListener("input", () => (ed.value = area.value));
+    area.addEventListener("keydown", (ev) => {
+      if (ev.key === "Enter" && !ev.shiftKey && !ev.isComposing) {
+        ev.preventDefault();
+        saveEdit();
+      } else if (ev.key === "Escape") {
+        // Not the page's Esc (cancel the running turn): only the edit.
+        ev.preventDefault();
+        ev.stopPropagation();
+        app.editing = null;
+        renderQueue();
+      }
+    });
+    const actions = document.createElement("span");
+    actions.className = "queue-actions";
+    actions.append(
+      button("Save", { "data-action": "save" }, saveEdit),
+      button("Cancel", { "data-action": "cancel-edit" }, () => {
+        app.editing = null;
+        renderQueue();
+      }),
+    );
+    li.append(area, actions);
+    return li;
+  }
+  const text = document.createElement("span");
+  text.className = "queue-text";
+  text.textContent = item.text + (item.truncated ? "…" : "");
+  const actions = document.createElement("span");
+  actions.className = "queue-actions";
+  actions.append(
+    button("Edit", { "data-action": "edit", "aria-label": `Edit queued prompt: ${label}` }, () => {
+      app.editing = { session: app.current, run_id: item.run_id, value: item.text, focus: true };
+      renderQueue();
+    }),
+  );
+  const up = button("Up", { "data-action": "up", "aria-label": `Move up: ${label}` }, () => queueCommand("queue.move", { run_id: item.run_id, position: i - 1 }, "Not moved"));
+  const front = button("To front", { "data-action": "front", "aria-label": `Run next: ${label}` }, () => queueCommand("queue.move", { run_id: item.run_id, position: 0 }, "Not moved"));
+  up.disabled = front.disabled = i === 0;
+  actions.append(up, front, button("Remove", { "data-action": "remove", "aria-label": `Remove queued prompt: ${label}` }, () => queueCommand("queue.remove", { run_id: item.run_id }, "Not removed")));
+  const pos = document.createElement("span");
+  pos.className = "queue-pos";
+  pos.textContent = `${i + 1}.`;
+  pos.title = i === 0 ? "runs next" : `runs after ${i} other${i > 1 ? "s" : ""}`;
+  li.setAttribute("aria-label", `Queued ${i + 1} of ${count}: ${label}`);
+  li.append(pos, " ", text, " ");
+  const from = promptFrom(item.from, app.wire.subscriberId);
+  if (from) {
+    const who = document.createElement("span");
+    who.className = "queue-from";
+    who.textContent = from;
+    li.append(who, " ");
+  }
+  li.append(actions);
+  return li;
 }
 
 function renderQueue() {
   const ol = $("queue");
-  const q = app.queues.get(app.current) || [];
-  ol.replaceChildren(
-    ...q.map((item) => {
+  const items = app.current ? queueOf(app.current).items : [];
+  const ed = app.editing;
+  const active = document.activeElement;
+  const hadFocus = ed && active && active.classList.contains("queue-edit");
+  const caret = hadFocus ? [active.selectionStart, active.selectionEnd] : null;
+  if (ed && ed.session === app.current && !items.some((x) => x.run_id === ed.run_id)) {
+    app.editing = null;
+    status("The prompt being edited started (or left the queue) before the edit was saved.");
+  }
+  ol.replaceChildren(...items.map((item, i) => queueItem(item, i, items.length)));
+  $("queue-count").textContent = items.length ? `(${items.length})` : "";
+  $("queue-panel").hidden = items.length === 0;
+  const area = ol.querySelector(".queue-edit");
+  if (area && (hadFocus || (app.editing && app.editing.focus))) {
+    app.editing.focus = false;
+    area.focus();
+    if (caret) area.setSelectionRange(caret[0], caret[1]);
+  }
+}
+
+$("queue-clear").addEventListener("click", async () => {
+  const r = await queueCommand("queue.clear", {}, "Not cleared");
+  if (r) status(`Took ${r.removed.length} prompt${r.removed.length === 1 ? "" : "s"} out of the queue.`);
+});
+
+function renderRules() {
+  const rules = (app.current && app.rules.get(app.current)) || [];
+  const own = app.wire.subscriberId;
+  $("rules-list").replaceChildren(
+    ...rules.map((r) => {
       const li = document.createElement("li");
-      li.dataset.runId = item.run_id;
-      const text = document.createElement("span");
-      text.textContent = item.text === null ? "a prompt queued by another client" : item.text;
-      const remove = document.createElement("button");
-      remove.type = "button";
-      remove.textContent = "Remove";
-      remove.setAttribute("aria-label", `Remove queued prompt: ${item.text || item.run_id}`);
-      remove.addEventListener("click", async () => {
-        try {
-          await app.wire.ok("session.cancel", { session_id: app.current, run_id: item.run_id });
-        } catch (e) {
-          status(`Could not remove it: ${errorText(e)}`);
-        }
-      });
-      li.append("Queued: ", text, " ", remove);
+      li.dataset.requestId = r.request_id;
+      const what = document.createElement("span");
+      what.className = "rule-text";
+      what.textContent = r.description || `${r.tool}: ${r.label}`;
+      const who = document.createElement("span");
+      who.className = "rule-meta";
+      const by = r.by === own ? "here" : r.by === "ipc" ? "from the terminal" : r.by === "relay" ? "from the relay" : "from another client";
+      who.textContent = ` — ${r.label || r.option_id}, chosen ${by}, ${ago(r.at_ms)}`;
+      li.append(what, who);
       return li;
     }),
   );
-  ol.hidden = q.length === 0;
+  $("rules").hidden = rules.length === 0;
 }
 
 // ---- prompt, cancel, fork, rename, delete, new ------------------------------------------
 
-async function send() {
+/** The prompt box's text as a prompt (`session.send`) or, while a turn runs, as more input
+ * for it (`session.steer`). */
+async function send(mode = "send") {
   const box = $("prompt");
   const text = box.value;
   if (!text.trim() || !app.current) return;
   const session = app.current;
-  status("Sending…");
+  status(mode === "steer" ? "Steering…" : "Sending…");
   try {
     // One idempotency key per text: a retry after a lost reply is the same prompt, not two.
-    if (app.draft.text !== text || app.draft.session !== session || !app.draft.id) app.draft = { text, session, id: crypto.randomUUID() };
-    const r = await app.wire.ok("session.send", { session_id: session, text, client_msg_id: app.draft.id });
+    if (app.draft.text !== text || app.draft.session !== session || app.draft.mode !== mode || !app.draft.id)
+      app.draft = { text, session, mode, id: crypto.randomUUID() };
+    const params = { session_id: session, text, client_msg_id: app.draft.id };
+    const r = await app.wire.ok(mode === "steer" ? "session.steer" : "session.send", params);
     box.value = "";
     app.draft = { text: null, id: null };
-    if (r.queued && !(app.started.get(session) || new Set()).has(r.run_id)) {
-      const q = app.queues.get(session) || [];
-      q.push({ run_id: r.run_id, text });
-      app.queues.set(session, q);
-      renderQueue();
-      status("Queued: it runs after the current turn.");
-    } else {
-      status(r.duplicate ? "Already sent (the first reply was lost): not sent twice." : "");
-    }
+    if (mode === "steer" && r.steered) status("Steered: the running turn has it.");
+    else if (mode === "steer" && r.queued) {
+      // The warning's own message may have come first.
+      if (!/steer_unsupported/.test($("composer-status").textContent)) status("Not steered: the agent cannot take input mid-turn; the prompt runs next (steer_unsupported).");
+    } else if (r.queued) status("Queued: it runs after the current turn.");
+    else status(r.duplicate ? "Already sent (the first reply was lost): not sent twice." : "");
   } catch (e) {
     status(`Not sent: ${errorText(e)}`);
   }
+}
+
+function busy() {
+  const row = app.sessions.get(app.current);
+  return !!row && (row.state === "running" || row.state === "waiting");
 }
 
 $("prompt-form").addEventListener("submit", (ev) => {
   ev.preventDefault();
   send();
 });
+$("steer").addEventListener("click", () => send("steer"));
 $("prompt").addEventListener("keydown", (ev) => {
   if (ev.key === "Enter" && !ev.shiftKey && !ev.isComposing) {
     ev.preventDefault();
-    send();
+    // Ctrl+Enter steers the running turn.
+    send((ev.ctrlKey || ev.metaKey) && busy() ? "steer" : "send");
   }
 });
 
@@ -649,7 +848,8 @@ const deleteDialog = dialog("delete-dialog", async () => {
   app.transcripts.get(id)?.observer?.disconnect();
   app.transcripts.delete(id);
   app.queues.delete(id);
-  app.started.delete(id);
+  app.rules.delete(id);
+  app.streams.delete(id);
   app.current = null;
   history.replaceState(null, "", location.pathname);
   $("session").hidden = true;

@@ -107,13 +107,47 @@ export function answeredBy(by, own) {
   return `answered from another client (${by.slice(0, 8)})`;
 }
 
+/** Who sent a prompt (`user.text`'s and a queued prompt's `from`), for a person; "" unknown. */
+export function promptFrom(from, own) {
+  if (!from || typeof from !== "object") return "";
+  if (from.via === "ipc") return "from the terminal";
+  if (from.via === "relay") return "from the relay";
+  if (from.subscriberId && from.subscriberId === own) return "from this page";
+  if (from.client === "follow") return "from agent-host follow";
+  if (from.client === "web") return "from another browser page";
+  return from.client ? `from ${from.client}` : "from another client";
+}
+
 const DECISIONS = { allow: "Allowed", deny: "Denied", expired: "Expired", withdrawn: "Withdrawn" };
 const OPTION_LABELS = { allow: "Allow once", allow_always: "Allow always", deny: "Deny" };
+// The key that answers with the first option of each kind.
+const OPTION_KEYS = { allow_once: "y", reject_once: "n", allow_always: "a" };
+
+/** A request's options as {id, label, kind}; history from older hosts holds bare ids. */
+export function permissionOptions(options) {
+  const list = Array.isArray(options) && options.length ? options : ["allow", "deny"];
+  return list.map((o) => {
+    if (o && typeof o === "object") return { id: String(o.id), label: o.label || String(o.id), kind: o.kind || "allow_once", rule: o.rule };
+    const id = String(o);
+    const kind = id === "allow_always" ? "allow_always" : /^(deny|reject)/.test(id) ? "reject_once" : "allow_once";
+    return { id, label: OPTION_LABELS[id] || id, kind };
+  });
+}
+
+/** The block a delta streams into — `text|thinking:<run>:<itemId>` or `tool:<callId>` — or
+ * null for a delta whose stream the page does not show. */
+export function streamKey({ runId, event }) {
+  const run = runId || event.runId || "";
+  if (event.k === "text.delta" || event.k === "thinking.delta") return `${event.k.split(".")[0]}:${run}:${event.itemId || ""}`;
+  if (event.k === "tool.exec.update") return `tool:${event.callId}`;
+  return null;
+}
 
 export class Transcript {
   constructor(sessionId, hooks) {
     this.sessionId = sessionId;
-    this.hooks = hooks; // {respond(sessionId, requestId, decision), openSession(id), own()}
+    // {respond(sessionId, requestId, optionId), openSession(id), own(), streamed(sessionId, key)}
+    this.hooks = hooks;
     this.seen = new Set(); // bracket sequence ids rendered
     this.anchors = []; // [seq, node] sorted by seq: where the next node goes
     this.blocks = new Map(); // "tool:callId" | "perm:requestId" → record
@@ -168,8 +202,9 @@ export class Transcript {
     const run = runId || event.runId || "";
     switch (k) {
       case "user.text": {
-        const node = h("div", { class: "user", "data-seq": seq, "data-run": run },
-          h("div", { class: "who", text: "Prompt" }),
+        // A steer is more input for the running turn, not a prompt of its own.
+        const node = h("div", { class: event.steer ? "user steer" : "user", "data-seq": seq, "data-run": run },
+          h("div", { class: "who", text: [event.steer ? "Steer (into the running turn)" : "Prompt", promptFrom(event.from, this.hooks.own())].filter(Boolean).join(" · ") }),
           h("div", { class: "body", text: event.text || "" }));
         this.place(seq, node);
         break;
@@ -205,7 +240,7 @@ export class Transcript {
       }
       case "permission.resolved": {
         const p = this.blocks.get(`perm:${event.requestId}`);
-        if (p) p.resolve(event.decision, event.by);
+        if (p) p.resolve(event.decision, event.by, event);
         // Paging back: its request is in an older page, and is shown resolved when it comes.
         else this.resolvedEarly.set(event.requestId, event);
         break;
@@ -290,6 +325,26 @@ export class Transcript {
     const b = this.newBlock(kind, run, seq);
     this.open.set(key, b);
     this.place(seq, b.node);
+    // What this connection streamed of it already (a page that joined mid-block).
+    const soFar = this.hooks.streamed?.(this.sessionId, key);
+    if (soFar) this.stream(b, soFar);
+  }
+
+  stream(b, text) {
+    b.streamed = text;
+    b.content.textContent = text;
+  }
+
+  /** Every open block shows what the connection streamed of it (after the first page). */
+  syncStreams() {
+    for (const [key, b] of this.open) {
+      const text = this.hooks.streamed?.(this.sessionId, key);
+      if (text) this.stream(b, text);
+    }
+    for (const [key, t] of this.blocks) {
+      const text = t.streamOutput && this.hooks.streamed?.(this.sessionId, key);
+      if (text) t.streamOutput(text);
+    }
   }
 
   /** A `*.end`: closes the open block of its item, or stands alone when its start is in a page
@@ -340,10 +395,13 @@ export class Transcript {
         status.textContent = s;
         node.dataset.status = s;
       },
-      appendOutput: (text) => {
-        outputBox.textContent += text;
+      ended: false,
+      // The output streamed so far (not after the end, which has it whole).
+      streamOutput: (text) => {
+        if (!t.ended) outputBox.textContent = text;
       },
       setOutput: (output, isError, exitCode) => {
+        t.ended = true;
         outputBox.textContent = output || "";
         const s = isError ? (exitCode !== undefined && exitCode !== null ? `error (exit ${exitCode})` : "error") : "done";
         t.setStatus(s);
@@ -352,13 +410,15 @@ export class Transcript {
     };
     this.blocks.set(key, t);
     this.place(seq, node);
+    const soFar = this.hooks.streamed?.(this.sessionId, key);
+    if (soFar) t.streamOutput(soFar);
     return t;
   }
 
   permissionCard(event, seq) {
     const key = `perm:${event.requestId}`;
     if (this.blocks.has(key)) return;
-    const options = Array.isArray(event.options) && event.options.length ? event.options : ["allow", "deny"];
+    const options = permissionOptions(event.options);
     const choices = h("div", { class: "choices" });
     const outcome = h("p", { class: "outcome", role: "status" });
     const node = h("section", { class: "permission pending", tabindex: "0", "data-seq": seq, "data-request-id": event.requestId, "aria-label": `Permission request: ${event.tool}` },
@@ -367,20 +427,34 @@ export class Transcript {
       choices,
       outcome);
     const buttons = [];
+    // The first option of each kind has a key: y allow once, n deny, a allow always.
+    const keyed = new Map();
     for (const option of options) {
-      const hint = option === "allow" ? " (y)" : option === "deny" ? " (n)" : "";
-      const b = h("button", { type: "button", "data-decision": option, text: `${OPTION_LABELS[option] || option}${hint}` });
+      const key = OPTION_KEYS[option.kind];
+      if (key && !keyed.has(key)) keyed.set(key, option);
+    }
+    for (const option of options) {
+      const key = [...keyed].find(([, o]) => o === option)?.[0];
+      const b = h("button", {
+        type: "button",
+        class: `choice ${option.kind}`,
+        "data-option-id": option.id,
+        "data-kind": option.kind,
+        "data-decision": option.kind.startsWith("allow") ? "allow" : "deny",
+        title: option.rule || option.label,
+        text: `${option.label}${key ? ` (${key})` : ""}`,
+      });
       b.addEventListener("click", () => answer(option));
       buttons.push(b);
       choices.append(b);
     }
     let answering = false;
-    const answer = async (decision) => {
+    const answer = async (option) => {
       if (answering || !node.classList.contains("pending")) return;
       answering = true;
       for (const b of buttons) b.disabled = true;
       outcome.textContent = "Sending…";
-      const err = await this.hooks.respond(this.sessionId, event.requestId, decision);
+      const err = await this.hooks.respond(this.sessionId, event.requestId, option.id);
       answering = false;
       if (err && node.classList.contains("pending")) {
         outcome.textContent = err;
@@ -389,25 +463,29 @@ export class Transcript {
     };
     node.addEventListener("keydown", (ev) => {
       if (!node.classList.contains("pending") || ev.target.tagName === "TEXTAREA" || ev.target.tagName === "INPUT") return;
-      if (ev.key === "y" && options.includes("allow")) {
+      const option = !ev.ctrlKey && !ev.metaKey && !ev.altKey && keyed.get(ev.key);
+      if (option) {
         ev.preventDefault();
-        answer("allow");
-      } else if (ev.key === "n" && options.includes("deny")) {
-        ev.preventDefault();
-        answer("deny");
+        answer(option);
       }
     });
     const p = {
       node,
       pending: true,
-      resolve: (decision, by) => {
+      resolve: (decision, by, resolved = {}) => {
         p.pending = false;
         node.classList.remove("pending");
         node.classList.add("resolved");
         node.dataset.decision = decision;
+        if (resolved.kind) node.dataset.kind = resolved.kind;
         choices.remove();
         const who = answeredBy(by, this.hooks.own());
-        outcome.textContent = `${DECISIONS[decision] || decision}${who ? ` — ${who}` : ""}`;
+        const chosen = options.find((o) => o.id === resolved.optionId);
+        let text = DECISIONS[decision] || decision;
+        if (resolved.kind === "allow_always") text = "Allowed always";
+        else if (chosen && chosen.label && !["allow", "deny"].includes(chosen.id)) text += ` (${chosen.label})`;
+        outcome.textContent = `${text}${who ? ` — ${who}` : ""}`;
+        if (resolved.rule) outcome.append(h("span", { class: "rule", text: ` · rule kept: ${resolved.rule}` }));
       },
     };
     this.blocks.set(key, p);
@@ -415,7 +493,7 @@ export class Transcript {
     const early = this.resolvedEarly.get(event.requestId);
     if (early) {
       this.resolvedEarly.delete(event.requestId);
-      p.resolve(early.decision, early.by);
+      p.resolve(early.decision, early.by, early);
     } else if (this.live) {
       this.hooks.changed?.(node);
     }
@@ -426,32 +504,26 @@ export class Transcript {
     return [...this.blocks.values()].filter((b) => b.pending).map((b) => b.node);
   }
 
-  /** A delta push: streams into its block (a block whose start this page never saw is made). */
-  delta({ runId, event }) {
-    const run = runId || event.runId || "";
-    switch (event.k) {
-      case "text.delta":
-      case "thinking.delta": {
-        const kind = event.k.startsWith("text") ? "text" : "thinking";
-        const key = `${kind}:${run}:${event.itemId || ""}`;
-        let b = this.open.get(key);
-        if (!b) {
-          // Its start is not rendered (this page joined mid-block): stream it at the end.
-          b = this.newBlock(kind, run, "");
-          this.open.set(key, b);
-          this.el.append(b.node);
-        }
-        b.streamed += event.text || "";
-        b.content.textContent = b.streamed;
-        break;
-      }
-      case "tool.exec.update": {
-        const t = this.blocks.get(`tool:${event.callId}`);
-        if (t && t.appendOutput) t.appendOutput(event.output || "");
-        break;
-      }
-      default:
-        break;
+  /** A delta push: its block shows `full`, the block's text so far on this connection (the
+   * host starts a new connection's stream of an open block from the block's start, so the
+   * page never appends across connections). A block whose start this page never saw is made. */
+  delta(push, full) {
+    const { event } = push;
+    const key = streamKey(push);
+    if (!key) return;
+    const text = full ?? event.text ?? event.output ?? "";
+    if (event.k === "tool.exec.update") {
+      const t = this.blocks.get(key);
+      if (t && t.streamOutput) t.streamOutput(text);
+      return;
     }
+    let b = this.open.get(key);
+    if (!b) {
+      // Its start is not rendered (this page joined mid-block): stream it at the end.
+      b = this.newBlock(event.k.split(".")[0], push.runId || event.runId || "", "");
+      this.open.set(key, b);
+      this.el.append(b.node);
+    }
+    this.stream(b, text);
   }
 }

@@ -123,6 +123,52 @@ async function send(page, text) {
   await page.fill("#prompt", text);
   await page.press("#prompt", "Enter");
 }
+/** The texts of the queue panel, head first. */
+async function panel(page) {
+  return page.$$eval("#queue .queue-item .queue-text", (xs) => xs.map((x) => x.textContent));
+}
+async function waitPanel(page, texts, what) {
+  try {
+    await page.waitForFunction((want) => JSON.stringify([...document.querySelectorAll("#queue .queue-item .queue-text")].map((x) => x.textContent)) === want, JSON.stringify(texts));
+  } catch (e) {
+    throw new Error(`${what}: the queue panel shows ${JSON.stringify(await panel(page))}, not ${JSON.stringify(texts)} (${e.message})`);
+  }
+}
+/** The session's queue over IPC, head first. */
+function ipcQueue(session) {
+  return ahJson("session.get", { session_id: session }).queue.map((q) => q.text);
+}
+/** The queued prompt of the panel whose text is `text`. */
+function queued(page, text) {
+  return page.locator("#queue .queue-item").filter({ has: page.locator(".queue-text", { hasText: new RegExp(`^${text.replace(/[.*+?^${}()|[\]\\]/g, "\\$&")}$`) }) });
+}
+/** Hold the page's next reconnect until `window.reopen()`, and drop its connection. */
+async function dropConnection(page) {
+  await page.evaluate(() => {
+    const w = window.agentHost.wire;
+    const open = w.open.bind(w);
+    w.open = () => {
+      window.reopen = () => {
+        w.open = open;
+        open();
+      };
+    };
+    w.ws.close();
+  });
+  await page.waitForSelector('#conn[data-state="reconnecting"]');
+}
+/** Record, for every text block of the page, the text it showed streaming last (before its
+ * end rendered it whole), by the block's start seq. */
+async function recordStreams(page) {
+  await page.evaluate(() => {
+    window.streamedTexts = new Map();
+    new MutationObserver(() => {
+      for (const el of document.querySelectorAll("#transcript .text.streaming")) {
+        window.streamedTexts.set(el.dataset.seq, el.querySelector(".md").textContent);
+      }
+    }).observe(document.getElementById("transcript"), { subtree: true, childList: true, characterData: true });
+  });
+}
 
 const browser = await chromium.launch({
   executablePath: need("AH_CHROMIUM"),
@@ -209,6 +255,11 @@ try {
   await b.waitForSelector("#transcript .permission.pending", { timeout: TURN });
   await a.waitForSelector('.session-row[data-state="waiting"] .badge.state-waiting');
   check((await a.textContent("#session-state")) === "needs you", "the session is not shown as needing you");
+  // The agent's own choices are the buttons; the first of each kind has its key.
+  const choices = await a.$$eval("#transcript .permission.pending button", (bs) => bs.map((b) => ({ kind: b.dataset.kind, text: b.textContent })));
+  check(choices.some((c) => c.kind === "allow_once" && c.text.endsWith("(y)"))
+    && choices.some((c) => c.kind === "allow_always" && c.text.endsWith("(a)"))
+    && choices.some((c) => c.kind === "reject_once" && c.text.endsWith("(n)")), `the choices are ${JSON.stringify(choices)}`);
   await a.screenshot({ path: path.join(SHOTS, "permission-prompt.png") });
   // By keyboard: the card is focused when it arrives (or focus it), y allows.
   await a.focus("#transcript .permission.pending");
@@ -299,6 +350,9 @@ try {
   await a.reload();
   await live(a);
   await a.waitForFunction((id) => window.agentHost.transcripts.get(id)?.loadedOnce, session);
+  // A page that joins mid-block gets the block so far, then the rest: it shows it from its start.
+  const rejoined = await a.evaluate(() => document.querySelector("#transcript .text.streaming .md")?.textContent ?? null);
+  check(rejoined === null || rejoined.startsWith("slow 0 "), `after the reload the streaming block shows ${JSON.stringify(rejoined)}`);
   await waitRunEnds(a, "completed", 5);
   {
     await sameAsStore(a, session, "after the reload");
@@ -308,7 +362,7 @@ try {
     check((await a.locator("#transcript .run-end").count()) === kinds("run.end"), "run ends shown twice or missing");
     check((await a.locator("#transcript .tool").count()) === kinds("tool.call.start"), "tool calls shown twice or missing");
   }
-  ok("a reload mid-stream resumes with every bracket once");
+  ok(`a reload mid-stream resumes with every bracket once${rejoined === null ? "" : ", the open block shown from its start"}`);
 
   const pid = ahJson("host.status", {}).pid;
   process.kill(pid, "SIGKILL");
@@ -348,29 +402,132 @@ try {
   await live(own);
   await tokensOf(own);
   // A dropped connection (the host still up): the page resumes from its cursor and has every
-  // bracket committed meanwhile, once each. Its reconnect is held until a turn ran.
-  await a.evaluate(() => {
+  // bracket committed meanwhile, once each. Its reconnect is held until a turn ran: until the
+  // run's `run.end` reached another page (its list row is no sign: the row's preview is the
+  // prompt's own text from its `user.text`, pushed while the session is still idle, before
+  // the run starts).
+  await own.evaluate(() => {
     const w = window.agentHost.wire;
-    const open = w.open.bind(w);
-    w.open = () => {
-      window.reopen = () => {
-        w.open = open;
-        open();
-      };
+    const on = w.onEvent;
+    window.runsEnded = new Set();
+    // When each bracket of a run came, in animation frames (what a waitForFunction polls on).
+    window.frames = 0;
+    const tick = () => {
+      window.frames += 1;
+      requestAnimationFrame(tick);
     };
-    w.ws.close();
+    requestAnimationFrame(tick);
+    window.runFrames = {};
+    w.onEvent = (push) => {
+      if (push.event.k === "run.end") window.runsEnded.add(push.runId);
+      if (!push.isDelta && push.runId) (window.runFrames[push.runId] ??= []).push(`${push.event.k}${push.event.state ? `:${push.event.state}` : ""}@${window.frames}`);
+      on(push);
+    };
   });
-  await a.waitForSelector('#conn[data-state="reconnecting"]');
-  ahJson("session.send", { session_id: session, text: "while the page was away" });
-  await own.waitForFunction((id) => {
-    const row = window.agentHost.sessions.get(id);
-    return row && row.state === "idle" && /while the page was away/.test(row.preview || "");
-  }, session, { timeout: TURN });
+  await dropConnection(a);
+  const away = ahJson("session.send", { session_id: session, text: "while the page was away" });
+  await own.waitForFunction((run) => window.runsEnded.has(run), away.run_id, { timeout: TURN });
   await a.evaluate(() => window.reopen());
   await live(a);
   await sameAsStore(a, session, "after a dropped connection");
   check((await a.textContent("#transcript")).includes("echo: while the page was away"), "the turn run while the page was away is not shown");
-  ok("after a dropped connection the page resumes from its cursor: every bracket once, none missed");
+  const frames = await own.evaluate((run) => window.runFrames[run], away.run_id);
+  ok(`after a dropped connection the page resumes from its cursor: every bracket once, none missed (another page got the run as ${frames.join(" ")})`);
+
+  // ---- 5b. the queue: prompts queued behind a turn (one waiting on a permission), edited,
+  // moved and removed from the page; a steer; the session's rules; a reconnect mid-block ----
+  const claudeAgent = (ahJson("agent.list", {}).agents || []).find((x) => x.agent_type === "claude");
+  const steers = claudeAgent?.capabilities?.steer === true;
+  const completedBefore = await runEnds(a, "completed");
+  // The second page (its grant died with the killed host) on the session again.
+  await visit(b, openUrl(session));
+  await live(b);
+  await b.waitForFunction((id) => window.agentHost.current === id && window.agentHost.transcripts.get(id)?.loadedOnce, session);
+  await recordStreams(a);
+  await recordStreams(b);
+  await send(a, "TOOLCALL `touch queue-blocker && echo blocked`");
+  await a.waitForSelector("#transcript .permission.pending", { timeout: TURN });
+  await a.waitForSelector("#steer:not([hidden])");
+  const queueUp = async (text, n) => {
+    await send(a, text);
+    await a.waitForFunction((k) => document.querySelectorAll("#queue .queue-item").length === k && document.getElementById("prompt").value === "", n);
+  };
+  await queueUp("SLOW after the queue", 1);
+  await queueUp("queued one", 2);
+  await queueUp("queued two", 3);
+  const three = ["SLOW after the queue", "queued one", "queued two"];
+  await waitPanel(a, three, "three prompts queued");
+  await waitPanel(b, three, "three prompts queued, in the other page");
+  check(JSON.stringify(ipcQueue(session)) === JSON.stringify(three), `session.get's queue: ${JSON.stringify(ipcQueue(session))}`);
+  await a.screenshot({ path: path.join(SHOTS, "queue.png") });
+  ok("prompts queued behind a running turn are listed in both pages, in order");
+
+  await queued(a, "queued two").locator('[data-action="edit"]').click();
+  await a.fill("#queue .queue-edit", "queued two, edited");
+  await a.press("#queue .queue-edit", "Enter");
+  await waitPanel(a, ["SLOW after the queue", "queued one", "queued two, edited"], "after the edit");
+  check(ipcQueue(session)[2] === "queued two, edited", `session.get's queue after the edit: ${JSON.stringify(ipcQueue(session))}`);
+  await queued(a, "queued two, edited").locator('[data-action="front"]').click();
+  await waitPanel(a, ["queued two, edited", "SLOW after the queue", "queued one"], "after the move");
+  await queued(a, "queued one").locator('[data-action="remove"]').click();
+  const two = ["queued two, edited", "SLOW after the queue"];
+  await waitPanel(a, two, "after the remove");
+  await waitPanel(b, two, "after the remove, in the other page");
+  check(JSON.stringify(ipcQueue(session)) === JSON.stringify(two), `session.get's queue after edit, move and remove: ${JSON.stringify(ipcQueue(session))}`);
+  ok("an edit, a move to the front and a remove from the page take effect (session.get agrees), and show in the other page");
+
+  await a.fill("#prompt", "steered in");
+  await a.click("#steer");
+  let ran;
+  if (steers) {
+    await a.waitForSelector("#transcript .user.steer", { timeout: TURN });
+    ran = ["queued two, edited", "SLOW after the queue"];
+    ok("a steer from the page reaches the running turn");
+  } else {
+    await a.waitForFunction(() => /steer_unsupported/.test(document.getElementById("composer-status").textContent));
+    await a.waitForSelector('#transcript .notice.warning[data-code="steer_unsupported"]');
+    ran = ["steered in", "queued two, edited", "SLOW after the queue"];
+    await waitPanel(a, ran, "after a steer the agent cannot take");
+    check(JSON.stringify(ipcQueue(session)) === JSON.stringify(ran), `session.get's queue after the steer: ${JSON.stringify(ipcQueue(session))}`);
+    ok(`a steer claude cannot take goes to the head of the queue, and the page says so: "${await a.textContent("#composer-status")}"`);
+  }
+
+  // "Allow always": the rule is listed on the session, in both pages and over IPC.
+  await a.focus("#transcript .permission.pending");
+  await a.keyboard.press("a");
+  await a.waitForSelector("#transcript .permission.resolved[data-kind=\"allow_always\"]");
+  for (const p of [a, b]) await p.waitForSelector("#rules:not([hidden]) #rules-list li");
+  const rules = ahJson("session.get", { session_id: session }).permission_rules;
+  const listed = await a.textContent("#rules-list");
+  check(rules.length >= 1 && listed.includes(rules[0].description), `the rules: ${JSON.stringify(rules)}; the page lists ${listed}`);
+  ok(`an "allow always" answer is listed on the session: ${listed}`);
+
+  // The queue runs in order; a reconnect in the middle of the slow block shows its text once.
+  await a.waitForFunction(() => (document.querySelector("#transcript .text.streaming .md")?.textContent || "").startsWith("slow 0 ") && document.querySelectorAll("#queue .queue-item").length === 0, null, { timeout: TURN });
+  await dropConnection(a);
+  const grown = await b.evaluate(() => document.querySelector("#transcript .text.streaming .md")?.textContent.length || 0);
+  await b.waitForFunction((n) => (document.querySelector("#transcript .text.streaming .md")?.textContent.length || 0) > n + 20, grown, { timeout: TURN });
+  await a.evaluate(() => window.reopen());
+  await live(a);
+  check(await a.evaluate(() => !!document.querySelector("#transcript .text.streaming")), "the slow block ended before the page reconnected");
+  await waitRunEnds(a, "completed", completedBefore + ran.length + 1);
+  await sameAsStore(a, session, "after the queue ran");
+  const { events: after } = historySeqs(session);
+  const prompts = after.filter((e) => e.kind === "user.text").map((e) => e.event.text);
+  check(JSON.stringify(prompts.slice(-ran.length)) === JSON.stringify(ran), `the prompts ran as ${JSON.stringify(prompts.slice(-ran.length - 1))}`);
+  check(!prompts.includes("queued one") && !prompts.includes("queued two"), "a removed or edited-away prompt ran");
+  const slowEnd = after.filter((e) => e.kind === "text.end" && e.event.text.startsWith("slow 0 ")).pop();
+  const streamedA = await a.evaluate((end) => {
+    const node = document.querySelector(`#transcript .text[data-end-seq="${end}"]`);
+    return node ? window.streamedTexts.get(node.dataset.seq) ?? null : null;
+  }, slowEnd.sequence_id);
+  const streamedB = await b.evaluate((end) => {
+    const node = document.querySelector(`#transcript .text[data-end-seq="${end}"]`);
+    return node ? window.streamedTexts.get(node.dataset.seq) ?? null : null;
+  }, slowEnd.sequence_id);
+  check(streamedA === slowEnd.event.text, `reconnected mid-block, the page streamed ${JSON.stringify(streamedA)}; text.end is ${JSON.stringify(slowEnd.event.text)} (the page that stayed streamed ${JSON.stringify(streamedB)})`);
+  await waitPanel(a, [], "once the queue ran");
+  ok("the queue ran in order; reconnected mid-block, the page streamed the block once: what it showed is text.end");
 
   const status = await new Promise((resolve, reject) => {
     const req = http.request({ host: "127.0.0.1", port, path: "/", headers: { host: `evil.example:${port}` } }, (res) => {

@@ -28,6 +28,12 @@ static DESCRIPTOR: Descriptor = Descriptor {
         resume: ResumeKind::NativeId,
         permissions: true,
         cancel: true,
+        // A user message written while a turn runs is queued by the CLI: injected into the
+        // turn's next model request when there is one (after a tool call), else run as a turn
+        // of its own afterwards, with its own `result`. Which one depends on what the model
+        // does next, unknown when the steer is asked for, so the host does not claim it:
+        // the session queues the prompt (tests/steer.rs,
+        // `claude_takes_a_message_mid_turn_only_at_a_tool_boundary`).
         steer: false,
         fork: Support::Native,
         usage: true,

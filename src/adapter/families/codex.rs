@@ -23,8 +23,10 @@ static DESCRIPTOR: Descriptor = Descriptor {
         resume: ResumeKind::NativeId,
         permissions: true,
         cancel: true,
-        // `turn/steer` exists in the protocol; the host does not drive it yet.
-        steer: false,
+        // `turn/steer` into the running turn: the model's next request in that turn carries the
+        // text, and the turn ends once (tests/steer.rs,
+        // `codex_a_steer_reaches_the_running_turn`).
+        steer: true,
         fork: Support::Native,
         usage: true,
         process: ProcessModel::Persistent,

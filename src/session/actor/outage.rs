@@ -139,12 +139,11 @@ impl Actor {
             }
         }
         if self.state.run().is_none() {
-            match self.queue.pop_front() {
-                Some(next) => Box::pin(self.dispatch(next)).await,
-                None => {
-                    self.sync_state().await;
-                    self.arm_idle();
-                }
+            if self.queue.is_empty() {
+                self.sync_state().await;
+                self.arm_idle();
+            } else {
+                self.dispatch_next().await;
             }
         }
     }

@@ -1,17 +1,90 @@
 //! Permission requests: a request the agent makes is saved as pending before it is published
-//! (the session is `waiting` while one of its run is pending); an answer is decided in the
-//! store (first answer wins), passed to the agent, then published as `permission.resolved`
-//! with who answered; a request the agent withdraws, or that outlives its run or its agent,
-//! is resolved visibly (`expired` by the host).
+//! (the session is `waiting` while one of its run is pending); an answer names one of the
+//! options the request offered (or `allow` / `deny`, the first allow-once / reject-once one),
+//! is decided in the store (first answer wins), passed to the agent as that option, then
+//! published as `permission.resolved` with who answered and what was chosen; an accepted
+//! `allow_always` option is recorded on the session as a rule (`session.get` lists them)
+//! before that event goes out. A request the agent withdraws, or that outlives its run or its
+//! agent, is resolved visibly (`expired` by the host).
 
 use serde_json::Value;
 
-use super::{Actor, Decision, PermissionReceipt};
+use super::{Actor, Decision, PermissionAnswer, PermissionReceipt};
 use crate::bus::Bus;
-use crate::protocol::events::{Event, EventBody, PermissionRequest, PermissionResolved};
+use crate::protocol::events::{
+    Event, EventBody, PermissionOption, PermissionOptionKind, PermissionRequest, PermissionResolved,
+};
+use crate::protocol::replies::PermissionRule;
 use crate::protocol::states::PermissionState;
 use crate::session::SessionError;
 use crate::store::{PermissionRow, Resolve, Store, now_ms};
+
+/// The option an answer chooses among those a request offers. An `option_id` must be one of
+/// them (and agree with a `decision` given with it); `allow` is the first allow-once option
+/// (else the first that allows), `deny` the first reject-once one (else the first that
+/// refuses). A request that offered nothing takes the plain pair.
+fn choose(
+    request_id: &str,
+    offered: &[PermissionOption],
+    answer: &PermissionAnswer,
+) -> Result<PermissionOption, SessionError> {
+    let plain = PermissionOption::allow_deny();
+    let offered = if offered.is_empty() {
+        plain.as_slice()
+    } else {
+        offered
+    };
+    let chosen = match (&answer.option_id, answer.decision) {
+        (Some(id), decision) => {
+            let option = offered.iter().find(|o| &o.id == id).ok_or_else(|| {
+                SessionError::UnknownOption {
+                    request_id: request_id.to_owned(),
+                    option_id: id.clone(),
+                    offered: offered.iter().map(|o| o.id.clone()).collect(),
+                }
+            })?;
+            if let Some(decision) = decision
+                && (decision == Decision::Allow) != option.kind.allows()
+            {
+                return Err(SessionError::InvalidParams(format!(
+                    "option {id:?} is {}, not {}",
+                    option.kind.as_str(),
+                    decision.as_str()
+                )));
+            }
+            option
+        }
+        (None, Some(decision)) => {
+            let allow = decision == Decision::Allow;
+            let once = if allow {
+                PermissionOptionKind::AllowOnce
+            } else {
+                PermissionOptionKind::RejectOnce
+            };
+            offered
+                .iter()
+                .find(|o| o.kind == once)
+                .or_else(|| offered.iter().find(|o| o.kind.allows() == allow))
+                .ok_or_else(|| {
+                    SessionError::InvalidParams(format!(
+                        "permission request {request_id:?} offers no option to {}; it offers: {}",
+                        decision.as_str(),
+                        offered
+                            .iter()
+                            .map(|o| o.id.as_str())
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ))
+                })?
+        }
+        (None, None) => {
+            return Err(SessionError::InvalidParams(
+                "give option_id or decision (allow or deny)".to_owned(),
+            ));
+        }
+    };
+    Ok(chosen.clone())
+}
 
 impl Actor {
     /// The agent asks: saved as pending, published, and the session is `waiting`.
@@ -88,10 +161,38 @@ impl Actor {
     pub(super) async fn on_permission(
         &mut self,
         request_id: String,
-        decision: Decision,
+        answer: PermissionAnswer,
         message: Option<String>,
         by: String,
     ) -> Result<PermissionReceipt, SessionError> {
+        // Checked before the store decides, so a bad option leaves the request pending.
+        let option = match self.pending.get(&request_id) {
+            Some(offered) => choose(&request_id, offered, &answer)?,
+            None => {
+                // Not held here: answered already, unknown, or (a failed save) never held.
+                match self
+                    .cx
+                    .store
+                    .get_permission(self.cx.session_id.clone(), request_id.clone())
+                    .await?
+                {
+                    None => return Err(SessionError::PermissionNotFound(request_id)),
+                    Some(row) if row.state != PermissionState::Pending => {
+                        return Err(SessionError::AlreadyResolved {
+                            request_id,
+                            decision: row.decision.unwrap_or_default(),
+                            by: row.resolved_by.unwrap_or_default(),
+                        });
+                    }
+                    Some(_) => choose(&request_id, &[], &answer)?,
+                }
+            }
+        };
+        let decision = if option.kind.allows() {
+            Decision::Allow
+        } else {
+            Decision::Deny
+        };
         let resolution = self
             .cx
             .store
@@ -116,19 +217,26 @@ impl Actor {
         };
         self.pending.remove(&request_id);
         let input = serde_json::from_str::<Value>(&row.input).unwrap_or(Value::Null);
-        if let Some(live) = self.state.live()
-            && let Err(e) = live
+        let mut delivered = false;
+        if let Some(live) = self.state.live() {
+            match live
                 .session
-                .respond_permission(
-                    &request_id,
-                    decision == Decision::Allow,
-                    &input,
-                    message.as_deref(),
-                )
+                .choose_permission(&request_id, &option, &input, message.as_deref())
                 .await
-        {
-            tracing::info!(error = %e, "the agent is gone before the answer reached it");
+            {
+                Ok(()) => delivered = true,
+                Err(e) => {
+                    tracing::info!(error = %e, "the agent is gone before the answer reached it");
+                }
+            }
         }
+        // A rule only the agent that got the answer keeps.
+        let rule = match option.kind {
+            PermissionOptionKind::AllowAlways if delivered => {
+                Some(self.record_rule(&row, &option, &by).await)
+            }
+            _ => None,
+        };
         self.cx
             .publish(
                 row.run_id.as_deref(),
@@ -136,6 +244,9 @@ impl Actor {
                     request_id: request_id.clone(),
                     decision: decision.as_str().to_owned(),
                     by: Some(by),
+                    option_id: Some(option.id.clone()),
+                    kind: Some(option.kind),
+                    rule: rule.clone(),
                 }),
             )
             .await;
@@ -144,7 +255,44 @@ impl Actor {
         Ok(PermissionReceipt {
             request_id,
             decision: decision.as_str().to_owned(),
+            option_id: Some(option.id),
+            rule,
         })
+    }
+
+    /// Record an accepted always option on the session; returns the rule in words. A failed
+    /// write is logged and counted as an outage: the agent keeps the rule either way, and the
+    /// `permission.resolved` event still says so.
+    async fn record_rule(
+        &mut self,
+        row: &PermissionRow,
+        option: &PermissionOption,
+        by: &str,
+    ) -> String {
+        let description = option
+            .rule
+            .clone()
+            .unwrap_or_else(|| format!("{} ({})", option.label, row.tool));
+        let rule = PermissionRule {
+            request_id: row.request_id.clone(),
+            tool: row.tool.clone(),
+            option_id: option.id.clone(),
+            label: option.label.clone(),
+            description: description.clone(),
+            by: by.to_owned(),
+            at_ms: now_ms(),
+        };
+        if let Err(e) = self
+            .cx
+            .store
+            .insert_permission_rule(self.cx.session_id.clone(), rule)
+            .await
+        {
+            tracing::error!(error = %e, "saving a permission rule failed");
+            self.note_outage();
+        }
+        tracing::info!(request_id = %row.request_id, rule = %description, "permission rule accepted");
+        description
     }
 
     /// Resolve every pending request of this session as `expired` by the host.
@@ -191,6 +339,7 @@ pub(in crate::session) async fn expire_permission(store: &Store, bus: &Bus, row:
                     request_id: row.request_id,
                     decision: "expired".to_owned(),
                     by: Some("host".to_owned()),
+                    ..PermissionResolved::default()
                 }),
             );
             if let Err(e) = bus.publish(&event).await {

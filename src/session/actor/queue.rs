@@ -1,21 +1,86 @@
-//! Prompts in: a `send` gets its run id (and its row) at once; an idle session dispatches it, a
-//! busy one queues it (at most [`MAX_QUEUE`], the oldest dropped visibly past that). Dispatch
-//! publishes `user.text` then `run.start` and hands the prompt to the agent only once both are
-//! committed; while the store cannot commit, the prompt waits at the queue's head.
+//! Prompts in, and the follow-up queue: a `send` gets its run id (and its row, with the prompt's
+//! text) at once; an idle session dispatches it, a busy one queues it (at most the configured
+//! capacity, the oldest dropped visibly past that). The queue is the store's as much as the
+//! actor's: a queued run's row holds its text and its place (`queue_pos`, lower first), every
+//! change is written there before it is published as a `queue.changed` bracket carrying the
+//! whole queue, and a host that starts again gives the queue back ([`Actor::restore`]).
+//! Dispatch publishes `user.text` then `run.start` (then `queue.changed` `dispatched` for a
+//! queued prompt) and hands the prompt to the agent only once both are committed; while the
+//! store cannot commit, the prompt waits at the queue's head.
 
+use super::files;
 use super::state::{Run, Watch};
-use super::{Actor, MAX_QUEUE, Reply, SendReceipt, files};
-use crate::protocol::events::{EventBody, RunStart, UserText};
+use super::{Actor, CancelOutcome, CancelReceipt, QueueEdited, QueueEntry, Reply, SendReceipt};
+use crate::protocol::events::{
+    EventBody, PromptFrom, QueueChange, QueueItem, QueueReason, RunStart, UserText,
+};
 use crate::protocol::states::RunStatus;
+use crate::session::SessionError;
 use crate::store::{RunInsert, RunRow, StoreError, now_ms};
 
+/// How many bytes of prompt text one `queue.changed` carries at most; past that each text is
+/// cut to its share (and marked `truncated`), so a long queue of long prompts stays one event.
+const QUEUE_EVENT_TEXT_BYTES: usize = 2 * 1024 * 1024;
+/// How many characters of a dropped prompt its `followup_dropped` quotes.
+const DROPPED_HEAD_CHARS: usize = 60;
+
 /// A prompt waiting to run.
-pub(super) struct Queued {
+#[derive(Debug, Clone, PartialEq)]
+pub(in crate::session) struct Queued {
     pub run_id: String,
     pub text: String,
     pub client_msg_id: Option<String>,
     /// Its `user.text` is committed already (a dispatch the store cut short after it).
     pub announced: bool,
+    /// When it was sent (ms since the epoch): the oldest is dropped first.
+    pub created_at_ms: i64,
+    /// Its place as its row says (lower first; only the order matters).
+    pub pos: i64,
+    /// Who sent it (its `user.text` says so).
+    pub from: Option<PromptFrom>,
+}
+
+impl Queued {
+    fn entry(&self) -> QueueEntry {
+        QueueEntry {
+            run_id: self.run_id.clone(),
+            text: self.text.clone(),
+            client_msg_id: self.client_msg_id.clone(),
+            created_at_ms: self.created_at_ms,
+            from: self.from.clone(),
+        }
+    }
+}
+
+/// What taking a prompt came to.
+pub(super) enum Taken {
+    /// Its `client_msg_id` was seen before: that earlier run.
+    Duplicate(SendReceipt),
+    /// A new run, its row written: `busy` says it queues (the session runs or holds a queue).
+    New { item: Queued, busy: bool },
+}
+
+/// The start of a prompt for a notice: its first characters, on one line.
+pub(super) fn text_head(text: &str) -> String {
+    let flat: String = text
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect();
+    let flat = flat.trim();
+    let mut head: String = flat.chars().take(DROPPED_HEAD_CHARS).collect();
+    if flat.chars().nth(DROPPED_HEAD_CHARS).is_some() {
+        head.push('…');
+    }
+    head
+}
+
+/// The start of `text`, at most `max` bytes, cut at a character boundary.
+fn cut(text: &str, max: usize) -> &str {
+    let mut end = max.min(text.len());
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
 }
 
 impl Actor {
@@ -23,9 +88,61 @@ impl Actor {
         &mut self,
         text: String,
         client_msg_id: Option<String>,
+        from: Option<PromptFrom>,
         reply: Reply<SendReceipt>,
     ) {
+        let (item, busy) = match self.take(text, client_msg_id, from, false).await {
+            Err(e) => {
+                let _caller_gone = reply.send(Err(e));
+                return;
+            }
+            Ok(Taken::Duplicate(receipt)) => {
+                let _caller_gone = reply.send(Ok(receipt));
+                return;
+            }
+            Ok(Taken::New { item, busy }) => (item, busy),
+        };
+        // The caller has its run id before anything else happens.
+        let _caller_gone = reply.send(Ok(SendReceipt {
+            run_id: item.run_id.clone(),
+            queued: busy,
+            duplicate: false,
+        }));
+        self.settle_taken(item, busy).await;
+    }
+
+    /// A new prompt goes on: dispatched when nothing runs and nothing waits, else queued at the
+    /// end (the oldest dropped past the capacity).
+    pub(super) async fn settle_taken(&mut self, item: Queued, busy: bool) {
+        if !busy {
+            self.dispatch(item, false).await;
+            return;
+        }
+        let run_id = item.run_id.clone();
+        self.queue.push_back(item);
+        self.queue_changed(QueueReason::Added, Some(&run_id)).await;
+        self.enforce_capacity(&run_id).await;
+    }
+
+    /// Allocate a run for a prompt and write its row (with the text and, when it queues, its
+    /// place: after the last, or before the head with `head`).
+    pub(super) async fn take(
+        &mut self,
+        text: String,
+        client_msg_id: Option<String>,
+        from: Option<PromptFrom>,
+        head: bool,
+    ) -> Result<Taken, SessionError> {
+        let busy = self.state.run().is_some() || !self.queue.is_empty();
+        let pos = busy.then(|| {
+            if head {
+                self.queue.front().map_or(0, |q| q.pos - 1)
+            } else {
+                self.queue.back().map_or(0, |q| q.pos + 1)
+            }
+        });
         let run_id = uuid::Uuid::now_v7().to_string();
+        let created_at_ms = now_ms();
         let row = RunRow {
             run_id: run_id.clone(),
             session_id: self.cx.session_id.clone(),
@@ -33,63 +150,256 @@ impl Actor {
             client_msg_id: client_msg_id.clone(),
             error_category: None,
             message: None,
-            created_at_ms: now_ms(),
+            created_at_ms,
             ended_at_ms: None,
         };
-        match self.cx.store.insert_run(row).await {
-            Err(e) => {
-                let _caller_gone = reply.send(Err(e.into()));
-                return;
-            }
-            Ok(RunInsert::Duplicate(existing)) => {
+        match self
+            .cx
+            .store
+            .insert_sent_run(row, Some(text.clone()), pos, from.clone())
+            .await?
+        {
+            RunInsert::Duplicate(existing) => {
                 tracing::info!(run_id = %existing.run_id, "a retried prompt: same run");
-                let _caller_gone = reply.send(Ok(SendReceipt {
+                Ok(Taken::Duplicate(SendReceipt {
                     queued: existing.state == RunStatus::Queued,
                     run_id: existing.run_id,
                     duplicate: true,
-                }));
+                }))
+            }
+            RunInsert::Inserted => Ok(Taken::New {
+                item: Queued {
+                    run_id,
+                    text,
+                    client_msg_id,
+                    announced: false,
+                    created_at_ms,
+                    pos: pos.unwrap_or(0),
+                    from,
+                },
+                busy,
+            }),
+        }
+    }
+
+    /// Past the capacity, the oldest waiting prompt (never `keep`, the one just taken) is
+    /// dropped: its `warning` names it and the start of its text, then the queue's change.
+    pub(super) async fn enforce_capacity(&mut self, keep: &str) {
+        while self.queue.len() > self.cx.capacity {
+            let oldest = self
+                .queue
+                .iter()
+                .enumerate()
+                .filter(|(_, q)| q.run_id != keep)
+                // Sent in the same millisecond: the one nearer the head.
+                .min_by_key(|(index, q)| (q.created_at_ms, *index))
+                .map(|(index, _)| index);
+            let Some(dropped) = oldest.and_then(|index| self.queue.remove(index)) else {
                 return;
-            }
-            Ok(RunInsert::Inserted) => {}
-        }
-        let item = Queued {
-            run_id: run_id.clone(),
-            text,
-            client_msg_id,
-            announced: false,
-        };
-        let busy = self.state.run().is_some() || !self.queue.is_empty();
-        // The caller has its run id before anything else happens.
-        let _caller_gone = reply.send(Ok(SendReceipt {
-            run_id,
-            queued: busy,
-            duplicate: false,
-        }));
-        if !busy {
-            self.dispatch(item).await;
-            return;
-        }
-        self.queue.push_back(item);
-        while self.queue.len() > MAX_QUEUE {
-            if let Some(dropped) = self.queue.pop_front() {
-                tracing::info!(run_id = %dropped.run_id, "follow-up queue full: dropped the oldest");
-                self.retire_queued(
-                    &dropped.run_id,
-                    RunStatus::Dropped,
-                    "followup_dropped",
-                    format!(
-                        "more than {MAX_QUEUE} prompts were waiting; the oldest one was dropped \
-                         and will not run"
-                    ),
-                )
+            };
+            tracing::info!(run_id = %dropped.run_id, "follow-up queue full: dropped the oldest");
+            let message = format!(
+                "more than {} prompts were waiting; the oldest one, run {} (\"{}\"), was \
+                 dropped and will not run",
+                self.cx.capacity,
+                dropped.run_id,
+                text_head(&dropped.text)
+            );
+            self.retire_queued(
+                &dropped.run_id,
+                RunStatus::Dropped,
+                "followup_dropped",
+                message,
+            )
+            .await;
+            self.queue_changed(QueueReason::Dropped, Some(&dropped.run_id))
                 .await;
-            }
+        }
+    }
+
+    /// The queue as `session.get` shows it, head first.
+    pub(super) fn queue_entries(&self) -> Vec<QueueEntry> {
+        self.queue.iter().map(Queued::entry).collect()
+    }
+
+    /// Publish the whole queue after a change, `run_id` naming the prompt it concerns.
+    pub(super) async fn queue_changed(&self, reason: QueueReason, run_id: Option<&str>) {
+        let total: usize = self.queue.iter().map(|q| q.text.len()).sum();
+        let share = if total > QUEUE_EVENT_TEXT_BYTES {
+            QUEUE_EVENT_TEXT_BYTES / self.queue.len().max(1)
+        } else {
+            usize::MAX
+        };
+        let queue = self
+            .queue
+            .iter()
+            .map(|q| {
+                let text = cut(&q.text, share);
+                QueueItem {
+                    run_id: q.run_id.clone(),
+                    truncated: text.len() < q.text.len(),
+                    text: text.to_owned(),
+                    from: q.from.clone(),
+                }
+            })
+            .collect();
+        self.cx
+            .publish(
+                run_id,
+                EventBody::QueueChanged(QueueChange { reason, queue }),
+            )
+            .await;
+    }
+
+    /// The actor starts with the queue a stopped host left: it is published (`restored`) and
+    /// its head dispatched.
+    pub(super) async fn restore(&mut self) {
+        tracing::info!(count = self.queue.len(), "queued prompts restored");
+        self.queue_changed(QueueReason::Restored, None).await;
+        if self.state.run().is_none() {
+            self.dispatch_next().await;
+        }
+    }
+
+    /// Why `run_id` cannot be changed as a queued prompt: it is not queued (it runs, ran, or
+    /// was taken out), or this session has no such run.
+    pub(super) async fn not_queued(&self, run_id: String) -> SessionError {
+        match self.cx.store.get_run(run_id.clone()).await {
+            Ok(Some(row)) if row.session_id == self.cx.session_id => SessionError::NotQueued {
+                run_id,
+                state: row.state,
+            },
+            Ok(_) => SessionError::RunNotFound(format!("no run {run_id} in this session")),
+            Err(e) => e.into(),
+        }
+    }
+
+    fn queued_index(&self, run_id: &str) -> Option<usize> {
+        self.queue.iter().position(|q| q.run_id == run_id)
+    }
+
+    /// `queue.edit`: the text is saved in the run's row, then the queue's change published.
+    pub(super) async fn on_queue_edit(
+        &mut self,
+        run_id: String,
+        text: String,
+    ) -> Result<QueueEdited, SessionError> {
+        let Some(index) = self.queued_index(&run_id) else {
+            return Err(self.not_queued(run_id).await);
+        };
+        if !self
+            .cx
+            .store
+            .set_run_prompt(run_id.clone(), text.clone())
+            .await?
+        {
+            // The row is not queued while the actor holds it so: never, by the writes here.
+            tracing::error!(%run_id, "a queued prompt's row is not queued");
+            return Err(self.not_queued(run_id).await);
+        }
+        if let Some(item) = self.queue.get_mut(index) {
+            item.text = text.clone();
+            // A `user.text` already committed (a dispatch an outage cut short) said the old
+            // text: the dispatch says the new one.
+            item.announced = false;
+        }
+        self.queue_changed(QueueReason::Edited, Some(&run_id)).await;
+        Ok(QueueEdited { run_id, text })
+    }
+
+    /// `queue.move`: the new order is saved, then published; a move to where it is already
+    /// changes nothing.
+    pub(super) async fn on_queue_move(
+        &mut self,
+        run_id: String,
+        position: usize,
+    ) -> Result<Vec<QueueEntry>, SessionError> {
+        let Some(from) = self.queued_index(&run_id) else {
+            return Err(self.not_queued(run_id).await);
+        };
+        let to = position.min(self.queue.len() - 1);
+        if to == from {
+            return Ok(self.queue_entries());
+        }
+        let mut order: Vec<Queued> = self.queue.iter().cloned().collect();
+        let item = order.remove(from);
+        order.insert(to, item);
+        self.cx
+            .store
+            .set_queue_order(order.iter().map(|q| q.run_id.clone()).collect())
+            .await?;
+        for (pos, item) in order.iter_mut().enumerate() {
+            item.pos = pos as i64;
+        }
+        self.queue = order.into();
+        self.queue_changed(QueueReason::Moved, Some(&run_id)).await;
+        Ok(self.queue_entries())
+    }
+
+    /// Take the queued prompt at `index` out (it never runs): its `warning`
+    /// `followup_cancelled`, its row, then the queue's change.
+    pub(super) async fn remove_queued(&mut self, index: usize) -> Option<CancelReceipt> {
+        let item = self.queue.remove(index)?;
+        self.retire_queued(
+            &item.run_id,
+            RunStatus::Cancelled,
+            "followup_cancelled",
+            "this queued prompt was cancelled before it ran".to_owned(),
+        )
+        .await;
+        self.queue_changed(QueueReason::Removed, Some(&item.run_id))
+            .await;
+        Some(CancelReceipt {
+            run_id: item.run_id,
+            state: CancelOutcome::Cancelled,
+        })
+    }
+
+    /// `queue.remove`: a queued prompt only (a running turn is `session.cancel`'s).
+    pub(super) async fn on_queue_remove(
+        &mut self,
+        run_id: String,
+    ) -> Result<CancelReceipt, SessionError> {
+        let Some(index) = self.queued_index(&run_id) else {
+            return Err(self.not_queued(run_id).await);
+        };
+        match self.remove_queued(index).await {
+            Some(receipt) => Ok(receipt),
+            None => Err(self.not_queued(run_id).await),
+        }
+    }
+
+    /// `queue.clear`: every queued prompt cancelled, then one change.
+    pub(super) async fn on_queue_clear(&mut self) -> Result<Vec<String>, SessionError> {
+        let items = std::mem::take(&mut self.queue);
+        let mut removed = Vec::with_capacity(items.len());
+        for item in items {
+            self.retire_queued(
+                &item.run_id,
+                RunStatus::Cancelled,
+                "followup_cancelled",
+                "this queued prompt was cancelled before it ran (the queue was cleared)".to_owned(),
+            )
+            .await;
+            removed.push(item.run_id);
+        }
+        if !removed.is_empty() {
+            self.queue_changed(QueueReason::Cleared, None).await;
+        }
+        Ok(removed)
+    }
+
+    /// Dispatch the queue's head, if any.
+    pub(super) async fn dispatch_next(&mut self) {
+        if let Some(next) = self.queue.pop_front() {
+            Box::pin(self.dispatch(next, true)).await;
         }
     }
 
     /// Start a run: `user.text`, `run.start`, then the prompt to the agent — only once both
     /// are committed. While the store cannot commit, the prompt waits at the queue's head.
-    pub(super) async fn dispatch(&mut self, mut item: Queued) {
+    /// `queued`: it comes from the queue (its start is a change of the queue).
+    pub(super) async fn dispatch(&mut self, mut item: Queued, queued: bool) {
         if self.link.is_down() {
             self.queue.push_front(item);
             return;
@@ -121,6 +431,8 @@ impl Actor {
                     EventBody::UserText(UserText {
                         text: item.text.clone(),
                         client_msg_id: item.client_msg_id.clone(),
+                        steer: false,
+                        from: item.from.clone(),
                     }),
                 )
                 .await
@@ -157,6 +469,7 @@ impl Actor {
             self.queue.push_front(item);
             return;
         }
+        let run_id = item.run_id.clone();
         if let Err(run) = self.state.start(Run::new(item.run_id, item.text)) {
             // Never: a dispatch comes only when no run is in progress.
             tracing::error!(run_id = %run.id, "a run was dispatched over another; it waits");
@@ -165,8 +478,16 @@ impl Actor {
                 text: run.text,
                 client_msg_id: item.client_msg_id,
                 announced: true,
+                created_at_ms: item.created_at_ms,
+                pos: item.pos,
+                from: item.from,
             });
             return;
+        }
+        if queued {
+            // After its `run.start`: the queue lost its head.
+            self.queue_changed(QueueReason::Dispatched, Some(&run_id))
+                .await;
         }
         // After its `run.start`, before anything the agent says.
         self.sync_state().await;

@@ -1,7 +1,8 @@
-//! The end of the task: queued prompts will not run (each retired visibly), a running turn is
-//! interrupted and what the agent says until it ends is passed on, the agent is closed and its
-//! file read as it left it, pending requests expire, and the session goes `idle` after the
-//! run's `run.end`. A quiet stop (the session is being deleted) publishes nothing.
+//! The end of the task: queued prompts stay queued (their rows say so, with their text and
+//! place: the next host runs them), a running turn is interrupted and what the agent says until
+//! it ends is passed on, the agent is closed and its file read as it left it, pending requests
+//! expire, and the session goes `idle` after the run's `run.end`. A quiet stop (the session is
+//! being deleted) publishes nothing.
 
 use tokio::time::Instant;
 
@@ -11,22 +12,21 @@ use crate::protocol::states::{RunStatus, SessionState};
 use crate::session::agent::AgentOutput;
 
 impl Actor {
-    /// The task ends: queued prompts will not run, a running turn is interrupted, the agent
+    /// The task ends: queued prompts wait for the next host (taken out of the actor's queue
+    /// first, so the turn's end dispatches nothing), a running turn is interrupted, the agent
     /// is closed. `quiet` publishes nothing (the session's events are being deleted).
     pub(super) async fn stop(&mut self, quiet: bool) {
-        for item in std::mem::take(&mut self.queue) {
-            if quiet {
+        let kept = std::mem::take(&mut self.queue);
+        if quiet {
+            for item in &kept {
                 self.set_run_state(&item.run_id, RunStatus::Dropped, None, None)
                     .await;
-            } else {
-                self.retire_queued(
-                    &item.run_id,
-                    RunStatus::Dropped,
-                    "followup_dropped",
-                    "the host stopped before this prompt ran".to_owned(),
-                )
-                .await;
             }
+        } else if !kept.is_empty() {
+            tracing::info!(
+                count = kept.len(),
+                "the host stops; queued prompts stay queued for its next start"
+            );
         }
         if self.state.run().is_some() && !quiet {
             self.wind_down_turn().await;

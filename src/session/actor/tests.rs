@@ -238,6 +238,7 @@ impl Follow {
                 event["previous"].as_str().unwrap()
             ),
             "warning" => format!("warning {}", event["code"].as_str().unwrap()),
+            "queue.changed" => format!("queue {}", event["reason"].as_str().unwrap()),
             other => other.to_owned(),
         };
         self.seen.push(name);
@@ -277,6 +278,8 @@ struct Setup {
     /// A native session file (unattributed, as Codex's), created.
     file: bool,
     pid: Option<u32>,
+    /// The queue's capacity.
+    capacity: usize,
 }
 
 impl Default for Setup {
@@ -286,6 +289,7 @@ impl Default for Setup {
             idle: None,
             file: false,
             pid: Some(PID),
+            capacity: crate::config::DEFAULT_QUEUE_CAPACITY,
         }
     }
 }
@@ -314,7 +318,8 @@ impl World {
             agents: agents_tx,
         });
         let (health, health_rx) = watch::channel(store.health());
-        let sessions = SessionManager::with_health(store.clone(), bus, fake.clone(), health_rx);
+        let sessions = SessionManager::with_health(store.clone(), bus, fake.clone(), health_rx)
+            .with_queue_capacity(setup.capacity);
         World {
             dir,
             store,
@@ -540,6 +545,12 @@ async fn follow_ups_queue_drop_the_oldest_and_run_in_order() {
     }
     let dropped = bus.until("warning followup_dropped").await;
     assert_eq!(dropped["runId"], queued[0].as_str());
+    // The notice names the run and the start of its text.
+    let message = dropped["message"].as_str().unwrap();
+    assert!(
+        message.contains(queued[0].as_str()) && message.contains("\"two\""),
+        "{message}"
+    );
     let cancelled = world
         .sessions
         .cancel(&sid, Some(queued[1].clone()))
@@ -562,14 +573,22 @@ async fn follow_ups_queue_drop_the_oldest_and_run_in_order() {
             "user.text",
             "run.start",
             "state running<-idle",
+            "queue added",
+            "queue added",
+            "queue added",
+            "queue added",
             "warning followup_dropped",
+            "queue dropped",
             "warning followup_cancelled",
+            "queue removed",
             "run.end",
             "user.text",
             "run.start",
+            "queue dispatched",
             "run.end",
             "user.text",
             "run.start",
+            "queue dispatched",
             "run.end",
             "state idle<-running",
         ]
@@ -601,6 +620,7 @@ async fn permission_requests_make_the_run_wait_until_none_is_pending() {
             request_id: "p1".into(),
             decision: "cancelled".into(),
             by: None,
+            ..PermissionResolved::default()
         }))
         .await;
     bus.until("state running<-waiting").await;
@@ -612,7 +632,8 @@ async fn permission_requests_make_the_run_wait_until_none_is_pending() {
         .await
         .unwrap();
     assert_eq!(options.len(), 1);
-    assert_eq!(options[0].options, ["allow", "deny"]);
+    let ids: Vec<&str> = options[0].options.iter().map(|o| o.id.as_str()).collect();
+    assert_eq!(ids, ["allow", "deny"]);
     world
         .sessions
         .respond_permission(&sid, "p2".into(), Decision::Allow, None, "ipc".into())
@@ -667,6 +688,138 @@ async fn permission_requests_make_the_run_wait_until_none_is_pending() {
             .unwrap()
             .is_empty()
     );
+    drop(agent);
+    world.stop().await;
+}
+
+/// An answer names one of the request's own options: an unknown id or a contradicting
+/// decision is refused and leaves it pending; the chosen `allow_always` option reaches the
+/// agent as that option, is recorded on the session, and `permission.resolved` says which
+/// option and what rule.
+#[tokio::test]
+async fn an_allow_always_option_reaches_the_agent_and_is_recorded_on_the_session() {
+    use crate::protocol::envelope::PermissionAnswer;
+    use crate::protocol::events::{PermissionOption, PermissionOptionKind};
+    let mut world = World::start(Setup::default()).await;
+    let sid = world.session().await;
+    let mut bus = world.follow(&sid).await;
+    world.send(&sid, "go").await;
+    let mut agent = world.agent().await;
+    agent.prompt().await;
+    agent
+        .say(EventBody::PermissionRequest(PermissionRequest {
+            request_id: "p1".into(),
+            tool: "Bash".into(),
+            input: json!({"command": "npm test"}),
+            options: vec![
+                PermissionOption::new("once", "Allow", PermissionOptionKind::AllowOnce),
+                PermissionOption::always(
+                    "always",
+                    "Always allow Bash(npm test)",
+                    "always allow Bash(npm test) in this session".into(),
+                ),
+                PermissionOption::new("no", "Deny", PermissionOptionKind::RejectOnce),
+            ],
+        }))
+        .await;
+    bus.until("state waiting<-running").await;
+    let refused = world
+        .sessions
+        .respond_permission(
+            &sid,
+            "p1".into(),
+            PermissionAnswer::option("sometimes"),
+            None,
+            "ipc".into(),
+        )
+        .await;
+    match refused {
+        Err(SessionError::UnknownOption { offered, .. }) => {
+            assert_eq!(offered, ["once", "always", "no"]);
+        }
+        other => panic!("{other:?}"),
+    }
+    let contradicting = PermissionAnswer {
+        decision: Some(Decision::Deny),
+        option_id: Some("always".into()),
+    };
+    assert!(matches!(
+        world
+            .sessions
+            .respond_permission(&sid, "p1".into(), contradicting, None, "ipc".into())
+            .await,
+        Err(SessionError::InvalidParams(_))
+    ));
+    assert_eq!(
+        world
+            .sessions
+            .pending_permissions(Some(&sid))
+            .await
+            .unwrap()
+            .len(),
+        1
+    );
+    let receipt = world
+        .sessions
+        .respond_permission(
+            &sid,
+            "p1".into(),
+            PermissionAnswer::option("always"),
+            None,
+            "sub-1".into(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(receipt.decision, "allow");
+    assert_eq!(receipt.option_id.as_deref(), Some("always"));
+    match agent.input().await {
+        AgentInput::Permission { allow, option, .. } => {
+            assert!(allow);
+            assert_eq!(option.map(|o| o.id), Some("always".to_owned()));
+        }
+        other => panic!("{other:?}"),
+    }
+    let resolved = bus.until("permission.resolved").await;
+    assert_eq!(resolved["optionId"], "always");
+    assert_eq!(resolved["kind"], "allow_always");
+    assert_eq!(
+        resolved["rule"],
+        "always allow Bash(npm test) in this session"
+    );
+    let rules = world.sessions.permission_rules(&sid).await.unwrap();
+    assert_eq!(rules.len(), 1);
+    assert_eq!(
+        (
+            rules[0].option_id.as_str(),
+            rules[0].by.as_str(),
+            rules[0].tool.as_str()
+        ),
+        ("always", "sub-1", "Bash")
+    );
+    // The shorthand picks the plain option, and keeps no rule.
+    agent.ask("p2").await;
+    bus.until("state waiting<-running").await;
+    world
+        .sessions
+        .respond_permission(&sid, "p2".into(), Decision::Deny, None, "ipc".into())
+        .await
+        .unwrap();
+    match agent.input().await {
+        AgentInput::Permission { allow, option, .. } => {
+            assert!(!allow);
+            assert_eq!(option.map(|o| o.id), Some("deny".to_owned()));
+        }
+        other => panic!("{other:?}"),
+    }
+    let resolved = bus.until("permission.resolved").await;
+    assert_eq!(resolved["kind"], "reject_once");
+    assert!(resolved.get("rule").is_none());
+    assert_eq!(
+        world.sessions.permission_rules(&sid).await.unwrap().len(),
+        1
+    );
+    agent.end(RunState::Completed).await;
+    bus.until("run.end").await;
     drop(agent);
     world.stop().await;
 }
@@ -1263,9 +1416,11 @@ async fn a_store_outage_cuts_the_turn_and_the_queue_waits_for_the_store() {
             "user.text",
             "run.start",
             "state running<-idle",
+            "queue added",
             "run.end",
             "user.text",
             "run.start",
+            "queue dispatched",
             "run.end",
             "state idle<-running",
         ]
@@ -1304,10 +1459,10 @@ async fn a_store_outage_while_idle_holds_the_queue() {
     world.stop().await;
 }
 
-/// The host stops: the queue is dropped visibly, the turn is interrupted and ends
-/// `interrupted`, the agent closed with its grace, and the session is `idle`.
+/// The host stops: the queue stays queued (for the next start), the turn is interrupted and
+/// ends `interrupted`, the agent closed with its grace, and the session is `idle`.
 #[tokio::test]
-async fn a_stop_drops_the_queue_and_interrupts_the_turn() {
+async fn a_stop_keeps_the_queue_and_interrupts_the_turn() {
     let mut world = World::start(Setup::default()).await;
     let sid = world.session().await;
     let mut bus = world.follow(&sid).await;
@@ -1328,7 +1483,7 @@ async fn a_stop_drops_the_queue_and_interrupts_the_turn() {
             "user.text",
             "run.start",
             "state running<-idle",
-            "warning followup_dropped",
+            "queue added",
             "run.end",
             "state idle<-running",
         ]
@@ -1336,8 +1491,11 @@ async fn a_stop_drops_the_queue_and_interrupts_the_turn() {
     let states = world.run_states(&sid).await;
     assert_eq!(
         (states[&run].as_str(), states[&queued].as_str()),
-        ("interrupted", "dropped")
+        ("interrupted", "queued")
     );
+    let stored = world.store.queued_runs(sid.clone()).await.unwrap();
+    assert_eq!(stored.len(), 1);
+    assert_eq!(stored[0].prompt.as_deref(), Some("two"));
     assert!(matches!(
         world.sessions.send(&sid, "late".into(), None).await,
         Err(SessionError::ShuttingDown)
@@ -1417,6 +1575,7 @@ async fn a_child_without_a_pid_still_leaves_a_baseline() {
         pid: None,
         idle: Some(Duration::from_secs(60)),
         file: true,
+        ..Setup::default()
     })
     .await;
     let sid = world.session().await;
@@ -1475,3 +1634,7 @@ async fn a_fork_that_dies_before_its_own_id_forks_again() {
     drop((agent, again));
     world.stop().await;
 }
+
+/// The durable, visible, editable queue and `session.steer`.
+mod queue;
+mod sender;

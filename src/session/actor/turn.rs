@@ -137,9 +137,7 @@ impl Actor {
         // `idle`, or `running` on (from `waiting`) when a follow-up is next.
         self.sync_state().await;
         self.turn_ended(ended).await;
-        if let Some(next) = self.queue.pop_front() {
-            Box::pin(self.dispatch(next)).await;
-        }
+        self.dispatch_next().await;
     }
 
     /// An idle agent is closed after the launcher's idle timeout.
@@ -287,19 +285,9 @@ impl Actor {
     ) -> Result<CancelReceipt, SessionError> {
         if let Some(wanted) = &run_id
             && let Some(index) = self.queue.iter().position(|q| &q.run_id == wanted)
-            && let Some(item) = self.queue.remove(index)
+            && let Some(receipt) = self.remove_queued(index).await
         {
-            self.retire_queued(
-                &item.run_id,
-                RunStatus::Cancelled,
-                "followup_cancelled",
-                "this queued prompt was cancelled before it ran".to_owned(),
-            )
-            .await;
-            return Ok(CancelReceipt {
-                run_id: item.run_id,
-                state: CancelOutcome::Cancelled,
-            });
+            return Ok(receipt);
         }
         let (run, live) = self.state.parts_mut();
         let Some(run) = run.filter(|r| run_id.as_ref().is_none_or(|w| *w == r.id)) else {

@@ -1,10 +1,17 @@
 //! `agent-host follow [session_id] [--json]`: the terminal follower every user gets.
 //!
+//! On a terminal (stdout and stdin both ttys, no `--json`) it is interactive: [`run_interactive`]
+//! (`tui.rs`, with the pure view model in `view/`, keys in `keys.rs`, drawing in
+//! `render.rs`, the connection task in `connection.rs`). Everywhere else it is the line
+//! follower below, whose output scripts and tests read. Both reconnect with [`Reconnect`],
+//! whose backoff starts from the bottom again after a connection that stayed up.
+//!
 //! It mints a grant over IPC (`subscriber.add`, with deltas, replaying the newest 200
 //! brackets), connects to the loopback WebSocket, and prints the stream as it comes: text as
 //! it streams, tool calls and their output, permission requests, run ends. When the connection
 //! drops (the host restarted, say) it gets a fresh grant (`subscriber.grant`) and reconnects
-//! with its cursor, with exponential backoff and jitter, so nothing is shown twice or missed.
+//! with its cursor, with exponential backoff and jitter (reset once a connection proved good),
+//! so nothing is shown twice or missed.
 //! Ctrl-C (or SIGTERM) closes the connection, removes the subscriber, and exits 0.
 //!
 //! `--json` prints each canonical event as one JSON line instead, for scripts. Status lines
@@ -13,8 +20,8 @@
 use std::io::Write;
 use std::time::Duration;
 
-use backon::{BackoffBuilder, ExponentialBackoff, ExponentialBuilder};
 use serde_json::{Value, json};
+use tokio::time::Instant;
 
 use crate::config::Config;
 use crate::ipc;
@@ -22,6 +29,16 @@ use crate::protocol::envelope::{ErrorCode, Reply};
 use crate::protocol::replies::Grant;
 use crate::protocol::wire::{CmdId, PROTOCOL_VERSION, pb};
 use crate::ws::client::{self, ClientError, WsClient};
+
+mod connection;
+mod keys;
+mod reconnect;
+mod render;
+mod tui;
+mod view;
+
+pub use reconnect::Reconnect;
+pub use tui::run as run_interactive;
 
 const IPC_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -35,10 +52,18 @@ pub struct FollowOptions {
 enum Ended {
     /// The user asked to stop.
     Stop,
-    /// The connection dropped or could not be made; try again.
-    Lost(String),
+    /// The connection dropped (after `up_for` greeted; `None`: it could not be made); try
+    /// again.
+    Lost(String, Option<Duration>),
     /// Something retrying cannot fix.
     Fatal(Reply),
+}
+
+/// Whether `follow` should run the interactive terminal UI: stdout is a terminal and no
+/// `--json` was asked for. Anything else (a pipe, a file, `--json`) gets the line output.
+pub fn interactive(options: &FollowOptions) -> bool {
+    use std::io::IsTerminal;
+    !options.json && std::io::stdout().is_terminal() && std::io::stdin().is_terminal()
 }
 
 /// Follow until Ctrl-C. Returns the reply to report (ok on a clean stop).
@@ -53,6 +78,7 @@ pub async fn run(
         "forward_deltas": true,
         "replay_mode": "max_count",
         "max_count": 200,
+        "client": "follow",
     });
     if let Some(id) = &options.session_id {
         params["session_id"] = json!(id);
@@ -76,7 +102,7 @@ pub async fn run(
     let mut cursor: Option<i64> = None;
     let stop = stop_signal();
     tokio::pin!(stop);
-    let mut backoff = new_backoff();
+    let mut backoff = Reconnect::default();
     let outcome = loop {
         let ended = tokio::select! {
             () = &mut stop => Ended::Stop,
@@ -85,8 +111,8 @@ pub async fn run(
         match ended {
             Ended::Stop => break Reply::ok(json!({"stopped": true, "cursor": cursor})),
             Ended::Fatal(reply) => break reply,
-            Ended::Lost(reason) => {
-                let delay = backoff.next().unwrap_or(Duration::from_secs(5));
+            Ended::Lost(reason, up_for) => {
+                let delay = backoff.delay_after(up_for);
                 let _status = writeln!(
                     status,
                     "agent-host follow: {}; reconnecting in {delay:?}",
@@ -131,15 +157,6 @@ pub async fn run(
     outcome
 }
 
-fn new_backoff() -> ExponentialBackoff {
-    ExponentialBuilder::default()
-        .with_min_delay(Duration::from_millis(50))
-        .with_max_delay(Duration::from_secs(5))
-        .with_jitter()
-        .without_max_times()
-        .build()
-}
-
 async fn ipc_call(config: &Config, command: &str, params: Value) -> Reply {
     match ipc::request(
         &config.ipc_path(),
@@ -159,7 +176,7 @@ async fn follow_once(
     options: &FollowOptions,
     renderer: &mut Renderer,
     out: &mut (dyn Write + Send),
-    backoff: &mut ExponentialBackoff,
+    backoff: &mut Reconnect,
 ) -> Ended {
     let (endpoint, token) = (grant.ws_endpoint.as_str(), grant.ws_token.as_str());
     let hello = pb::Hello {
@@ -181,8 +198,10 @@ async fn follow_once(
                 data: serde_json::json!({"error": name}),
             });
         }
-        Err(e) => return Ended::Lost(e.to_string()),
+        Err(e) => return Ended::Lost(e.to_string(), None),
     };
+    let up = Instant::now();
+    let lost = |reason: String| Ended::Lost(reason, Some(up.elapsed()));
     let mut healthy = false;
     loop {
         let frame = match ws.next_frame().await {
@@ -192,9 +211,9 @@ async fn follow_once(
                     "the host closed the connection".to_owned(),
                     |(code, why)| format!("the host closed the connection ({code} {why})"),
                 );
-                return Ended::Lost(reason);
+                return lost(reason);
             }
-            Err(e) => return Ended::Lost(e.to_string()),
+            Err(e) => return lost(e.to_string()),
         };
         match frame.cmd {
             CmdId::EventPush => {
@@ -218,18 +237,18 @@ async fn follow_once(
                 if !healthy {
                     // Events flow: the next loss starts its backoff from the bottom again.
                     healthy = true;
-                    *backoff = new_backoff();
+                    backoff.reset();
                 }
                 if !push.is_delta {
                     *cursor = Some(push.sequence_id);
                     if ws.ack(push.sequence_id).await.is_err() {
-                        return Ended::Lost("the connection failed while acknowledging".to_owned());
+                        return lost("the connection failed while acknowledging".to_owned());
                     }
                 }
             }
             CmdId::ErrorResp => {
                 if let Ok(err) = frame.body::<pb::ErrorResp>() {
-                    return Ended::Lost(format!("the host sent {} ({})", err.name, err.message));
+                    return lost(format!("the host sent {} ({})", err.name, err.message));
                 }
             }
             _ => {}
@@ -418,8 +437,9 @@ impl Renderer {
                     .get("options")
                     .and_then(Value::as_array)
                     .map(|o| {
+                        // `{id,label,kind}` objects; older history holds bare ids.
                         o.iter()
-                            .filter_map(Value::as_str)
+                            .filter_map(|o| o.as_str().or_else(|| o.get("id")?.as_str()))
                             .collect::<Vec<_>>()
                             .join("/")
                     })
