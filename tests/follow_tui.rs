@@ -185,6 +185,35 @@ fn the_interactive_follow_streams_answers_permissions_cancels_and_sends() {
         // A tool call asks; `y` on the empty input line allows it, the tool runs.
         tui.keys(b"TOOLCALL `touch tui-approved && echo tui-out`\r");
         tui.shows("[y]", TURN).await;
+        // A pasted `y` (bracketed paste) is text, not an answer; Esc clears the draft and
+        // does not cancel the waiting turn.
+        tui.keys(b"\x1b[200~y\x1b[201~");
+        tui.until("the pasted y on the input line", TURN, |s| {
+            s.lines().any(|l| l.trim_end() == "› y")
+        })
+        .await;
+        assert!(tui.screen().contains("[y]"), "{}", tui.screen());
+        tui.keys(b"\x1b");
+        tui.until("the cleared input line", TURN, |s| {
+            s.lines().any(|l| l.trim_end() == "›")
+        })
+        .await;
+        // `a` asks before it keeps a lasting rule (or says none is offered); another key
+        // takes the question back. Neither types the `a`.
+        tui.keys(b"a");
+        let asked = tui
+            .until("the allow-always question", TURN, |s| {
+                s.contains("allow always? a / Enter") || s.contains("offers no allow-always option")
+            })
+            .await;
+        if asked.contains("allow always? a / Enter") {
+            assert!(asked.contains("a lasting rule: "), "{asked}");
+            tui.keys(b"x");
+            tui.shows("allow always: not granted", TURN).await;
+        }
+        let screen = tui.screen();
+        assert!(screen.lines().any(|l| l.trim_end() == "›"), "{screen}");
+        assert!(screen.contains("[y]"), "still waiting: {screen}");
         tui.keys(b"y");
         let screen = tui.shows("tool said: tui-out", TURN).await;
         assert!(screen.contains("⚙ Bash touch tui-approved"), "{screen}");
@@ -212,10 +241,26 @@ fn the_interactive_follow_streams_answers_permissions_cancels_and_sends() {
         tui.shows("» ▸ ⚙ Bash", TURN).await;
         tui.keys(b"\r");
         tui.shows("│ tui-out", TURN).await;
+        // Esc on an empty line drops the selection first (it cancels nothing then).
+        tui.keys(b"\x1b");
+        tui.until("the dropped selection", TURN, |s| !s.contains("» ▾ ⚙ Bash"))
+            .await;
 
-        // Esc cancels a slow turn.
+        // Esc cancels a slow turn — on an empty line only: with a draft it clears the draft.
         tui.keys(b"SLOW stream\r");
         tui.shows("slow 2 ", TURN).await;
+        tui.keys(b"draft");
+        tui.shows("› draft", TURN).await;
+        tui.keys(b"\x1b");
+        tui.until("the cleared draft", TURN, |s| !s.contains("› draft"))
+            .await;
+        assert!(
+            !tui.screen()
+                .lines()
+                .any(|l| l.contains("── run") && l.contains("cancelled")),
+            "Esc with a draft cancelled the turn: {}",
+            tui.screen()
+        );
         tui.keys(b"\x1b");
         tui.until("the cancelled run", TURN, |s| {
             s.lines()
@@ -254,6 +299,10 @@ fn the_interactive_follow_streams_answers_permissions_cancels_and_sends() {
             "a log line reached the screen:\n{}",
             leaks[0]
         );
+        // The follower did log (at `debug`), so "no log line on the screen" means something.
+        let log = std::fs::read_to_string(world.host().home.join("logs").join("follow.log"))
+            .unwrap_or_default();
+        assert!(!log.trim().is_empty(), "logs/follow.log is empty");
         // The line follower at the CLI's default level: no tungstenite debug line on stderr
         // for its connect (the handshake filter once raised that crate to `debug`).
         let mut line = tokio::process::Command::new(BIN)

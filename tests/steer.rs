@@ -85,8 +85,11 @@ struct CodexRun {
     early: Result<(), AdapterError>,
     /// The steer sent once the turn streamed its first text delta.
     steer: Result<(), AdapterError>,
-    /// Every output through the run's end, and what came in a quiet while after it.
+    /// Every output through the run's end.
     outputs: Vec<AgentOutput>,
+    /// The outputs of a marker turn started after that end, through its own end: a turn the
+    /// steer started on its own would come before it.
+    after: Vec<AgentOutput>,
     /// What the model was sent.
     bodies: Vec<Value>,
 }
@@ -130,11 +133,19 @@ async fn codex_steered(prompt: &str, steer: &str) -> CodexRun {
             break;
         }
     }
-    // A second turn would start at once; nothing comes.
-    while let Ok(Some(next)) =
-        tokio::time::timeout(Duration::from_secs(2), session.events.recv()).await
-    {
-        outputs.push(next);
+    // A second turn of the steer's own would start at once, before the marker's.
+    session.send("MARKER three", "run-2").await.unwrap();
+    let mut after = Vec::new();
+    loop {
+        let next = tokio::time::timeout(TURN, session.events.recv())
+            .await
+            .expect("codex went silent")
+            .expect("the driver ended");
+        let end = matches!(next, AgentOutput::Event(EventBody::RunEnd(_)));
+        after.push(next);
+        if end {
+            break;
+        }
     }
     session.close(Duration::from_secs(5)).await;
     let bodies = mock.bodies.lock().unwrap().clone();
@@ -143,6 +154,7 @@ async fn codex_steered(prompt: &str, steer: &str) -> CodexRun {
         early,
         steer,
         outputs,
+        after,
         bodies,
     }
 }
@@ -187,10 +199,28 @@ fn codex_a_steer_reaches_the_running_turn() {
             texts.contains(&"echo: STEERED two [user turns seen: 2; first: SLOW one]"),
             "{texts:?}"
         );
-        // One turn/start, so every request is that turn's: the first holds the prompt only,
-        // a later one the prompt and then the steer.
-        let prompts: Vec<Vec<String>> = run
+        // The next turn is the marker's: nothing ran in between.
+        let after: Vec<&str> = run
+            .after
+            .iter()
+            .filter_map(|o| match o {
+                AgentOutput::Event(EventBody::TextEnd(t)) => Some(t.text.as_str()),
+                _ => None,
+            })
+            .collect();
+        assert!(
+            !after.is_empty() && after.iter().all(|t| t.starts_with("echo: MARKER three")),
+            "{:#?}",
+            run.after
+        );
+        // The requests before the marker's are the first turn's: the first holds the prompt
+        // only, a later one the prompt and then the steer.
+        let first_turn = run
             .bodies
+            .iter()
+            .position(|b| responses_user_texts(b).iter().any(|t| t == "MARKER three"))
+            .expect("the marker turn reached no model");
+        let prompts: Vec<Vec<String>> = run.bodies[..first_turn]
             .iter()
             .map(|b| {
                 responses_user_texts(b)
@@ -209,7 +239,8 @@ fn codex_a_steer_reaches_the_running_turn() {
 
 /// One real Claude Code process: a turn with `prompt`, and "STEERED two" written to its stdin
 /// as a second user message while the turn runs (at its first text delta, or as it starts a
-/// tool). Returns the `result` lines (until a second one, or a quiet while) and the bodies
+/// tool), and a marker message once the first turn ended. Returns the `result` lines before
+/// the marker's (a turn the message got of its own comes before it) and the bodies
 /// the model was sent.
 async fn claude_with_a_second_message(prompt: &str, at_tool: bool) -> (Vec<Value>, Vec<Value>) {
     let mock = MockModel::start(0).await.unwrap();
@@ -241,20 +272,16 @@ async fn claude_with_a_second_message(prompt: &str, at_tool: bool) -> (Vec<Value
             + "\n"
     };
     stdin.write_all(user(prompt).as_bytes()).await.unwrap();
-    let mut results = Vec::new();
+    let mut results: Vec<Value> = Vec::new();
     let mut written = false;
-    // After the first result, a second turn (if any) starts at once.
-    while results.len() < 2 {
-        let wait = if results.is_empty() {
-            TURN
-        } else {
-            Duration::from_secs(10)
-        };
-        let Ok(line) = tokio::time::timeout(wait, lines.next_line()).await else {
-            assert!(!results.is_empty(), "claude went silent mid-turn");
-            break;
-        };
-        let line = line.unwrap().expect("claude exited");
+    // After the first result, a second turn (if any) starts at once: a marker message written
+    // then runs after it, and its result ends the reading.
+    loop {
+        let line = tokio::time::timeout(TURN, lines.next_line())
+            .await
+            .expect("claude went silent")
+            .unwrap()
+            .expect("claude exited");
         let v: Value = serde_json::from_str(&line).unwrap_or(Value::Null);
         let now = if at_tool {
             v["type"] == "assistant" && v["message"]["content"][0]["type"] == "tool_use"
@@ -278,6 +305,18 @@ async fn claude_with_a_second_message(prompt: &str, at_tool: bool) -> (Vec<Value
                 .unwrap();
         }
         if v["type"] == "result" {
+            let marker = v["result"]
+                .as_str()
+                .is_some_and(|r| r.starts_with("echo: MARKER three"));
+            if results.is_empty() {
+                stdin
+                    .write_all(user("MARKER three").as_bytes())
+                    .await
+                    .unwrap();
+            }
+            if marker {
+                break;
+            }
             results.push(v);
         }
     }

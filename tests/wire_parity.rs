@@ -604,6 +604,17 @@ async fn a_grant_for_one_session_reaches_nothing_else() {
                 json!({"session_id": b, "client_msg_id": "k"}),
             ),
             ("session.send", json!({"session_id": b, "text": "hi"})),
+            ("session.steer", json!({"session_id": b, "text": "hi"})),
+            (
+                "queue.edit",
+                json!({"session_id": b, "run_id": "r", "text": "x"}),
+            ),
+            (
+                "queue.move",
+                json!({"session_id": b, "run_id": "r", "position": 0}),
+            ),
+            ("queue.remove", json!({"session_id": b, "run_id": "r"})),
+            ("queue.clear", json!({"session_id": b})),
             ("session.cancel", json!({"session_id": b})),
             ("session.activate", json!({"session_id": b})),
             ("session.rename", json!({"session_id": b, "title": "x"})),
@@ -632,6 +643,42 @@ async fn a_grant_for_one_session_reaches_nothing_else() {
                 reply.data["error"],
                 json!("out_of_scope"),
                 "{codec:?} {command}: {}",
+                reply.to_line()
+            );
+        }
+        // A grant for A without `prompt`: it reads A, and neither prompts, steers nor
+        // changes A's queue.
+        let (mut reader, _) = grant_and_connect(
+            &host,
+            json!({"type": "local", "session_id": a, "prompt": false, "replay_mode": "none"}),
+            codec,
+        )
+        .await;
+        let got = reader
+            .request("session.get", json!({"session_id": a}))
+            .await
+            .unwrap();
+        assert_eq!(got.code, 0, "{}", got.to_line());
+        let no_prompt = [
+            ("session.send", json!({"session_id": a, "text": "hi"})),
+            ("session.steer", json!({"session_id": a, "text": "hi"})),
+            (
+                "queue.edit",
+                json!({"session_id": a, "run_id": "r", "text": "x"}),
+            ),
+            (
+                "queue.move",
+                json!({"session_id": a, "run_id": "r", "position": 0}),
+            ),
+            ("queue.remove", json!({"session_id": a, "run_id": "r"})),
+            ("queue.clear", json!({"session_id": a})),
+        ];
+        for (command, params) in no_prompt {
+            let reply = reader.request(command, params).await.unwrap();
+            assert_eq!(
+                reply.data["error"],
+                json!("out_of_scope"),
+                "{codec:?} {command} without prompt: {}",
                 reply.to_line()
             );
         }

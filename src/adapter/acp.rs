@@ -167,6 +167,23 @@ pub fn permission_answer(options: &Value, allow: bool, option: Option<&Permissio
     }
 }
 
+/// Whether an answer made by [`permission_answer`] selects one of the `offered` options
+/// whose kind is `allow_always` (the agent then keeps the rule).
+pub fn answer_keeps(offered: &Value, answer: &Value) -> bool {
+    let Some(id) = answer.pointer("/outcome/optionId").and_then(Value::as_str) else {
+        return false;
+    };
+    offered
+        .as_array()
+        .map(Vec::as_slice)
+        .unwrap_or_default()
+        .iter()
+        .any(|o| {
+            o.get("optionId").and_then(Value::as_str) == Some(id)
+                && o.get("kind").and_then(Value::as_str) == Some("allow_always")
+        })
+}
+
 /// The answer to a permission request left open by a cancel.
 pub fn cancelled_answer() -> Value {
     json!({"outcome": {"outcome": "cancelled"}})
@@ -804,11 +821,16 @@ mod tests {
             permission_answer(&options, true, Some(&always))["outcome"]["optionId"],
             "always"
         );
+        assert!(answer_keeps(
+            &options,
+            &permission_answer(&options, true, Some(&always))
+        ));
         let stranger = PermissionOption::always("nope", "Nope", "nope".to_owned());
-        assert_eq!(
-            permission_answer(&options, true, Some(&stranger))["outcome"]["optionId"],
-            "once"
-        );
+        let fallback = permission_answer(&options, true, Some(&stranger));
+        assert_eq!(fallback["outcome"]["optionId"], "once");
+        // An always option the agent did not offer goes as allow-once: no rule kept.
+        assert!(!answer_keeps(&options, &fallback));
+        assert!(!answer_keeps(&options, &cancelled_answer()));
         let only_always = json!([{"kind": "allow_always", "optionId": "always"}]);
         assert_eq!(
             permission_answer(&only_always, true, None)["outcome"]["optionId"],

@@ -501,16 +501,26 @@ impl Driver {
                 request_id,
                 allow,
                 option,
+                ack,
                 ..
             } => {
-                match self.permissions.remove(&request_id) {
-                    Some(pending) => pending.request.respond(acp::permission_answer(
-                        &pending.options,
-                        allow,
-                        option.as_ref(),
-                    )),
-                    None => tracing::info!(request_id, "an answer to no pending permission"),
-                }
+                let acked = match self.permissions.remove(&request_id) {
+                    Some(pending) => {
+                        let answer =
+                            acp::permission_answer(&pending.options, allow, option.as_ref());
+                        let always = acp::answer_keeps(&pending.options, &answer);
+                        pending.request.respond(answer);
+                        Ok(super::Honoured { always })
+                    }
+                    None => {
+                        tracing::info!(request_id, "an answer to no pending permission");
+                        Err(AdapterError::new(
+                            ErrorCategory::AgentFailed,
+                            format!("the agent has no permission request {request_id:?} pending"),
+                        ))
+                    }
+                };
+                let _unwaited = ack.send(acked);
                 Ok(())
             }
             AgentInput::Interrupt => {

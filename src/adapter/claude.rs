@@ -381,7 +381,9 @@ impl Translator {
 
     /// The stdin line answering permission request `request_id` with `option` (one of those
     /// its `permission.request` offered; `None`: plain allow or deny): an always option sends
-    /// the updates it stands for.
+    /// the updates it stands for. The flag says whether the line carries them (an always
+    /// option whose suggestions are gone, e.g. a request answered before, goes as a plain
+    /// allow).
     pub fn permission_frame(
         &mut self,
         request_id: &str,
@@ -389,12 +391,13 @@ impl Translator {
         option: Option<&PermissionOption>,
         input: &Value,
         message: Option<&str>,
-    ) -> String {
+    ) -> (String, bool) {
         let offered = self.suggestions.remove(request_id).unwrap_or_default();
         let updates = option
-            .filter(|o| o.kind == PermissionOptionKind::AllowAlways)
+            .filter(|o| allow && o.kind == PermissionOptionKind::AllowAlways)
             .and_then(|o| offered.get(&o.id));
-        permission_frame_with(request_id, allow, input, message, updates)
+        let line = permission_frame_with(request_id, allow, input, message, updates);
+        (line, updates.is_some())
     }
 
     /// Lines for stdin that the last frames call for: an error answer to each control request
@@ -1054,14 +1057,15 @@ mod tests {
             always.rule.as_deref(),
             Some("always allow Bash(touch x && echo hi) and access to /w in this session")
         );
-        let frame: Value = serde_json::from_str(&t.permission_frame(
+        let (line, kept) = t.permission_frame(
             "p1",
             true,
             Some(always),
             &json!({"command": "touch x && echo hi"}),
             None,
-        ))
-        .unwrap();
+        );
+        assert!(kept);
+        let frame: Value = serde_json::from_str(&line).unwrap();
         let response = &frame["response"]["response"];
         assert_eq!(response["behavior"], "allow");
         let updates = response["updatedPermissions"].as_array().unwrap();
@@ -1073,9 +1077,20 @@ mod tests {
             r#"{"type":"control_request","request_id":"p2","request":{"subtype":"can_use_tool","tool_name":"Bash","input":{},"permission_suggestions":[{"type":"setMode","mode":"acceptEdits","destination":"session"}]}}"#,
         );
         let once = PermissionOption::new("allow", "Allow", PermissionOptionKind::AllowOnce);
-        let frame: Value =
-            serde_json::from_str(&t.permission_frame("p2", true, Some(&once), &json!({}), None))
-                .unwrap();
+        let (line, kept) = t.permission_frame("p2", true, Some(&once), &json!({}), None);
+        assert!(!kept);
+        let frame: Value = serde_json::from_str(&line).unwrap();
+        assert!(
+            frame["response"]["response"]
+                .get("updatedPermissions")
+                .is_none()
+        );
+        // The always option again, its suggestions gone with the first answer: a plain allow,
+        // and the driver says the always part did not go out.
+        let (line, kept) = t.permission_frame("p1", true, Some(always), &json!({}), None);
+        assert!(!kept);
+        let frame: Value = serde_json::from_str(&line).unwrap();
+        assert_eq!(frame["response"]["response"]["behavior"], "allow");
         assert!(
             frame["response"]["response"]
                 .get("updatedPermissions")

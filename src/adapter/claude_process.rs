@@ -21,7 +21,9 @@ use tokio::sync::{mpsc, oneshot};
 use super::claude::{self, Translator};
 use super::lines::{BoundedLines, Line};
 use super::spawn::{SpawnSpec, Spawned, describe_exit, spawn};
-use super::{AdapterError, AgentInput, AgentOutput, AgentSession, Native, OpenSpec};
+use super::{
+    AdapterError, AgentInput, AgentOutput, AgentSession, Honoured, Native, OpenSpec, PermissionAck,
+};
 use crate::protocol::events::EventBody;
 
 /// The longest stdout line read; a longer one is skipped (and counted), not fatal.
@@ -62,33 +64,52 @@ pub fn open(spec: OpenSpec) -> Result<AgentSession, AdapterError> {
     Ok(AgentSession::new(input, events, pid))
 }
 
-/// The stdin line for an input, and whether it starts a turn.
-fn frame_of(
-    input: AgentInput,
-    interrupts: &mut u64,
-    translator: &mut Translator,
-) -> Option<(String, bool)> {
+/// A stdin line for an input: the line, whether it starts a turn, and for a permission
+/// answer where to acknowledge it once written (with whether it carries the always part).
+struct Frame {
+    line: String,
+    starts_turn: bool,
+    ack: Option<(PermissionAck, Honoured)>,
+}
+
+impl Frame {
+    fn plain(line: String, starts_turn: bool) -> Frame {
+        Frame {
+            line,
+            starts_turn,
+            ack: None,
+        }
+    }
+}
+
+/// The stdin line for an input.
+fn frame_of(input: AgentInput, interrupts: &mut u64, translator: &mut Translator) -> Option<Frame> {
     match input {
-        AgentInput::Prompt { text, id } => Some((claude::user_frame(&text, &id), true)),
+        AgentInput::Prompt { text, id } => Some(Frame::plain(claude::user_frame(&text, &id), true)),
         AgentInput::Permission {
             request_id,
             allow,
             option,
             input,
             message,
-        } => Some((
-            translator.permission_frame(
+            ack,
+        } => {
+            let (line, always) = translator.permission_frame(
                 &request_id,
                 allow,
                 option.as_ref(),
                 &input,
                 message.as_deref(),
-            ),
-            false,
-        )),
+            );
+            Some(Frame {
+                line,
+                starts_turn: false,
+                ack: Some((ack, Honoured { always })),
+            })
+        }
         AgentInput::Interrupt => {
             *interrupts += 1;
-            Some((
+            Some(Frame::plain(
                 claude::interrupt_frame(&format!("interrupt-{interrupts}")),
                 false,
             ))
@@ -179,10 +200,20 @@ async fn run(
                     break;
                 }
                 Some(input) => {
-                    let Some((line, starts_turn)) = frame_of(input, &mut interrupts, &mut translator) else {
+                    let Some(Frame { line, starts_turn, ack }) = frame_of(input, &mut interrupts, &mut translator) else {
                         continue;
                     };
-                    match write_line(&mut stdin, &line).await {
+                    let written = write_line(&mut stdin, &line).await;
+                    if let Some((ack, honoured)) = ack {
+                        let _unwaited = ack.send(match &written {
+                            Ok(()) => Ok(honoured),
+                            Err(e) => Err(AdapterError::new(
+                                crate::protocol::events::ErrorCategory::TransportLost,
+                                format!("writing the permission answer failed ({e})"),
+                            )),
+                        });
+                    }
+                    match written {
                         Ok(()) => in_turn |= starts_turn,
                         Err(e) if starts_turn => {
                             // The CLI never had it: safe to send again. Its stdin is closed, so

@@ -128,6 +128,13 @@ pub fn approval_answer(
     json!({"decision": decision})
 }
 
+/// Whether an answer made by [`approval_answer`] carries the session-wide part Codex keeps
+/// (`acceptForSession`, or a permission grant for the session).
+pub fn answer_keeps_for_session(answer: &Value) -> bool {
+    answer.get("decision").and_then(Value::as_str) == Some("acceptForSession")
+        || answer.get("scope").and_then(Value::as_str) == Some("session")
+}
+
 /// The decisions an approval request offers: its `availableDecisions`, else what the
 /// app-server takes for that kind of request. `acceptForSession` and `decline` are always
 /// among them: Codex 0.171 takes both though its escalation requests leave them out of the
@@ -218,13 +225,16 @@ pub fn approval_options(method: &str, params: &Value) -> Vec<PermissionOption> {
                         .filter_map(Value::as_str)
                         .collect();
                     let prefix = prefix.join(" ");
-                    PermissionOption::always(
+                    // Allows this call; Codex saves the amendment in its exec policy, but the
+                    // real CLI asked again for the same command after it, so it is no rule
+                    // the session can promise (`tests/permission_rules.rs`).
+                    PermissionOption::new(
                         &id,
-                        &format!("Always allow commands starting with `{prefix}`"),
-                        format!(
-                            "always allow commands starting with `{prefix}` (Codex keeps this \
-                             rule in its exec policy, beyond this session)"
+                        &format!(
+                            "Allow, and ask Codex to save commands starting with `{prefix}` in \
+                             its exec policy"
                         ),
+                        PermissionOptionKind::AllowOnce,
                     )
                 }
                 "decline" => PermissionOption::new(&id, "Deny", PermissionOptionKind::RejectOnce),
@@ -233,11 +243,12 @@ pub fn approval_options(method: &str, params: &Value) -> Vec<PermissionOption> {
                     "Deny and stop the turn",
                     PermissionOptionKind::RejectOnce,
                 ),
+                // A decision this build does not know allows, but promises nothing more.
                 other if other.starts_with("accept") || other.starts_with("apply") => {
-                    PermissionOption::always(
+                    PermissionOption::new(
                         other,
                         &format!("Allow ({other})"),
-                        format!("{other} for {subject}"),
+                        PermissionOptionKind::AllowOnce,
                     )
                 }
                 other => PermissionOption::new(other, other, PermissionOptionKind::RejectOnce),
@@ -502,7 +513,7 @@ impl Translator {
         let (tool, input) = match method {
             "item/commandExecution/requestApproval" => (
                 "shell",
-                json!({"command": params.get("command"), "cwd": params.get("cwd"), "reason": params.get("reason")}),
+                json!({"command": params.get("command").map(bare_command), "cwd": params.get("cwd"), "reason": params.get("reason")}),
             ),
             "item/fileChange/requestApproval" => (
                 "apply_patch",
@@ -929,6 +940,28 @@ fn call_bracket(id: &str, name: String, input: Value) -> Vec<EventBody> {
     ]
 }
 
+/// A command item's command as the model wrote it. The app-server reports what it ran, which is
+/// the model's command wrapped in the user's shell (`/bin/bash -lc '…'`), while the same call
+/// seen as a raw `function_call` carries the bare command; which of the two reaches the
+/// translator first depends on timing, so both are shown as the bare command. Anything that is
+/// not exactly `<shell> -c|-lc <one argument>` is kept as it came.
+fn bare_command(command: &Value) -> Value {
+    let Some(text) = command.as_str() else {
+        return command.clone();
+    };
+    if let Some(words) = shlex::split(text)
+        && let [shell, flag, inner] = words.as_slice()
+        && matches!(
+            shell.rsplit('/').next(),
+            Some("bash" | "sh" | "zsh" | "dash")
+        )
+        && matches!(flag.as_str(), "-c" | "-lc")
+    {
+        return Value::String(inner.clone());
+    }
+    command.clone()
+}
+
 /// `namespace.name`, or the name alone.
 fn qualified(namespace: &str, name: &str) -> String {
     if namespace.is_empty() {
@@ -943,7 +976,7 @@ fn tool_of(kind: &str, item: &Value) -> Option<(String, Value)> {
     Some(match kind {
         "commandExecution" => (
             "shell".to_owned(),
-            json!({"command": item.get("command"), "cwd": item.get("cwd")}),
+            json!({"command": item.get("command").map(bare_command), "cwd": item.get("cwd")}),
         ),
         "fileChange" => (
             "apply_patch".to_owned(),
@@ -1219,6 +1252,28 @@ mod tests {
     /// An escalation request as Codex 0.171.0 sent it (reference transcript): its decisions
     /// become options (decline added), and each goes back as Codex offered it.
     #[test]
+    fn a_shell_wrapped_command_is_shown_bare() {
+        let of = |c: &str| bare_command(&json!(c));
+        assert_eq!(
+            of("/bin/bash -lc 'touch made && echo hi'"),
+            json!("touch made && echo hi")
+        );
+        assert_eq!(of("bash -c 'ls -la'"), json!("ls -la"));
+        // Not exactly a shell with one script argument: kept.
+        assert_eq!(of("ls -la"), json!("ls -la"));
+        assert_eq!(
+            of("/bin/bash -lc 'a' extra"),
+            json!("/bin/bash -lc 'a' extra")
+        );
+        assert_eq!(of("python -c 'print(1)'"), json!("python -c 'print(1)'"));
+        assert_eq!(
+            of("/bin/bash -lc 'unclosed"),
+            json!("/bin/bash -lc 'unclosed")
+        );
+        assert_eq!(bare_command(&json!(["ls"])), json!(["ls"]));
+    }
+
+    #[test]
     fn approval_decisions_become_options_and_answers() {
         let params = json!({"itemId": "call_1", "command": "/bin/bash -lc 'touch x && echo hi'",
             "commandActions": [{"type": "unknown", "command": "touch x && echo hi"}],
@@ -1242,15 +1297,29 @@ mod tests {
             options[1].rule.as_deref(),
             Some("always allow `touch x && echo hi` in this session")
         );
-        assert_eq!(options[2].kind, PermissionOptionKind::AllowAlways);
+        assert_eq!(options[1].kind, PermissionOptionKind::AllowAlways);
+        assert!(answer_keeps_for_session(&approval_answer(
+            method,
+            &params,
+            true,
+            Some(&options[1])
+        )));
+        // The exec-policy amendment did not stop Codex asking: allow-once, no rule.
+        assert_eq!(options[2].kind, PermissionOptionKind::AllowOnce);
+        assert_eq!(options[2].rule, None);
         assert_eq!(
             options[2].label,
-            "Always allow commands starting with `touch x`"
+            "Allow, and ask Codex to save commands starting with `touch x` in its exec policy"
         );
+        let amended = approval_answer(method, &params, true, Some(&options[2]));
         assert_eq!(
-            approval_answer(method, &params, true, Some(&options[2])),
+            amended,
             json!({"decision": {"acceptWithExecpolicyAmendment": {"execpolicy_amendment": ["touch", "x"]}}})
         );
+        assert!(!answer_keeps_for_session(&amended));
+        assert!(!answer_keeps_for_session(&approval_answer(
+            method, &params, true, None
+        )));
         assert_eq!(
             approval_answer(method, &params, false, Some(&options[4])),
             json!({"decision": "cancel"})
@@ -1276,10 +1345,44 @@ mod tests {
         let grant = "item/permissions/requestApproval";
         let asked = json!({"permissions": {"network": true}});
         let options = approval_options(grant, &asked);
+        let granted = approval_answer(grant, &asked, true, Some(&options[1]));
         assert_eq!(
-            approval_answer(grant, &asked, true, Some(&options[1])),
+            granted,
             json!({"permissions": {"network": true}, "scope": "session"})
         );
+        assert!(answer_keeps_for_session(&granted));
+        assert!(!answer_keeps_for_session(&approval_answer(
+            grant,
+            &asked,
+            true,
+            Some(&options[0])
+        )));
+    }
+
+    /// A decision this build does not know allows once and keeps no rule.
+    #[test]
+    fn unknown_accept_decisions_allow_once() {
+        let params = json!({"itemId": "call_3", "command": "ls",
+            "availableDecisions": ["accept", "acceptSomehowElse", {"applyPatchForever": {}},
+                "decline"]});
+        let method = "item/commandExecution/requestApproval";
+        let options = approval_options(method, &params);
+        let kinds: Vec<(&str, PermissionOptionKind)> =
+            options.iter().map(|o| (o.id.as_str(), o.kind)).collect();
+        assert_eq!(
+            kinds,
+            [
+                ("accept", PermissionOptionKind::AllowOnce),
+                ("acceptForSession", PermissionOptionKind::AllowAlways),
+                ("acceptSomehowElse", PermissionOptionKind::AllowOnce),
+                ("applyPatchForever", PermissionOptionKind::AllowOnce),
+                ("decline", PermissionOptionKind::RejectOnce),
+            ]
+        );
+        assert!(options[2].rule.is_none() && options[3].rule.is_none());
+        let answer = approval_answer(method, &params, true, Some(&options[2]));
+        assert_eq!(answer, json!({"decision": "acceptSomehowElse"}));
+        assert!(!answer_keeps_for_session(&answer));
     }
 
     #[test]

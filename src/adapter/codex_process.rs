@@ -5,7 +5,8 @@
 //! `initialized`), opens the thread (`thread/start`, or `thread/resume` — a fresh app-server
 //! must load a thread before `turn/start`), then serves the session: a prompt is a
 //! `turn/start`, a cancel a `turn/interrupt` (held until `turn/started` names the turn), a
-//! steer a `turn/steer` into the running turn (answered to the session: taken or not), a
+//! steer a `turn/steer` into the running turn (written without waiting: its answer, its
+//! timeout [`STEER_TIMEOUT`] or the turn's end answers the session, taken or not), a
 //! permission answer goes back to the approval request it answers. Everything the app-server
 //! sends goes through the pure [`Translator`]. While it waits for an answer the task keeps
 //! taking what the app-server sends (buffered, then handled in order), so a full queue can
@@ -49,6 +50,11 @@ use crate::protocol::events::{ErrorCategory, EventBody, Notice};
 const OPEN_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long `turn/start` and `turn/interrupt` may take to be answered.
 const CALL_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a `turn/steer` may take to be answered: shorter than the session's own wait, so
+/// the session always hears this driver's answer (an accept that comes late is never taken
+/// for a refusal there).
+const STEER_TIMEOUT: Duration = Duration::from_secs(10);
+const _: () = assert!(STEER_TIMEOUT.as_secs() < crate::session::agent::STEER_WAIT.as_secs());
 /// The most of the rollout one turn's end reads; the rest waits for the next turn's end.
 const ROLLOUT_READ_LIMIT: u64 = 16 << 20;
 
@@ -62,6 +68,7 @@ pub fn open(spec: OpenSpec) -> Result<AgentSession, AdapterError> {
         io: started.io,
         translator: Translator::new(),
         approvals: HashMap::new(),
+        steering: None,
         interrupt_pending: false,
         prompt_sent: false,
         started_turn: None,
@@ -148,11 +155,76 @@ impl RolloutTail {
     }
 }
 
+/// A `turn/steer` written and not answered yet: the session's reply waits for its answer,
+/// while the driver goes on with everything else.
+struct Steering {
+    id: u64,
+    answer: oneshot::Receiver<Result<Value, RpcError>>,
+    reply: oneshot::Sender<Result<(), AdapterError>>,
+    deadline: tokio::time::Instant,
+}
+
+impl Steering {
+    /// The answer, or the timeout's (cancel-safe).
+    async fn wait(&mut self) -> Result<Value, RpcError> {
+        match tokio::time::timeout_at(self.deadline, &mut self.answer).await {
+            Ok(Ok(answer)) => answer,
+            Ok(Err(_)) => Err(RpcError::NoAnswer {
+                method: "turn/steer".to_owned(),
+            }),
+            Err(_) => Err(RpcError::Timeout {
+                method: "turn/steer".to_owned(),
+                after: STEER_TIMEOUT,
+            }),
+        }
+    }
+
+    /// The answer if it came already.
+    fn answered(&mut self) -> Option<Result<Value, RpcError>> {
+        match self.answer.try_recv() {
+            Ok(answer) => Some(answer),
+            Err(oneshot::error::TryRecvError::Empty) => None,
+            Err(oneshot::error::TryRecvError::Closed) => Some(Err(RpcError::NoAnswer {
+                method: "turn/steer".to_owned(),
+            })),
+        }
+    }
+}
+
+async fn next_steer_answer(steering: Option<&mut Steering>) -> Result<Value, RpcError> {
+    match steering {
+        Some(steering) => steering.wait().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// The session's answer for a `turn/steer`'s.
+fn steer_taken(answer: Result<Value, RpcError>) -> Result<(), AdapterError> {
+    match answer {
+        Ok(_) => Ok(()),
+        Err(RpcError::NotSent { .. }) => Err(AdapterError::new(
+            ErrorCategory::TransportLost,
+            "turn/steer could not be written: the app-server's stdin is closed; the steer was \
+             not sent",
+        )),
+        Err(e @ RpcError::Remote { .. }) => Err(AdapterError::new(
+            ErrorCategory::AgentFailed,
+            format!("the app-server refused the steer: {}", e.detail()),
+        )),
+        Err(e) => Err(AdapterError::new(
+            ErrorCategory::ResultDeliveryUnknown,
+            format!("turn/steer went unanswered ({e}): whether the turn took it is unknown"),
+        )),
+    }
+}
+
 struct Driver {
     io: Io,
     translator: Translator,
     /// Approval requests waiting for the session's answer, by permission id.
     approvals: HashMap<String, ServerRequest>,
+    /// The `turn/steer` waiting for its answer.
+    steering: Option<Steering>,
     /// A cancel came before the turn had an id.
     interrupt_pending: bool,
     /// The open turn's `turn/start` was written and no `run.end` ended the turn yet (the
@@ -227,12 +299,17 @@ impl Driver {
                         break;
                     }
                 },
+                answer = next_steer_answer(self.steering.as_mut()) => {
+                    self.steer_answered(answer);
+                }
                 () = &mut leader => {
                     stdout_open = false;
                     break;
                 }
             }
         }
+        // A steer still unanswered as the process goes: it was written, so nobody knows.
+        self.steer_ends("the app-server went before it answered turn/steer");
         let (closing, unsent) =
             rpc_driver::closing(&mut inputs, closing, session_gone, stdout_open);
         // Unanswered approvals are refused as the process goes; then stdin closes (the
@@ -306,8 +383,41 @@ impl Driver {
         if events.iter().any(|e| matches!(e, EventBody::RunEnd(_))) {
             self.prompt_sent = false;
             self.started_turn = None;
+            // Answered before the session sees the turn end.
+            self.steer_ends("the turn ended before the app-server answered turn/steer");
         }
         self.io.emit(events).await
+    }
+
+    /// The pending steer's answer came (or its time ran out): the session hears it.
+    fn steer_answered(&mut self, answer: Result<Value, RpcError>) {
+        let Some(steering) = self.steering.take() else {
+            return;
+        };
+        if matches!(answer, Err(RpcError::Timeout { .. })) {
+            self.io.rpc.forget(steering.id);
+        }
+        let taken = steer_taken(answer);
+        if let Err(e) = &taken {
+            tracing::info!(error = %e, "turn/steer failed");
+        }
+        let _unwaited = steering.reply.send(taken);
+    }
+
+    /// The turn or the process ends with a steer pending: its answer if it came already (the
+    /// reader fills it before it passes on what came after it), else unknown.
+    fn steer_ends(&mut self, why: &str) {
+        let Some(mut steering) = self.steering.take() else {
+            return;
+        };
+        let answer = steering.answered().unwrap_or_else(|| {
+            self.io.rpc.forget(steering.id);
+            Err(RpcError::NoAnswer {
+                method: format!("turn/steer ({why})"),
+            })
+        });
+        self.steering = Some(steering);
+        self.steer_answered(answer);
     }
 
     /// A request whose answer is awaited while everything the app-server sends is kept.
@@ -423,9 +533,10 @@ impl Driver {
                 request_id,
                 allow,
                 option,
+                ack,
                 ..
             } => {
-                match self.approvals.remove(&request_id) {
+                let acked = match self.approvals.remove(&request_id) {
                     Some(request) => {
                         let answer = codex::approval_answer(
                             &request.method,
@@ -433,10 +544,19 @@ impl Driver {
                             allow,
                             option.as_ref(),
                         );
+                        let always = codex::answer_keeps_for_session(&answer);
                         request.respond(answer);
+                        Ok(super::Honoured { always })
                     }
-                    None => tracing::info!(request_id, "an answer to no pending approval"),
-                }
+                    None => {
+                        tracing::info!(request_id, "an answer to no pending approval");
+                        Err(AdapterError::new(
+                            ErrorCategory::AgentFailed,
+                            format!("Codex has no approval {request_id:?} pending"),
+                        ))
+                    }
+                };
+                let _unwaited = ack.send(acked);
                 Ok(())
             }
             AgentInput::Interrupt => {
@@ -454,11 +574,20 @@ impl Driver {
         }
     }
 
-    /// `turn/steer` into the running turn; the session is told whether the app-server took
-    /// it. A steer whose caller stopped waiting is dropped unsent.
+    /// `turn/steer` into the running turn, written and left to its answer (`steering`): the
+    /// session is told whether the app-server took it when the answer comes, when
+    /// [`STEER_TIMEOUT`] passes, or when the turn ends first. A steer whose caller stopped
+    /// waiting is dropped unsent.
     async fn steer(&mut self, text: &str, reply: oneshot::Sender<Result<(), AdapterError>>) {
         if reply.is_closed() {
             tracing::info!("a steer nobody waits for any more, not sent");
+            return;
+        }
+        if self.steering.is_some() {
+            let _unwaited = reply.send(Err(AdapterError::new(
+                ErrorCategory::AgentFailed,
+                "another steer is waiting for the app-server's answer; this one was not sent",
+            )));
             return;
         }
         let thread = self.translator.thread_id().map(str::to_owned);
@@ -475,26 +604,19 @@ impl Driver {
             return;
         };
         let params = codex::turn_steer_params(&thread, &turn, text);
-        let taken = match self.call("turn/steer", params, CALL_TIMEOUT).await {
-            Ok(_) => Ok(()),
-            Err(RpcError::NotSent { .. }) => Err(AdapterError::new(
-                ErrorCategory::TransportLost,
-                "turn/steer could not be written: the app-server's stdin is closed; the \
-                 steer was not sent",
-            )),
-            Err(e @ RpcError::Remote { .. }) => Err(AdapterError::new(
-                ErrorCategory::AgentFailed,
-                format!("the app-server refused the steer: {}", e.detail()),
-            )),
-            Err(e) => Err(AdapterError::new(
-                ErrorCategory::ResultDeliveryUnknown,
-                format!("turn/steer went unanswered ({e}): whether the turn took it is unknown"),
-            )),
-        };
-        if let Err(e) = &taken {
-            tracing::info!(error = %e, "turn/steer failed");
+        match self.io.rpc.start_request("turn/steer", params).await {
+            Ok((id, answer)) => {
+                self.steering = Some(Steering {
+                    id,
+                    answer,
+                    reply,
+                    deadline: tokio::time::Instant::now() + STEER_TIMEOUT,
+                });
+            }
+            Err(e) => {
+                let _unwaited = reply.send(steer_taken(Err(e)));
+            }
         }
-        let _unwaited = reply.send(taken);
     }
 
     async fn start_turn(&mut self, text: &str) -> Result<(), Gone> {

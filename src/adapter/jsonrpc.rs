@@ -271,6 +271,35 @@ impl RpcClient {
         }
     }
 
+    /// Hand `method` to the writer and return at once: its id and where its answer comes
+    /// (the reader fills it before it passes on anything the agent sent after the answer).
+    /// No timeout: the caller bounds its wait and then [`forget`](Self::forget)s the id.
+    pub async fn start_request(
+        &self,
+        method: &str,
+        params: Value,
+    ) -> Result<(u64, oneshot::Receiver<Result<Value, RpcError>>), RpcError> {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let (reply, answer) = oneshot::channel();
+        let cmd = Cmd::Request {
+            id,
+            method: method.to_owned(),
+            params,
+            reply,
+        };
+        if self.out.send(cmd).await.is_err() {
+            return Err(RpcError::NotSent {
+                method: method.to_owned(),
+            });
+        }
+        Ok((id, answer))
+    }
+
+    /// Stop waiting for request `id`'s answer (it is dropped when it comes).
+    pub fn forget(&self, id: u64) {
+        let _closed = self.out.try_send(Cmd::Forget { id });
+    }
+
     /// Send a notification; `false` if it could not be written.
     pub async fn notify(&self, method: &str, params: Value) -> bool {
         let (sent, written) = oneshot::channel();

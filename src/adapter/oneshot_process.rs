@@ -396,7 +396,9 @@ impl<C: OneShotCli> Driver<C> {
                 }
                 Ok(())
             }
-            AgentInput::Permission { request_id, .. } => {
+            AgentInput::Permission {
+                request_id, ack, ..
+            } => {
                 // One-shot CLIs have no permission round trip: their approval policy is part
                 // of the turn's command. An answer is refused, visibly, never faked.
                 let error = AdapterError::new(
@@ -409,6 +411,7 @@ impl<C: OneShotCli> Driver<C> {
                     ),
                 );
                 tracing::warn!(request_id, "a permission answer for a one-shot session");
+                let _unwaited = ack.send(Err(error.clone()));
                 emit(
                     &self.events,
                     vec![EventBody::Error(ErrorNotice {
@@ -1147,10 +1150,11 @@ printf '{"type":"result","status":"success","stats":{"models":{"m":{"input_token
     async fn a_permission_answer_is_refused_not_faked() {
         let fake = Fake::new();
         let mut session = fake.open(Native::New("n1".to_owned()));
-        session
+        let refused = session
             .respond_permission("p1", true, &serde_json::Value::Null, None)
             .await
-            .unwrap();
+            .unwrap_err();
+        assert_eq!(refused.category, ErrorCategory::ProtocolIncompatible);
         let events = until(&mut session, "error").await;
         match &events[..] {
             [EventBody::Error(e)] => {

@@ -4,11 +4,14 @@
 //! A block is opened by its start bracket (`text.start`, `thinking.start`, `tool.call.start`,
 //! `tool.exec.start`), grows by its deltas (`text.delta`, `thinking.delta`, `tool.call.delta`,
 //! `tool.exec.update`), and is forgotten at its end bracket, at its session's `run.end`, or when
-//! its session goes `idle` (a stop). Nothing here is persisted: it is memory of the live stream.
+//! its session goes `idle` (a stop), or when its session is deleted ([`BlockOp::Forget`]: a
+//! session stopped quietly never closes its blocks). Nothing here is persisted: it is memory of
+//! the live stream.
 //!
 //! Bounds: a block keeps at most [`MAX_BLOCK_BYTES`] of content, all blocks together at most
-//! [`MAX_TOTAL_BYTES`], and at most [`MAX_OPEN_BLOCKS`] are tracked (the oldest is forgotten
-//! first: a session stopped quietly never closes its blocks). Past its bound a block keeps only
+//! [`MAX_TOTAL_BYTES`] (past it the oldest blocks lose their content first, so that stale blocks
+//! cannot turn the feature off for live ones), and at most [`MAX_OPEN_BLOCKS`] are tracked (the
+//! oldest is forgotten first). Past its bound a block keeps only
 //! its length: subscribers that have everything so far keep getting its live deltas, one that
 //! is behind on it gets none of it any more and relies on its end bracket, which carries the
 //! whole text.
@@ -44,6 +47,8 @@ pub(super) enum BlockOp {
     Close(Family, String),
     /// The session has no running turn any more (`run.end`, `session.state` idle).
     ClearSession,
+    /// The session was deleted: forget its blocks. Not an event: never delivered.
+    Forget,
 }
 
 impl BlockOp {
@@ -128,6 +133,9 @@ pub(super) struct Blocks {
     open: BTreeMap<BlockUid, Block>,
     next_uid: BlockUid,
     bytes: usize,
+    /// Coalesced deltas built (not shared), for tests of what fan-out costs.
+    #[cfg(test)]
+    builds: usize,
 }
 
 impl Blocks {
@@ -180,22 +188,25 @@ impl Blocks {
                 let before = block.len;
                 block.len += text.len();
                 block.whole = None;
-                if let Some(kept) = block.text.as_mut() {
-                    if kept.len() + text.len() > MAX_BLOCK_BYTES
-                        || self.bytes + text.len() > MAX_TOTAL_BYTES
-                    {
+                let after = block.len;
+                let keep = match block.text.as_mut() {
+                    Some(kept) if kept.len() + text.len() > MAX_BLOCK_BYTES => {
                         self.bytes -= kept.len();
                         block.text = None;
-                    } else {
+                        false
+                    }
+                    Some(_) => true,
+                    None => false,
+                };
+                if keep {
+                    // Room is made by the oldest blocks' content, never refused to this one.
+                    self.make_room(text.len(), uid);
+                    if let Some(kept) = self.open.get_mut(&uid).and_then(|b| b.text.as_mut()) {
                         kept.push_str(&text);
                         self.bytes += text.len();
                     }
                 }
-                applied.appended = Some(Appended {
-                    uid,
-                    before,
-                    after: block.len,
-                });
+                applied.appended = Some(Appended { uid, before, after });
             }
             BlockOp::Close(family, id) => {
                 if let Some(uid) = self.by_key.remove(&(item.session_id.clone(), family, id)) {
@@ -203,7 +214,7 @@ impl Blocks {
                     applied.forgotten.push(uid);
                 }
             }
-            BlockOp::ClearSession => {
+            BlockOp::ClearSession | BlockOp::Forget => {
                 let uids: Vec<BlockUid> = self
                     .open
                     .iter()
@@ -217,6 +228,25 @@ impl Blocks {
             }
         }
         applied
+    }
+
+    /// Drop the content of the oldest blocks (not `keep`) until `more` bytes fit the total.
+    fn make_room(&mut self, more: usize, keep: BlockUid) {
+        if self.bytes + more <= MAX_TOTAL_BYTES {
+            return;
+        }
+        for (uid, block) in self.open.iter_mut() {
+            if *uid == keep {
+                continue;
+            }
+            if let Some(text) = block.text.take() {
+                self.bytes -= text.len();
+                block.whole = None;
+                if self.bytes + more <= MAX_TOTAL_BYTES {
+                    return;
+                }
+            }
+        }
     }
 
     fn forget(&mut self, uid: BlockUid) {
@@ -254,6 +284,10 @@ impl Blocks {
             && whole.sequence_id == sequence_id
         {
             return Some(whole.clone());
+        }
+        #[cfg(test)]
+        {
+            self.builds += 1;
         }
         let id = block.id.clone();
         let item_id = (!id.is_empty()).then(|| id.clone());
@@ -317,6 +351,12 @@ impl Blocks {
     #[cfg(test)]
     pub(super) fn bytes(&self) -> usize {
         self.bytes
+    }
+
+    /// Coalesced deltas built so far.
+    #[cfg(test)]
+    pub(super) fn builds(&self) -> usize {
+        self.builds
     }
 }
 
@@ -430,6 +470,81 @@ mod tests {
     fn text_of_output(d: &Delivery) -> String {
         let v: serde_json::Value = serde_json::from_str(&d.json).unwrap();
         v["output"].as_str().unwrap().to_owned()
+    }
+
+    /// The total limit takes the oldest blocks' content first: the newest block (the live
+    /// one) keeps its own; the evicted block keeps its length, only its content is gone.
+    #[test]
+    fn the_total_limit_evicts_the_oldest_blocks_content_first() {
+        let mut blocks = Blocks::default();
+        let s = delivery("s", 1);
+        let full = "x".repeat(MAX_BLOCK_BYTES);
+        let mut uids = Vec::new();
+        for i in 0..MAX_TOTAL_BYTES / MAX_BLOCK_BYTES {
+            let id = i.to_string();
+            blocks.apply(Some(BlockOp::Open(Family::Text, id.clone())), &s);
+            let a = blocks
+                .apply(Some(BlockOp::Append(Family::Text, id, full.clone())), &s)
+                .appended
+                .unwrap();
+            uids.push(a.uid);
+        }
+        assert_eq!(blocks.bytes(), MAX_TOTAL_BYTES);
+        blocks.apply(Some(BlockOp::Open(Family::Text, "new".into())), &s);
+        let new = blocks
+            .apply(
+                Some(BlockOp::Append(Family::Text, "new".into(), "fresh".into())),
+                &s,
+            )
+            .appended
+            .unwrap();
+        assert_eq!(text_of(&blocks.coalesced(new.uid, 0, 1).unwrap()), "fresh");
+        assert!(blocks.coalesced(uids[0], 0, 1).is_none(), "oldest evicted");
+        assert!(
+            blocks.coalesced(uids[1], 0, 1).is_some(),
+            "only as much as needed"
+        );
+        assert_eq!(blocks.bytes(), MAX_TOTAL_BYTES - MAX_BLOCK_BYTES + 5);
+        // The evicted block's later deltas are still counted, not kept.
+        let more = blocks
+            .apply(
+                Some(BlockOp::Append(Family::Text, "0".into(), "y".into())),
+                &s,
+            )
+            .appended
+            .unwrap();
+        assert_eq!((more.uid, more.after), (uids[0], MAX_BLOCK_BYTES + 1));
+        assert_eq!(blocks.bytes(), MAX_TOTAL_BYTES - MAX_BLOCK_BYTES + 5);
+    }
+
+    /// A deleted session's blocks are forgotten; another session's stay.
+    #[test]
+    fn forget_drops_only_that_sessions_blocks() {
+        let mut blocks = Blocks::default();
+        let a = delivery("a", 1);
+        let b = delivery("b", 1);
+        blocks.apply(Some(BlockOp::Open(Family::Text, "i".into())), &a);
+        blocks.apply(Some(BlockOp::Open(Family::ToolExec, "c".into())), &a);
+        blocks.apply(Some(BlockOp::Open(Family::Text, "i".into())), &b);
+        blocks.apply(
+            Some(BlockOp::Append(Family::Text, "i".into(), "aa".into())),
+            &a,
+        );
+        blocks.apply(
+            Some(BlockOp::Append(Family::Text, "i".into(), "b".into())),
+            &b,
+        );
+        let forgotten = blocks.apply(Some(BlockOp::Forget), &a).forgotten;
+        assert_eq!(forgotten.len(), 2);
+        assert_eq!(blocks.bytes(), 1);
+        let left: Vec<_> = blocks.open().map(|(_, s, _)| s.to_string()).collect();
+        assert_eq!(left, vec!["b".to_owned()]);
+        // Its stray deltas are no longer tracked.
+        let stray = blocks.apply(
+            Some(BlockOp::Append(Family::Text, "i".into(), "x".into())),
+            &a,
+        );
+        assert!(stray.appended.is_none());
     }
 
     #[test]

@@ -30,7 +30,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use tokio::sync::{mpsc, oneshot};
 
-use super::blocks::{Appended, Applied, BlockUid, Blocks, Progress};
+use super::blocks::{Appended, Applied, BlockOp, BlockUid, Blocks, Progress};
 use super::{BusError, Delivery, Prepared};
 use crate::store::{SessionFilter, StoreResult};
 
@@ -98,7 +98,8 @@ struct Slot {
     live: bool,
     floor: i64,
     dropped: Arc<AtomicU64>,
-    /// How much of each open block this slot has been queued (absent: nothing).
+    /// How much of each open block this slot has been queued (absent: nothing), sorted by
+    /// block (uids only grow, so an entry is almost always appended).
     progress: Vec<(BlockUid, Progress)>,
     /// It went live at a `floor` the hub had not fanned out yet: it is sent the open blocks
     /// once the hub gets there.
@@ -112,36 +113,54 @@ enum Offer {
 
 impl Slot {
     fn progress(&self, uid: BlockUid) -> Progress {
-        self.progress
-            .iter()
-            .find(|(u, _)| *u == uid)
-            .map_or(Progress::Sent(0), |(_, p)| *p)
+        match self.progress.binary_search_by_key(&uid, |(u, _)| *u) {
+            Ok(i) => self.progress[i].1,
+            Err(_) => Progress::Sent(0),
+        }
     }
 
     fn set_progress(&mut self, uid: BlockUid, progress: Progress) {
-        match self.progress.iter_mut().find(|(u, _)| *u == uid) {
-            Some(entry) => entry.1 = progress,
-            None => self.progress.push((uid, progress)),
+        match self.progress.last_mut() {
+            Some(last) if last.0 == uid => last.1 = progress,
+            Some(last) if last.0 > uid => {
+                match self.progress.binary_search_by_key(&uid, |(u, _)| *u) {
+                    Ok(i) => self.progress[i].1 = progress,
+                    Err(i) => self.progress.insert(i, (uid, progress)),
+                }
+            }
+            _ => self.progress.push((uid, progress)),
         }
     }
 
     fn forget(&mut self, uids: &[BlockUid]) {
-        if !self.progress.is_empty() {
-            self.progress.retain(|(u, _)| !uids.contains(u));
+        for uid in uids {
+            if let Ok(i) = self.progress.binary_search_by_key(uid, |(u, _)| *u) {
+                self.progress.remove(i);
+            }
         }
     }
 
     /// The open blocks this slot follows that it is behind on: (uid, its progress, length).
+    /// One walk over the open blocks and the progress together, both in block order.
     fn behind(&self, blocks: &Blocks) -> Vec<(BlockUid, usize, usize)> {
         if !self.forward_deltas {
             return Vec::new();
         }
+        let mut progress = self.progress.iter().peekable();
         blocks
             .open()
-            .filter(|(_, session, _)| self.filter.matches(session))
-            .filter_map(|(uid, _, len)| match self.progress(uid) {
-                Progress::Sent(n) if n < len => Some((uid, n, len)),
-                _ => None,
+            .filter_map(|(uid, session, len)| {
+                while progress.next_if(|(u, _)| *u < uid).is_some() {}
+                let sent = match progress.peek() {
+                    Some((u, p)) if *u == uid => *p,
+                    _ => Progress::Sent(0),
+                };
+                match sent {
+                    Progress::Sent(n) if n < len && self.filter.matches(session) => {
+                        Some((uid, n, len))
+                    }
+                    _ => None,
+                }
             })
             .collect()
     }
@@ -177,23 +196,28 @@ impl Slot {
         {
             return Offer::Kept;
         }
-        let send = match self.progress(appended.uid) {
+        let from = match self.progress(appended.uid) {
             Progress::Muted => return Offer::Kept,
-            Progress::Sent(n) if n == appended.before => item.clone(),
             Progress::Sent(n) if n > appended.before => return Offer::Kept,
-            Progress::Sent(n) => match blocks.coalesced(appended.uid, n, item.sequence_id) {
-                Some(delta) => delta,
-                None => {
-                    self.set_progress(appended.uid, Progress::Muted);
-                    return Offer::Kept;
-                }
-            },
+            Progress::Sent(n) => n,
         };
+        // Room first: a subscriber whose queue is full costs the hub no coalescing.
         if self.tx.capacity() <= 1 {
             // Dropped: the next delta of the block that fits carries what it missed.
             self.dropped.fetch_add(1, Ordering::Relaxed);
             return Offer::Kept;
         }
+        let send = if from == appended.before {
+            item.clone()
+        } else {
+            match blocks.coalesced(appended.uid, from, item.sequence_id) {
+                Some(delta) => delta,
+                None => {
+                    self.set_progress(appended.uid, Progress::Muted);
+                    return Offer::Kept;
+                }
+            }
+        };
         match self.tx.try_send(QueueItem::Event(send)) {
             Ok(()) => {
                 self.set_progress(appended.uid, Progress::Sent(appended.after));
@@ -212,14 +236,15 @@ impl Slot {
     fn resync(&mut self, blocks: &mut Blocks, sequence_id: i64) -> Offer {
         self.resync = false;
         for (uid, from, len) in self.behind(blocks) {
-            let Some(delta) = blocks.coalesced(uid, from, sequence_id) else {
-                self.set_progress(uid, Progress::Muted);
-                continue;
-            };
+            // Room first, as in `offer_block_delta`.
             if self.tx.capacity() <= 1 {
                 self.dropped.fetch_add(1, Ordering::Relaxed);
                 continue;
             }
+            let Some(delta) = blocks.coalesced(uid, from, sequence_id) else {
+                self.set_progress(uid, Progress::Muted);
+                continue;
+            };
             match self.tx.try_send(QueueItem::Event(delta)) {
                 Ok(()) => self.set_progress(uid, Progress::Sent(len)),
                 Err(mpsc::error::TrySendError::Closed(_)) => return Offer::Gone,
@@ -419,6 +444,17 @@ impl Hub {
         };
         let mut gone = Vec::new();
         for p in batch {
+            if let Some(BlockOp::Forget) = p.block {
+                // A deleted session: its blocks and every slot's progress on them go; nothing
+                // is delivered.
+                let forgotten = self.blocks.apply(p.block, &p.delivery).forgotten;
+                if !forgotten.is_empty() {
+                    for slot in self.slots.values_mut() {
+                        slot.forget(&forgotten);
+                    }
+                }
+                continue;
+            }
             let mut delivery = p.delivery;
             if delivery.is_delta {
                 delivery.sequence_id = self.last_fanned;
@@ -1073,6 +1109,169 @@ mod tests {
         .await
         .unwrap();
         assert_eq!(joiner(&hub).await, 0);
+        hub.send(HubCmd::IngestClosed).await.unwrap();
+        task.await.unwrap();
+    }
+
+    /// A live slot, as the hub registers one, on a queue of `capacity`.
+    fn slot(capacity: usize) -> (Slot, mpsc::Receiver<QueueItem>) {
+        let (tx, rx) = mpsc::channel(capacity);
+        let slot = Slot {
+            tx,
+            filter: SessionFilter::All,
+            forward_deltas: true,
+            live: true,
+            floor: 0,
+            dropped: Arc::new(AtomicU64::new(0)),
+            progress: Vec::new(),
+            resync: false,
+        };
+        (slot, rx)
+    }
+
+    /// Apply one prepared event to the blocks, as fan-out does (sequence id 1).
+    fn apply(blocks: &mut Blocks, p: Prepared) -> (Arc<Delivery>, Applied) {
+        let mut delivery = p.delivery;
+        delivery.sequence_id = 1;
+        let item = Arc::new(delivery);
+        let applied = blocks.apply(p.block, &item);
+        (item, applied)
+    }
+
+    /// A subscriber whose queue is full costs the hub nothing per delta: no coalesced delta
+    /// is built for it (however far behind it is on a big block), the drops are counted, and
+    /// once it has room ONE delta carries everything it missed. Resync likewise.
+    #[test]
+    fn a_full_subscriber_costs_no_coalescing() {
+        let mut blocks = Blocks::default();
+        let (mut full, mut full_q) = slot(2);
+        let (mut reader, mut reader_q) = slot(4096);
+        let (open, _) = apply(&mut blocks, start("i"));
+        assert!(matches!(full.offer(&open), Offer::Kept));
+        assert!(matches!(reader.offer(&open), Offer::Kept));
+        // `full` has one slot left, the marker's: every delta from here is dropped for it.
+        let piece_text = "p".repeat(1000);
+        let mut whole = String::new();
+        for _ in 0..1000 {
+            whole.push_str(&piece_text);
+            let (item, applied) = apply(&mut blocks, piece("i", &piece_text));
+            let appended = applied.appended.unwrap();
+            assert!(matches!(
+                full.offer_block_delta(&item, appended, &mut blocks),
+                Offer::Kept
+            ));
+            assert!(matches!(
+                reader.offer_block_delta(&item, appended, &mut blocks),
+                Offer::Kept
+            ));
+            // The reader keeps up: its deltas go as they are.
+            while reader_q.try_recv().is_ok() {}
+        }
+        assert_eq!(
+            blocks.builds(),
+            0,
+            "a coalesced delta was built for a full queue"
+        );
+        assert_eq!(full.dropped.load(Ordering::Relaxed), 1000);
+        assert_eq!(reader.dropped.load(Ordering::Relaxed), 0);
+        // A resync with no room builds nothing either.
+        full.resync = true;
+        assert!(matches!(full.resync(&mut blocks, 1), Offer::Kept));
+        assert_eq!(blocks.builds(), 0);
+        assert_eq!(full.dropped.load(Ordering::Relaxed), 1001);
+        // Room again: the next delta carries all it missed, built once.
+        let Ok(QueueItem::Event(first)) = full_q.try_recv() else {
+            panic!("the start bracket");
+        };
+        assert_eq!(&*first.kind, "text.start");
+        whole.push_str("end");
+        let (item, applied) = apply(&mut blocks, piece("i", "end"));
+        full.offer_block_delta(&item, applied.appended.unwrap(), &mut blocks);
+        assert_eq!(blocks.builds(), 1);
+        let Ok(QueueItem::Event(caught_up)) = full_q.try_recv() else {
+            panic!("no catch-up delta");
+        };
+        assert_eq!(streamed(&[caught_up], "i"), whole);
+    }
+
+    /// Progress is kept sorted by block whatever the order it is set in, found by binary
+    /// search, and `behind` walks it with the open blocks in one pass.
+    #[test]
+    fn progress_is_sorted_and_behind_is_one_walk() {
+        let mut blocks = Blocks::default();
+        let (mut s, _q) = slot(8);
+        let mut uids = Vec::new();
+        for i in 0..6 {
+            let item = format!("b{i}");
+            apply(&mut blocks, start(&item));
+            let (_, applied) = apply(&mut blocks, piece(&item, "xy"));
+            uids.push(applied.appended.unwrap().uid);
+        }
+        for &i in &[4, 1, 5, 0] {
+            s.set_progress(uids[i], Progress::Sent(2));
+        }
+        s.set_progress(uids[1], Progress::Sent(1));
+        s.set_progress(uids[3], Progress::Muted);
+        let order: Vec<BlockUid> = s.progress.iter().map(|(u, _)| *u).collect();
+        let mut sorted = order.clone();
+        sorted.sort_unstable();
+        assert_eq!(order, sorted);
+        assert_eq!(s.progress(uids[1]), Progress::Sent(1));
+        assert_eq!(s.progress(uids[2]), Progress::Sent(0));
+        assert_eq!(s.behind(&blocks), vec![(uids[1], 1, 2), (uids[2], 0, 2)]);
+        s.forget(&[uids[1], uids[4], 999]);
+        assert_eq!(s.progress(uids[1]), Progress::Sent(0));
+        assert_eq!(s.progress.len(), 3);
+    }
+
+    /// A deleted session's blocks and every slot's progress on them are forgotten, in order
+    /// behind its last events; a joiner after gets nothing of it, another session's block
+    /// stays.
+    #[tokio::test]
+    async fn a_deleted_sessions_blocks_are_forgotten() {
+        let (hub, rx) = mpsc::channel(16);
+        let task = tokio::spawn(run(rx, 0));
+        let mut next = 1;
+        let (early, mut early_q) = register(&hub, 64).await;
+        live(catch_up(&hub, early, 0).await);
+        let other = |mut p: Prepared| {
+            p.delivery.session_id = "other".into();
+            p
+        };
+        let forget = Prepared {
+            block: Some(BlockOp::Forget),
+            ..prepared("", true)
+        };
+        hub.send(batch(
+            vec![
+                start("i"),
+                piece("i", "gone"),
+                other(start("k")),
+                other(piece("k", "kept")),
+                forget,
+            ],
+            &mut next,
+        ))
+        .await
+        .unwrap();
+        barrier(&hub).await;
+        let got = events_of(&mut early_q);
+        assert_eq!(
+            got.len(),
+            4,
+            "the forget is not delivered: {:?}",
+            shown(&got)
+        );
+        let (late, _late_q) = register(&hub, 64).await;
+        let answer = live(catch_up(&hub, late, 0).await);
+        let deltas: Vec<_> = shown(&answer)
+            .into_iter()
+            .filter(|(k, _, _)| k == "text.delta")
+            .collect();
+        assert_eq!(
+            deltas,
+            vec![("text.delta".into(), "k".into(), "kept".into())]
+        );
         hub.send(HubCmd::IngestClosed).await.unwrap();
         task.await.unwrap();
     }

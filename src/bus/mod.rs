@@ -35,8 +35,10 @@
 //!   text. A delta dropped for a full queue is carried likewise by the block's next delta
 //!   that fits. Bounds: [`MAX_BLOCK_BYTES`] per block (past it, a subscriber that is behind on
 //!   the block gets none of it any more and relies on the end bracket; one that has it all
-//!   keeps getting its deltas), 64 MiB and 1024 open blocks in all; a block is forgotten at its
-//!   end bracket, its session's `run.end`, or its session going `idle`.
+//!   keeps getting its deltas), 64 MiB in all (the oldest blocks lose their content first) and
+//!   1024 open blocks; a block is forgotten at its end bracket, its session's `run.end`, its
+//!   session going `idle`, or its session's deletion ([`Bus::forget_session`]). The hub checks
+//!   a subscriber's queue has room before it builds a coalesced delta for it.
 
 mod blocks;
 mod cursors;
@@ -334,6 +336,32 @@ impl Bus {
             .await
             .map_err(|_| BusError::Closed)?;
         Ok(receipt)
+    }
+
+    /// Forget what the bus keeps of a deleted session's open blocks (and every subscriber's
+    /// progress on them), after everything it published so far: a session stopped quietly
+    /// never closes them. Sent down the ingest queue behind the session's last events so that
+    /// none of them can reopen a block afterwards; nothing is delivered or stored.
+    pub async fn forget_session(&self, session_id: &str) {
+        let prepared = Prepared {
+            delivery: Delivery {
+                sequence_id: 0,
+                message_id: "".into(),
+                session_id: session_id.into(),
+                run_id: None,
+                kind: "".into(),
+                is_delta: true,
+                json: "".into(),
+                frame: OnceLock::new(),
+                json_frame: OnceLock::new(),
+            },
+            kind: "",
+            created_at: 0,
+            ack: None,
+            block: Some(blocks::BlockOp::Forget),
+        };
+        // A closed bus keeps nothing to forget.
+        let _bus_closed = self.ingest.send(prepared).await;
     }
 
     /// Attach a subscriber. It first replays per `options.replay` from SQLite, then follows

@@ -8,6 +8,7 @@
 //! terminal back-pressures the socket, and the host drops deltas for a slow subscriber, never
 //! brackets); the loop sends commands with `try_send` and says "busy" when the channel is full.
 
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -20,7 +21,7 @@ use super::view::{Outgoing, Purpose};
 use crate::ipc;
 use crate::protocol::envelope::{ErrorCode, Reply};
 use crate::protocol::replies::Grant;
-use crate::protocol::wire::{CmdId, PROTOCOL_VERSION, pb};
+use crate::protocol::wire::{self, CmdId, Decoded, PROTOCOL_VERSION, pb};
 use crate::ws::client::{self, ClientError, WsClient};
 
 const IPC_TIMEOUT: Duration = Duration::from_secs(10);
@@ -167,6 +168,81 @@ async fn run(
     }
 }
 
+/// Commands sent over the wire and not answered yet, at most (more wait in the channel, and
+/// the terminal loop says "busy" once that is full too).
+const MAX_IN_FLIGHT: usize = 8;
+
+/// A command sent over the wire, waiting for the reply with its request id.
+struct InFlight {
+    out: Outgoing,
+    deadline: Instant,
+}
+
+/// The reply frame to a request, as a `Reply`.
+fn reply_of(frame: &Decoded) -> Reply {
+    let decoded = frame
+        .body::<pb::Reply>()
+        .map_err(|e| e.to_string())
+        .and_then(|reply| {
+            let data = if reply.data_json.is_empty() {
+                Value::Null
+            } else {
+                serde_json::from_str(&reply.data_json).map_err(|e| format!("data_json: {e}"))?
+            };
+            Ok(Reply {
+                code: reply.code,
+                message: reply.message,
+                data,
+            })
+        });
+    decoded.unwrap_or_else(|e| {
+        Reply::error(
+            ErrorCode::Internal,
+            format!("the host's reply does not decode: {e}"),
+            Value::Null,
+        )
+    })
+}
+
+/// A command the wire did not answer: run it over IPC instead, so a key press is not lost,
+/// in its own task so the stream goes on meanwhile. Sent twice at worst, which the commands
+/// bear (a prompt's client_msg_id makes the second a duplicate; a second answer is
+/// already_resolved) — except a fork, which is reported instead when the connection failed
+/// under it (`failed`: why).
+fn over_ipc(
+    ipc_path: &std::path::Path,
+    out: Outgoing,
+    failed: Option<&str>,
+    updates: &mpsc::Sender<Update>,
+) {
+    let updates = updates.clone();
+    let ipc_path = ipc_path.to_owned();
+    let fork_lost = failed
+        .filter(|_| out.command == "session.fork")
+        .map(|why| {
+            Reply::error(
+                ErrorCode::HostNotRunning,
+                format!("the connection failed during the fork ({why}): check session.list before forking again"),
+                Value::Null,
+            )
+        });
+    tokio::spawn(async move {
+        let reply = match fork_lost {
+            Some(reply) => reply,
+            None => ipc_call(&ipc_path, out.command, out.params).await,
+        };
+        let _loop_gone = updates
+            .send(Update::Reply {
+                purpose: out.purpose,
+                reply,
+            })
+            .await;
+    });
+}
+
+/// Serve one connection: events to the loop as they come, commands sent as they come and
+/// their replies matched by request id — a command waiting for its reply never holds up the
+/// stream or the next command.
 async fn serve(
     mut ws: WsClient,
     ipc_path: &std::path::Path,
@@ -176,19 +252,20 @@ async fn serve(
     reconnect: &mut Reconnect,
 ) -> Served {
     let mut healthy = false;
-    loop {
+    let mut in_flight: HashMap<u64, InFlight> = HashMap::new();
+    let reason = loop {
+        let next_deadline = in_flight.values().map(|f| f.deadline).min();
         tokio::select! {
             frame = ws.next_frame() => {
                 let frame = match frame {
                     Ok(Some(frame)) => frame,
                     Ok(None) => {
-                        let reason = ws.last_close.take().map_or(
+                        break ws.last_close.take().map_or(
                             "the host closed the connection".to_owned(),
                             |(code, why)| format!("the host closed the connection ({code} {why})"),
                         );
-                        return Served::Lost(reason);
                     }
-                    Err(e) => return Served::Lost(e.to_string()),
+                    Err(e) => break e.to_string(),
                 };
                 match frame.cmd {
                     CmdId::EventPush => {
@@ -207,69 +284,80 @@ async fn serve(
                         if !push.is_delta {
                             *cursor = Some(push.sequence_id);
                             if ws.ack(push.sequence_id).await.is_err() {
-                                return Served::Lost(
-                                    "the connection failed while acknowledging".to_owned(),
-                                );
+                                break "the connection failed while acknowledging".to_owned();
+                            }
+                        }
+                    }
+                    CmdId::Reply => {
+                        if let Some(done) = in_flight.remove(&frame.request_id) {
+                            let reply = reply_of(&frame);
+                            let update = Update::Reply { purpose: done.out.purpose, reply };
+                            if updates.send(update).await.is_err() {
+                                ws.close().await;
+                                return Served::Closed;
                             }
                         }
                     }
                     CmdId::ErrorResp => {
-                        if let Ok(err) = frame.body::<pb::ErrorResp>() {
-                            return Served::Lost(format!(
-                                "the host sent {} ({})",
-                                err.name, err.message
-                            ));
+                        if let Some(refused) = in_flight.remove(&frame.request_id) {
+                            // The wire refused the frame: the same command over IPC.
+                            over_ipc(ipc_path, refused.out, None, updates);
+                        } else if let Ok(err) = frame.body::<pb::ErrorResp>() {
+                            break format!("the host sent {} ({})", err.name, err.message);
                         }
                     }
                     _ => {}
                 }
             }
-            request = requests.recv() => {
+            request = requests.recv(), if in_flight.len() < MAX_IN_FLIGHT => {
                 let Some(out) = request else {
                     ws.close().await;
                     return Served::Closed;
                 };
-                let over_wire = tokio::time::timeout(
-                    IPC_TIMEOUT,
-                    ws.request(out.command, out.params.clone()),
-                )
-                .await;
-                let (reply, lost) = match over_wire {
-                    Ok(Ok(reply)) => (reply, None),
-                    // The wire refused the frame, or the connection failed under it: the same
-                    // command over IPC, so a key press is not lost. Sent twice at worst, which
-                    // the commands bear (a prompt's client_msg_id makes the second a
-                    // duplicate; a second answer is already_resolved) — except a fork.
-                    Ok(Err(e)) => {
-                        let lost = !matches!(e, ClientError::RequestRefused(_));
-                        let reply = if lost && out.command == "session.fork" {
-                            Reply::error(
-                                ErrorCode::HostNotRunning,
-                                format!("the connection failed during the fork ({e}): check session.list before forking again"),
-                                Value::Null,
-                            )
-                        } else {
-                            ipc_call(ipc_path, out.command, out.params).await
-                        };
-                        (reply, lost.then(|| e.to_string()))
+                let frame = wire::request(out.command, &out.params);
+                match ws.send(CmdId::Request, &frame).await {
+                    Ok(id) => {
+                        let deadline = Instant::now() + IPC_TIMEOUT;
+                        in_flight.insert(id, InFlight { out, deadline });
                     }
-                    // No answer: the command may or may not have run; say so, and reconnect.
-                    Err(_) => (
-                        Reply::error(
-                            ErrorCode::HostUnresponsive,
-                            format!("no answer to {} within {IPC_TIMEOUT:?}", out.command),
-                            Value::Null,
-                        ),
-                        Some("the host did not answer a request".to_owned()),
-                    ),
-                };
-                if updates.send(Update::Reply { purpose: out.purpose, reply }).await.is_err() {
-                    return Served::Closed;
-                }
-                if let Some(reason) = lost {
-                    return Served::Lost(reason);
+                    Err(e) => {
+                        let why = e.to_string();
+                        over_ipc(ipc_path, out, Some(&why), updates);
+                        break why;
+                    }
                 }
             }
+            () = tokio::time::sleep_until(next_deadline.unwrap_or_else(Instant::now)),
+                if next_deadline.is_some() =>
+            {
+                // No answer in time: the command may or may not have run; say so, and
+                // reconnect (the others still waiting go over IPC below).
+                let now = Instant::now();
+                let expired: Vec<u64> = in_flight
+                    .iter()
+                    .filter(|(_, f)| f.deadline <= now)
+                    .map(|(id, _)| *id)
+                    .collect();
+                for id in expired {
+                    if let Some(late) = in_flight.remove(&id) {
+                        let reply = Reply::error(
+                            ErrorCode::HostUnresponsive,
+                            format!("no answer to {} within {IPC_TIMEOUT:?}", late.out.command),
+                            Value::Null,
+                        );
+                        let update = Update::Reply { purpose: late.out.purpose, reply };
+                        if updates.send(update).await.is_err() {
+                            return Served::Closed;
+                        }
+                    }
+                }
+                break "the host did not answer a request".to_owned();
+            }
         }
+    };
+    // The connection failed under the commands still waiting: over IPC (a fork: reported).
+    for (_, waiting) in in_flight.drain() {
+        over_ipc(ipc_path, waiting.out, Some(&reason), updates);
     }
+    Served::Lost(reason)
 }

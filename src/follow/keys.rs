@@ -2,9 +2,12 @@
 //! Pure (crossterm's key types are plain data), so every binding is unit-tested.
 //!
 //! Bindings: printable keys type into the input line; Enter sends it (a `/command` is run
-//! instead); Esc cancels the running turn (with nothing running it clears the line); `y` /
-//! `n` / `a` answer the pending permission when the line is empty (allow once / deny / allow
-//! always); Tab and Shift-Tab select a tool call, Enter on an empty line folds or unfolds the
+//! instead); Esc clears a line with text on it, and only on an empty line cancels the running
+//! turn (or drops the tool selection first); `y` / `n` answer the target session's pending
+//! permission when the line is empty (allow once / deny), `a` asks first (a lasting rule: a
+//! second `a` or Enter grants it, any other key takes the question back); a paste (bracketed)
+//! is always text, never an answer; Ctrl-N / Ctrl-P pick the target session when following all
+//! of them; Tab and Shift-Tab select a tool call, Enter on an empty line folds or unfolds the
 //! selected one; PageUp / PageDown / End scroll; Ctrl-C and Ctrl-D (empty line) quit.
 
 use crossterm::event::{KeyCode, KeyEvent, KeyEventKind, KeyModifiers};
@@ -40,13 +43,24 @@ pub enum Action {
     ScrollEnd,
     Help,
     Quit,
+    /// `a` once: ask to confirm the allow-always rule (the view says what the rule is).
+    ConfirmAlways,
+    /// The confirmation was taken back (a key other than `a` or Enter).
+    ConfirmCancelled,
+    /// Ctrl-N (`true`) / Ctrl-P: the next / previous session as the target.
+    CycleTarget(bool),
+    /// `/to <id-or-suffix>`; empty: list the sessions.
+    Target(String),
     Unknown(String),
 }
 
 /// What the keys need to know of the view.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct KeyContext {
+    /// A permission request of the target session waits (only those are answered by keys).
     pub permission_pending: bool,
+    /// That request offers an allow-always option.
+    pub always_offered: bool,
     pub turn_running: bool,
     pub tool_selected: bool,
     /// Rows of the transcript (a page for PageUp / PageDown).
@@ -58,6 +72,8 @@ pub struct KeyContext {
 pub struct Input {
     text: String,
     cursor: usize,
+    /// `a` was pressed once: the next key confirms (`a`, Enter) or takes it back.
+    confirming: bool,
 }
 
 impl Input {
@@ -65,9 +81,14 @@ impl Input {
         &self.text
     }
 
-    /// The cursor's column (in chars).
-    pub fn cursor(&self) -> usize {
-        self.cursor
+    /// The text left of the cursor.
+    pub fn before_cursor(&self) -> &str {
+        &self.text[..self.byte_at(self.cursor)]
+    }
+
+    /// Whether an allow-always answer waits for its confirmation.
+    pub fn confirming(&self) -> bool {
+        self.confirming
     }
 
     fn byte_at(&self, char_index: usize) -> usize {
@@ -104,6 +125,23 @@ impl Input {
     }
 }
 
+/// Pasted text (bracketed paste): typed into the line as it is, never an answer. Line breaks
+/// become spaces (a paste is one prompt, sent with Enter).
+pub fn on_paste(input: &mut Input, text: &str) -> Action {
+    let was_confirming = std::mem::take(&mut input.confirming);
+    for c in text.chars() {
+        input.insert(match c {
+            '\r' | '\n' => ' ',
+            c => c,
+        });
+    }
+    if was_confirming {
+        Action::ConfirmCancelled
+    } else {
+        Action::None
+    }
+}
+
 /// One key.
 pub fn on_key(input: &mut Input, key: KeyEvent, ctx: KeyContext) -> Action {
     if key.kind == KeyEventKind::Release {
@@ -111,6 +149,15 @@ pub fn on_key(input: &mut Input, key: KeyEvent, ctx: KeyContext) -> Action {
     }
     let ctrl = key.modifiers.contains(KeyModifiers::CONTROL);
     let page = i32::from(ctx.page.max(2) - 1);
+    if std::mem::take(&mut input.confirming) && ctx.permission_pending {
+        // The second key of `a`: only `a` or Enter grant the lasting rule; any other key
+        // (Ctrl-C aside) only takes the question back.
+        return match key.code {
+            KeyCode::Char('a') | KeyCode::Enter if !ctrl => Action::Answer(Answer::AllowAlways),
+            KeyCode::Char('c') if ctrl => Action::Quit,
+            _ => Action::ConfirmCancelled,
+        };
+    }
     match key.code {
         KeyCode::Char('c') if ctrl => Action::Quit,
         KeyCode::Char('d') if ctrl && input.text.is_empty() => Action::Quit,
@@ -118,11 +165,19 @@ pub fn on_key(input: &mut Input, key: KeyEvent, ctx: KeyContext) -> Action {
             input.take();
             Action::None
         }
+        KeyCode::Char('n') if ctrl => Action::CycleTarget(true),
+        KeyCode::Char('p') if ctrl => Action::CycleTarget(false),
         KeyCode::Char(c) if !ctrl => {
             if input.text.is_empty() && ctx.permission_pending {
                 match c {
                     'y' => return Action::Answer(Answer::AllowOnce),
                     'n' => return Action::Answer(Answer::Deny),
+                    // Without an allow-always option the view says so (and the `a` is not
+                    // typed either: the key means the same whatever the request offers).
+                    'a' if ctx.always_offered => {
+                        input.confirming = true;
+                        return Action::ConfirmAlways;
+                    }
                     'a' => return Action::Answer(Answer::AllowAlways),
                     _ => {}
                 }
@@ -142,12 +197,15 @@ pub fn on_key(input: &mut Input, key: KeyEvent, ctx: KeyContext) -> Action {
             parse_line(&input.take())
         }
         KeyCode::Esc => {
-            if ctx.turn_running {
-                Action::Cancel
-            } else if ctx.tool_selected && input.text.is_empty() {
-                Action::Unselect
-            } else {
+            if !input.text.is_empty() {
+                // A draft is cleared, never a reason to cancel the turn.
                 input.take();
+                Action::None
+            } else if ctx.tool_selected {
+                Action::Unselect
+            } else if ctx.turn_running {
+                Action::Cancel
+            } else {
                 Action::None
             }
         }
@@ -207,6 +265,7 @@ pub fn parse_line(line: &str) -> Action {
         ("fork", _) => Action::Fork,
         ("tools", _) => Action::ToggleAllTools,
         ("help" | "?", _) => Action::Help,
+        ("to", arg) => Action::Target(arg.to_owned()),
         ("queue", "") => Action::QueueList,
         ("queue", "clear") => Action::QueueClear,
         ("queue", rest) => {
@@ -267,52 +326,159 @@ mod tests {
         }
     }
 
+    fn ctrl(c: char) -> KeyEvent {
+        KeyEvent::new(KeyCode::Char(c), KeyModifiers::CONTROL)
+    }
+
+    const PENDING: KeyContext = KeyContext {
+        permission_pending: true,
+        always_offered: true,
+        turn_running: true,
+        tool_selected: false,
+        page: 0,
+    };
+
     #[test]
-    fn y_n_a_answer_only_on_an_empty_line_with_a_request_pending() {
-        let pending = KeyContext {
-            permission_pending: true,
-            ..KeyContext::default()
-        };
+    fn y_n_answer_only_on_an_empty_line_with_a_request_of_the_target_pending() {
         let mut input = Input::default();
-        for (c, answer) in [
-            ('y', Answer::AllowOnce),
-            ('n', Answer::Deny),
-            ('a', Answer::AllowAlways),
-        ] {
+        for (c, answer) in [('y', Answer::AllowOnce), ('n', Answer::Deny)] {
             assert_eq!(
-                on_key(&mut input, key(KeyCode::Char(c)), pending),
+                on_key(&mut input, key(KeyCode::Char(c)), PENDING),
                 Action::Answer(answer)
             );
+            assert_eq!(input.text(), "");
         }
         // Mid-word they are letters.
-        typed(&mut input, "ok yarn", pending);
-        assert_eq!(input.text(), "ok yarn");
-        // With nothing pending, too.
-        let mut input = Input::default();
-        typed(&mut input, "yes", KeyContext::default());
-        assert_eq!(input.text(), "yes");
+        typed(&mut input, "x", PENDING);
+        typed(&mut input, "ok yarn", PENDING);
+        assert_eq!(input.text(), "xok yarn");
+        // With nothing pending for the target (another session's request does not count:
+        // the view says `permission_pending` only for the target), a prompt's first letter
+        // is a letter: "no, use …" and "add tests" are typed, not answers.
+        for prompt in ["no, use x", "add tests", "yes"] {
+            let mut input = Input::default();
+            typed(&mut input, prompt, KeyContext::default());
+            assert_eq!(input.text(), prompt);
+        }
     }
 
     #[test]
-    fn esc_cancels_a_running_turn_and_ctrl_c_quits() {
+    fn a_asks_for_confirmation_and_any_other_key_takes_it_back() {
+        let mut input = Input::default();
+        // `a` then `a`: granted.
+        assert_eq!(
+            on_key(&mut input, key(KeyCode::Char('a')), PENDING),
+            Action::ConfirmAlways
+        );
+        assert!(input.confirming());
+        assert_eq!(
+            on_key(&mut input, key(KeyCode::Char('a')), PENDING),
+            Action::Answer(Answer::AllowAlways)
+        );
+        assert!(!input.confirming());
+        // `a` then Enter: granted.
+        on_key(&mut input, key(KeyCode::Char('a')), PENDING);
+        assert_eq!(
+            on_key(&mut input, key(KeyCode::Enter), PENDING),
+            Action::Answer(Answer::AllowAlways)
+        );
+        // `a` then `d` (the user was typing "add tests"): taken back, nothing typed, and the
+        // next keys are text again only once the line has text.
+        on_key(&mut input, key(KeyCode::Char('a')), PENDING);
+        assert_eq!(
+            on_key(&mut input, key(KeyCode::Char('d')), PENDING),
+            Action::ConfirmCancelled
+        );
+        assert!(!input.confirming());
+        assert_eq!(input.text(), "");
+        // Esc takes it back too (and does not cancel the turn).
+        on_key(&mut input, key(KeyCode::Char('a')), PENDING);
+        assert_eq!(
+            on_key(&mut input, key(KeyCode::Esc), PENDING),
+            Action::ConfirmCancelled
+        );
+        // The request was answered elsewhere meanwhile: the key is an ordinary key.
+        on_key(&mut input, key(KeyCode::Char('a')), PENDING);
+        assert_eq!(
+            on_key(&mut input, key(KeyCode::Char('z')), KeyContext::default()),
+            Action::None
+        );
+        assert_eq!(input.text(), "z");
+        // No allow-always option: `a` is neither typed nor a question; the view says so.
+        let mut input = Input::default();
+        let no_always = KeyContext {
+            always_offered: false,
+            ..PENDING
+        };
+        assert_eq!(
+            on_key(&mut input, key(KeyCode::Char('a')), no_always),
+            Action::Answer(Answer::AllowAlways)
+        );
+        assert_eq!(input.text(), "");
+        assert!(!input.confirming());
+    }
+
+    #[test]
+    fn a_paste_is_text_never_an_answer() {
+        let mut input = Input::default();
+        assert_eq!(on_paste(&mut input, "yes\nplease"), Action::None);
+        assert_eq!(input.text(), "yes please");
+        // A paste right after `a` takes the question back and is typed.
+        let mut input = Input::default();
+        on_key(&mut input, key(KeyCode::Char('a')), PENDING);
+        assert_eq!(on_paste(&mut input, "a"), Action::ConfirmCancelled);
+        assert_eq!(input.text(), "a");
+    }
+
+    #[test]
+    fn esc_clears_a_draft_and_cancels_only_on_an_empty_line() {
         let running = KeyContext {
             turn_running: true,
             ..KeyContext::default()
         };
         let mut input = Input::default();
+        typed(&mut input, "draft", running);
+        assert_eq!(on_key(&mut input, key(KeyCode::Esc), running), Action::None);
+        assert_eq!(input.text(), "");
         assert_eq!(
             on_key(&mut input, key(KeyCode::Esc), running),
             Action::Cancel
         );
-        typed(&mut input, "draft", KeyContext::default());
-        // Idle: Esc clears the line.
+        // Idle: nothing to cancel.
         assert_eq!(
             on_key(&mut input, key(KeyCode::Esc), KeyContext::default()),
             Action::None
         );
-        assert_eq!(input.text(), "");
-        let ctrl_c = KeyEvent::new(KeyCode::Char('c'), KeyModifiers::CONTROL);
-        assert_eq!(on_key(&mut input, ctrl_c, running), Action::Quit);
+        // A selected tool is dropped before a turn is cancelled.
+        let selected = KeyContext {
+            tool_selected: true,
+            ..running
+        };
+        assert_eq!(
+            on_key(&mut input, key(KeyCode::Esc), selected),
+            Action::Unselect
+        );
+        assert_eq!(on_key(&mut input, ctrl('c'), running), Action::Quit);
+    }
+
+    #[test]
+    fn ctrl_n_p_and_to_pick_the_target() {
+        let mut input = Input::default();
+        typed(&mut input, "half", KeyContext::default());
+        assert_eq!(
+            on_key(&mut input, ctrl('n'), KeyContext::default()),
+            Action::CycleTarget(true)
+        );
+        assert_eq!(
+            on_key(&mut input, ctrl('p'), KeyContext::default()),
+            Action::CycleTarget(false)
+        );
+        assert_eq!(input.text(), "half");
+        assert_eq!(
+            parse_line("/to bbbb1234"),
+            Action::Target("bbbb1234".into())
+        );
+        assert_eq!(parse_line("/to"), Action::Target(String::new()));
     }
 
     #[test]

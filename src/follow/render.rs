@@ -45,18 +45,23 @@ pub fn draw(frame: &mut Frame, view: &View, input: &Input) {
         status_area,
     );
 
-    // The input line shows its end when it is wider than the screen.
-    let prompt = "› ";
-    let text = clean(input.text());
+    // The input line shows its end when it is wider than the screen. Everything is counted
+    // over the text as drawn (a tab is 4 columns, a control character `^X` two), so the
+    // cursor stays where the drawn text puts it.
+    let prompt = if input.confirming() {
+        "allow always? a / Enter: yes, any other key: no › "
+    } else {
+        "› "
+    };
+    let chars: Vec<char> = clean(input.text()).chars().collect();
+    let cursor = clean(input.before_cursor())
+        .chars()
+        .count()
+        .min(chars.len());
     let room = usize::from(input_area.width).saturating_sub(prompt.width() + 1);
-    let chars: Vec<char> = text.chars().collect();
-    let skip = input.cursor().saturating_sub(room);
+    let skip = cursor.saturating_sub(room);
     let shown: String = chars.iter().skip(skip).take(room).collect();
-    let cursor_x = prompt.width()
-        + chars[skip..input.cursor().min(chars.len())]
-            .iter()
-            .collect::<String>()
-            .width();
+    let cursor_x = prompt.width() + chars[skip..cursor].iter().collect::<String>().width();
     frame.render_widget(
         Paragraph::new(Line::from(vec![
             Span::styled(
@@ -122,5 +127,30 @@ mod tests {
         let rows = screen(&view, &Input::default(), 120, 12);
         assert_eq!(rows[0], "● line 22");
         assert!(rows[10].contains("scrolled back 3"), "{rows:?}");
+    }
+
+    fn cursor_x(view: &View, input: &Input) -> u16 {
+        let mut terminal = Terminal::new(TestBackend::new(40, 4)).unwrap();
+        terminal.draw(|f| draw(f, view, input)).unwrap();
+        terminal.get_cursor_position().unwrap().x
+    }
+
+    #[test]
+    fn the_cursor_sits_after_the_drawn_text() {
+        use crossterm::event::{KeyCode, KeyEvent, KeyModifiers};
+        let view = View::new(Some("s".into()), "t");
+        let mut input = Input::default();
+        let ctx = crate::follow::keys::KeyContext::default();
+        // A pasted tab (4 columns drawn) and a control character (`^A`, 2 columns).
+        crate::follow::keys::on_paste(&mut input, "a\tb\u{1}c");
+        let rows = screen(&view, &input, 40, 4);
+        assert_eq!(rows[3], "› a    b^Ac");
+        assert_eq!(cursor_x(&view, &input), 2 + 9);
+        crate::follow::keys::on_key(
+            &mut input,
+            KeyEvent::new(KeyCode::Left, KeyModifiers::NONE),
+            ctx,
+        );
+        assert_eq!(cursor_x(&view, &input), 2 + 8);
     }
 }

@@ -12,7 +12,7 @@
 
 use std::time::Duration;
 
-use crossterm::event::{Event, EventStream};
+use crossterm::event::{DisableBracketedPaste, EnableBracketedPaste, Event, EventStream};
 use futures_util::StreamExt;
 use serde_json::{Value, json};
 
@@ -32,6 +32,7 @@ struct Restore;
 
 impl Drop for Restore {
     fn drop(&mut self) {
+        let _unpasted = crossterm::execute!(std::io::stdout(), DisableBracketedPaste);
         let _restored = ratatui::try_restore();
     }
 }
@@ -90,6 +91,9 @@ async fn interact(config: &Config, options: FollowOptions, grant: Grant) -> Repl
         }
     };
     let restore = Restore;
+    // Bracketed paste: a paste arrives as one `Event::Paste`, typed as text, so a pasted `y`
+    // or `a` never answers a permission. A terminal without it sends keys as before.
+    let _pasting = crossterm::execute!(std::io::stdout(), EnableBracketedPaste);
     let subscriber_id = grant.subscriber_id.clone();
     let (commands, mut updates, task) = connection::spawn(config.ipc_path(), grant);
     let tag: String = uuid::Uuid::new_v4().simple().to_string()[..8].to_owned();
@@ -126,6 +130,7 @@ async fn interact(config: &Config, options: FollowOptions, grant: Grant) -> Repl
                 Some(Ok(Event::Key(key))) => {
                     let ctx = KeyContext {
                         permission_pending: view.pending().is_some(),
+                        always_offered: view.always_choice().is_some(),
                         turn_running: view.running(),
                         tool_selected: view.tool_selected(),
                         page,
@@ -135,6 +140,9 @@ async fn interact(config: &Config, options: FollowOptions, grant: Grant) -> Repl
                         Effect::Request(out) => send(&mut view, out),
                         Effect::Nothing => {}
                     }
+                }
+                Some(Ok(Event::Paste(text))) => {
+                    let _nothing_to_send = view.act(keys::on_paste(&mut input, &text));
                 }
                 Some(Ok(_)) => {} // a resize: the next draw fits it
                 // The terminal went away: nobody to show anything to.

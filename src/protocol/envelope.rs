@@ -45,9 +45,11 @@ pub enum ErrorCode {
     PermissionNotFound,
     AlreadyResolved,
     NotQueued,
+    SteerPending,
     UnknownAgentType,
     NoAgent,
     AgentUnavailable,
+    ResultDeliveryUnknown,
     SubscriberNotFound,
 }
 
@@ -85,9 +87,11 @@ impl ErrorCode {
         ErrorCode::PermissionNotFound,
         ErrorCode::AlreadyResolved,
         ErrorCode::NotQueued,
+        ErrorCode::SteerPending,
         ErrorCode::UnknownAgentType,
         ErrorCode::NoAgent,
         ErrorCode::AgentUnavailable,
+        ErrorCode::ResultDeliveryUnknown,
         ErrorCode::SubscriberNotFound,
     ];
 
@@ -125,9 +129,11 @@ impl ErrorCode {
             ErrorCode::PermissionNotFound => 3004,
             ErrorCode::AlreadyResolved => 3005,
             ErrorCode::NotQueued => 3006,
+            ErrorCode::SteerPending => 3007,
             ErrorCode::UnknownAgentType => 4001,
             ErrorCode::NoAgent => 4002,
             ErrorCode::AgentUnavailable => 4003,
+            ErrorCode::ResultDeliveryUnknown => 4004,
             ErrorCode::SubscriberNotFound => 5001,
         }
     }
@@ -166,9 +172,11 @@ impl ErrorCode {
             ErrorCode::PermissionNotFound => "permission_not_found",
             ErrorCode::AlreadyResolved => "already_resolved",
             ErrorCode::NotQueued => "not_queued",
+            ErrorCode::SteerPending => "steer_pending",
             ErrorCode::UnknownAgentType => "unknown_agent_type",
             ErrorCode::NoAgent => "no_agent",
             ErrorCode::AgentUnavailable => "agent_unavailable",
+            ErrorCode::ResultDeliveryUnknown => "result_delivery_unknown",
             ErrorCode::SubscriberNotFound => "subscriber_not_found",
         }
     }
@@ -228,10 +236,18 @@ impl ErrorCode {
                 "the run is not (or no longer) waiting in the queue: it runs or ran already, or \
                  was removed; `data.run_id` names it and `data.state` says where it is"
             }
+            ErrorCode::SteerPending => {
+                "an earlier steer of this session still waits for the agent's answer; send this \
+                 one again once that one is answered (`data.run_id` names the running run)"
+            }
             ErrorCode::UnknownAgentType => "no adapter family or registered agent of that name",
             ErrorCode::NoAgent => "no adapter in this build can run this session's agent",
             ErrorCode::AgentUnavailable => {
                 "a registered agent's command cannot be found or run (`agent.list` says why)"
+            }
+            ErrorCode::ResultDeliveryUnknown => {
+                "the input was handed to the agent and no answer came: whether it took it is \
+                 unknown, so it was not queued either (a `warning` in the run says so)"
             }
             ErrorCode::SubscriberNotFound => "no subscriber with that id",
         }
@@ -463,7 +479,7 @@ pub const COMMANDS: &[CommandSpec] = &[
         name: "session.steer",
         route: Route::Ipc,
         params: "{session_id: string, text: string, client_msg_id?: string}",
-        summary: "give the running turn more input: {run_id, steered, queued}; an agent that cannot take it mid-turn (`agent.list` capabilities.steer) gets it at the head of the queue (warning steer_unsupported); with no turn running, a plain send",
+        summary: "give the running turn more input: {run_id, steered, queued, duplicate}; an agent that cannot take it mid-turn (`agent.list` capabilities.steer), or refuses it, gets it at the head of the queue (warning steer_unsupported); no answer from the agent: result_delivery_unknown (not queued); another steer still waiting: steer_pending; with no turn running, a plain send",
         wire: true,
     },
     CommandSpec {
@@ -1563,11 +1579,14 @@ is stale). The same codes travel in the WebSocket protocol's `ErrorResp` (docs/p
 `agent-host follow [session_id] [--json]` and `agent-host open [session_id] [--print]` are
 not envelope commands: the first follows a live stream, the second prints (and opens in the
 browser) the URL of the host's web UI with a fresh grant (see the README). On a terminal,
-`follow` is interactive: type and Enter to send a prompt, Esc or `/cancel` to cancel the turn,
-`y` / `n` / `a` on an empty line to answer the pending permission (allow once / deny / allow
-always where offered), Tab then Enter to unfold a tool call's output (`/tools`: all of them),
-`/steer <text>`, `/fork`, `/queue` (`/queue rm N`, `/queue clear`), `/help`, and `/quit` or
-Ctrl-C to leave; its log goes to `logs/follow.log`, never onto the screen. With `--json`, or
+`follow` is interactive: type and Enter to send a prompt, Esc to clear the line (on an empty
+line: to cancel the turn) or `/cancel`, `y` / `n` on an empty line to answer the target
+session's pending permission (allow once / deny), `a` then `a` or Enter to allow always where
+offered (it first says the rule; any other key takes it back; a paste is never an answer),
+`/to <id-or-suffix>` or Ctrl-N / Ctrl-P to pick the target session when following all of
+them (never changed implicitly), Tab then Enter to unfold a tool call's output (`/tools`: all
+of them), `/steer <text>`, `/fork`, `/queue` (`/queue rm N`, `/queue clear`), `/help`, and
+`/quit` or Ctrl-C to leave; its log goes to `logs/follow.log`, never onto the screen. With `--json`, or
 when stdout is not a terminal, it prints lines: readable text, or one canonical event as JSON
 per line.
 

@@ -200,6 +200,10 @@ pub const WARNING_CODES: &[(&str, &str)] = &[
          waits at the head of the queue and runs next. It carries the queued prompt's `runId`.",
     ),
     (
+        "steer_result_unknown",
+        "A `session.steer` was handed to the agent but no answer said whether it took the text          (the agent did not answer in time, or the turn ended first): it may or may not have          reached the running turn, and it was not queued, so it never runs twice. It carries the          running run's `runId`; the command's answer is `result_delivery_unknown`.",
+    ),
+    (
         "followup_cancelled",
         "A queued prompt was cancelled before it ran (it carries the prompt's `runId`).",
     ),
@@ -318,8 +322,11 @@ pub const EVENTS: &[EventDoc] = &[
     EventDoc {
         kind: "user.text",
         class: EventClass::Bracket,
-        when: "When a prompt is dispatched to the agent (not when it is queued): the first event \
-               of its run, before `run.start`. A prompt dropped or cancelled while queued has a \
+        when: "When a prompt is dispatched to the agent (not when it is queued): before its \
+               `run.start`, the first event of its run apart from the `queue.changed` and \
+               `warning`s published about it while it waited (once per prompt: a dispatch the \
+               store cut short after it is not announced again). A prompt dropped or cancelled \
+               while queued has a \
                `warning` instead. A steer the agent took (`session.steer`) is a `user.text` with \
                `steer` inside the running run.",
         fields: &[
@@ -555,7 +562,8 @@ pub const EVENTS: &[EventDoc] = &[
             opt(
                 "rule",
                 JsonType::String,
-                "Set when the chosen option was `allow_always` and the agent got it: the rule it \
+                "Set when the chosen option was `allow_always` and, once the agent's driver \
+                 wrote the answer, it took effect: the rule it \
                  keeps, in words; `session.get` lists it in `permission_rules` from then on.",
             ),
         ],

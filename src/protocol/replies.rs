@@ -130,6 +130,10 @@ pub struct QueueEntry {
     /// Who sent it, when known (as its `user.text` will say).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub from: Option<crate::protocol::events::PromptFrom>,
+    /// `text` is only the start of the prompt: a reply carries at most 2 MiB of queued text
+    /// in all, as `queue.changed` does (`queue.edit` sets the whole text).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub truncated: bool,
 }
 
 /// `queue.edit`: the queued prompt's text as it is now.
@@ -161,6 +165,10 @@ pub struct SteerReceipt {
     pub steered: bool,
     /// It waits in the queue: at its head when the agent could not take it mid-turn.
     pub queued: bool,
+    /// The `client_msg_id` was seen before: this is that earlier steer's receipt (nothing
+    /// was sent or queued again).
+    #[serde(default)]
+    pub duplicate: bool,
 }
 
 /// What a live session is doing.

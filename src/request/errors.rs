@@ -80,6 +80,17 @@ pub fn session_error(e: SessionError) -> Reply {
             message,
             json!({"run_id": run_id, "state": state}),
         ),
+        SessionError::QueueHeadAnnounced { run_id } => Reply::error(
+            ErrorCode::NotQueued,
+            message,
+            json!({"run_id": run_id, "state": "queued", "reason": "announced"}),
+        ),
+        SessionError::SteerPending { run_id } => {
+            Reply::error(ErrorCode::SteerPending, message, json!({"run_id": run_id}))
+        }
+        SessionError::SteerUnknown(_) => {
+            Reply::error(ErrorCode::ResultDeliveryUnknown, message, Value::Null)
+        }
         SessionError::PermissionNotFound(id) => Reply::error(
             ErrorCode::PermissionNotFound,
             message,

@@ -15,8 +15,10 @@
 //!   (`restored`), and they run in order.
 //! - `steer`: text for the running turn goes to the agent when its family can take it
 //!   ([`Capabilities::steer`](super::agent::Capabilities)) and is then published as a
-//!   `user.text` with `steer` in the running run; otherwise (or when the agent refuses it) it
-//!   queues at the head with a `warning` `steer_unsupported`: nothing claims the turn took it.
+//!   `user.text` with `steer` in the running run; otherwise (or when the agent refuses it or
+//!   never got it) it queues at the head with a `warning` `steer_unsupported`: nothing claims
+//!   the turn took it. The answer is awaited as a branch of the actor's loop, never inside a
+//!   handler; an answer that never comes is `result_delivery_unknown`, not queued.
 //! - the agent is opened lazily on the first dispatch: a resume of the native id the session
 //!   row holds (or a fork, when someone else wrote or holds it), else a new native session. A
 //!   resume the agent rejects is reported (`error` `resume_rejected` and a `warning`) and the
@@ -103,7 +105,7 @@ pub use crate::protocol::replies::{
     ActivateReceipt, CancelOutcome, CancelReceipt, LiveStatus, PermissionReceipt, QueueEdited,
     QueueEntry, SendReceipt, SteerReceipt,
 };
-pub(super) use queue::Queued;
+pub(super) use queue::{Queued, bounded_queue};
 
 pub(super) type Reply<T> = oneshot::Sender<Result<T, SessionError>>;
 
@@ -208,6 +210,10 @@ pub(super) struct Actor {
     health: watch::Receiver<StoreHealth>,
     /// The store's outage count last seen: a higher one means an outage came and went.
     outages_seen: u64,
+    /// The steer handed to the agent whose answer has not come yet.
+    steer: Option<steer::PendingSteer>,
+    /// The steers taken into a turn, by `client_msg_id` (not steered again).
+    steered: steer::Steered,
 }
 
 async fn next_health(health: &mut watch::Receiver<StoreHealth>) -> StoreHealth {
@@ -289,6 +295,8 @@ impl Actor {
             files: files::FileCache::default(),
             health,
             outages_seen,
+            steer: None,
+            steered: steer::Steered::default(),
         }
     }
 
@@ -316,6 +324,10 @@ impl Actor {
                 () = until(retry) => {
                     self.link.clear_retry();
                     self.on_store_back().await;
+                }
+                // Before the agent's output: a driver answers a steer before it ends the turn.
+                answer = steer::next_answer(self.steer.as_mut()) => {
+                    self.on_steer_answer(answer).await;
                 }
                 output = next_output(events) => self.on_output(output).await,
                 msg = inbox.recv() => match msg {

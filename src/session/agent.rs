@@ -205,6 +205,21 @@ pub enum AgentOutput {
     },
 }
 
+/// What a driver did with a permission answer it wrote (`AgentInput::Permission`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Honoured {
+    /// The native answer included the "always" part, so the agent keeps the rule.
+    pub always: bool,
+}
+
+/// Where a driver acknowledges a permission answer.
+pub type PermissionAck = oneshot::Sender<Result<Honoured, AdapterError>>;
+
+/// How long [`AgentSession::choose_permission`] waits for the driver's acknowledgement (a
+/// driver answers right after the write; one that cannot take its input meanwhile, e.g. stuck
+/// on a full event queue, counts as not honouring the always part).
+pub const PERMISSION_ACK_WAIT: Duration = Duration::from_secs(2);
+
 /// What the session layer asks of a driver.
 #[derive(Debug)]
 pub enum AgentInput {
@@ -214,21 +229,31 @@ pub enum AgentInput {
     /// Answer a `permission.request`: `option` is the one of the agent's own options that was
     /// chosen (`None`: a plain yes/no, `allow`), which the driver passes on natively (Claude:
     /// an allow with the suggested permission updates; Codex: its decision; ACP: the
-    /// `optionId`).
+    /// `optionId`). `ack` is answered once the driver wrote the native answer to a request
+    /// the agent has pending: [`Honoured`] says whether that answer carried the "always" part
+    /// (Claude: the permission updates; Codex: `acceptForSession` / the session scope; ACP: an
+    /// `allow_always` option), the only case the session records a rule for. An answer that
+    /// went nowhere (no such request pending, the writer gone) is an error.
     Permission {
         request_id: String,
         allow: bool,
         option: Option<PermissionOption>,
         input: Value,
         message: Option<String>,
+        ack: PermissionAck,
     },
     /// Interrupt the current turn; the process stays.
     Interrupt,
     /// Inject `text` into the running turn (the family's `Capabilities::steer`); `id` is the
-    /// run it joins. `reply` says whether the agent took it: an error means the turn was not
-    /// influenced (no turn running, a family that cannot steer, the agent refused), and the
-    /// session layer then queues the text instead. A driver that cannot steer answers an
-    /// error at once.
+    /// run it joins. `reply` says whether the agent took it: `Ok`, taken into that turn; an
+    /// error whose category is `transport_lost`, `agent_failed` or `protocol_incompatible`
+    /// means it was not sent or was refused (no turn running, a family that cannot steer, the
+    /// agent said no), and the session layer then queues the text; `result_delivery_unknown`
+    /// means it was sent and no answer came (the session layer then does not queue it). A
+    /// driver answers within its own bound, shorter than [`STEER_WAIT`], and never blocks its
+    /// other inputs meanwhile; a turn that ends before the agent's answer answers it too. A
+    /// driver that cannot steer answers an error at once; a reply dropped unanswered means
+    /// not sent.
     Steer {
         text: String,
         id: String,
@@ -241,8 +266,42 @@ pub enum AgentInput {
     },
 }
 
-/// How long [`AgentSession::steer`] waits for the driver's answer.
+/// How long the session layer waits for a steer's answer ([`SteerAnswer`]). Every driver's
+/// own bound is shorter, so an accept that comes late is never taken for a refusal.
 pub const STEER_WAIT: Duration = Duration::from_secs(15);
+
+/// The driver's answer to one steer, awaited for at most [`STEER_WAIT`] from when it was
+/// handed over.
+#[derive(Debug)]
+pub struct SteerAnswer {
+    answer: oneshot::Receiver<Result<(), AdapterError>>,
+    deadline: tokio::time::Instant,
+}
+
+impl SteerAnswer {
+    /// The answer: `Ok`, the agent took it into the turn; an error says why not, or
+    /// (`result_delivery_unknown`) that nobody knows. Cancel-safe (it can be a `select!`
+    /// branch); not to be awaited again once it returned.
+    pub async fn wait(&mut self) -> Result<(), AdapterError> {
+        match tokio::time::timeout_at(self.deadline, &mut self.answer).await {
+            Ok(Ok(taken)) => taken,
+            // The driver dropped it unanswered: it never wrote it (drivers answer what they
+            // wrote, whatever happens next).
+            Ok(Err(_)) => Err(AdapterError::new(
+                ErrorCategory::TransportLost,
+                "the agent process went before it took the steer; the steer was not sent",
+            )),
+            Err(_) => Err(AdapterError::new(
+                ErrorCategory::ResultDeliveryUnknown,
+                format!(
+                    "the agent did not answer the steer within {} s: whether the turn took it \
+                     is unknown",
+                    STEER_WAIT.as_secs()
+                ),
+            )),
+        }
+    }
+}
 
 /// A live agent. Dropping it closes the process (its driver stops the group after a short
 /// grace).
@@ -300,65 +359,90 @@ impl AgentSession {
         allow: bool,
         input: &Value,
         message: Option<&str>,
-    ) -> Result<(), AdapterError> {
-        self.request(AgentInput::Permission {
-            request_id: request_id.to_owned(),
-            allow,
-            option: None,
-            input: input.clone(),
-            message: message.map(str::to_owned),
-        })
-        .await
+    ) -> Result<Honoured, AdapterError> {
+        self.permission(request_id, allow, None, input, message)
+            .await
     }
 
-    /// Answer a `permission.request` with one of the options it offered.
+    /// Answer a `permission.request` with one of the options it offered. `Ok` once the driver
+    /// wrote the answer to the pending request, saying whether the agent got the "always"
+    /// part; an error: it did not (no such request pending, the process gone) or did not say
+    /// within [`PERMISSION_ACK_WAIT`].
     pub async fn choose_permission(
         &self,
         request_id: &str,
         option: &PermissionOption,
         input: &Value,
         message: Option<&str>,
-    ) -> Result<(), AdapterError> {
-        self.request(AgentInput::Permission {
-            request_id: request_id.to_owned(),
-            allow: option.kind.allows(),
-            option: Some(option.clone()),
-            input: input.clone(),
-            message: message.map(str::to_owned),
-        })
+    ) -> Result<Honoured, AdapterError> {
+        self.permission(
+            request_id,
+            option.kind.allows(),
+            Some(option.clone()),
+            input,
+            message,
+        )
         .await
     }
 
-    /// Inject `text` into the running turn, named by its run id (`AgentInput::Steer`). `Ok`
-    /// means the agent took it into that turn; an error means it did not (nothing running to
-    /// steer, a family that cannot, the agent refused, the process gone), so the turn was
-    /// not influenced. The answer is awaited for at most [`STEER_WAIT`] (the caller takes no
-    /// events meanwhile, and a driver may be waiting for room to send them): a driver finds
-    /// a steer whose caller stopped waiting abandoned and never sends it.
+    async fn permission(
+        &self,
+        request_id: &str,
+        allow: bool,
+        option: Option<PermissionOption>,
+        input: &Value,
+        message: Option<&str>,
+    ) -> Result<Honoured, AdapterError> {
+        let (ack, acked) = oneshot::channel();
+        self.request(AgentInput::Permission {
+            request_id: request_id.to_owned(),
+            allow,
+            option,
+            input: input.clone(),
+            message: message.map(str::to_owned),
+            ack,
+        })
+        .await?;
+        match tokio::time::timeout(PERMISSION_ACK_WAIT, acked).await {
+            Ok(Ok(honoured)) => honoured,
+            Ok(Err(_)) => Err(AdapterError::new(
+                ErrorCategory::TransportLost,
+                "the agent's driver dropped the permission answer unsaid",
+            )),
+            Err(_) => Err(AdapterError::new(
+                ErrorCategory::ResultDeliveryUnknown,
+                "the agent's driver did not confirm the permission answer in time",
+            )),
+        }
+    }
+
+    /// Inject `text` into the running turn, named by its run id (`AgentInput::Steer`), and
+    /// wait for the agent's answer ([`SteerAnswer::wait`]).
     pub async fn steer(&self, text: &str, id: &str) -> Result<(), AdapterError> {
+        self.start_steer(text, id).await?.wait().await
+    }
+
+    /// Hand a steer to the driver and return at once: its answer comes on the returned
+    /// [`SteerAnswer`] (a caller that must go on taking events and commands waits for it
+    /// alongside them). An error: it never reached the driver.
+    pub async fn start_steer(&self, text: &str, id: &str) -> Result<SteerAnswer, AdapterError> {
         let (reply, answer) = oneshot::channel();
         self.request(AgentInput::Steer {
             text: text.to_owned(),
             id: id.to_owned(),
             reply,
         })
-        .await?;
-        match tokio::time::timeout(STEER_WAIT, answer).await {
-            Ok(Ok(taken)) => taken,
-            Ok(Err(_)) => Err(AdapterError::new(
+        .await
+        .map_err(|_| {
+            AdapterError::new(
                 ErrorCategory::TransportLost,
-                "the agent process went before it took the steer",
-            )),
-            // Most often never sent (the driver drops a steer nobody waits for); if it was
-            // already on its way, the agent may still take it.
-            Err(_) => Err(AdapterError::new(
-                ErrorCategory::ResultDeliveryUnknown,
-                format!(
-                    "the agent did not answer the steer within {} s",
-                    STEER_WAIT.as_secs()
-                ),
-            )),
-        }
+                "the agent process is gone; the steer was not sent",
+            )
+        })?;
+        Ok(SteerAnswer {
+            answer,
+            deadline: tokio::time::Instant::now() + STEER_WAIT,
+        })
     }
 
     /// Interrupt the current turn; the process stays for the next one. The turn ends with

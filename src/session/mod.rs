@@ -113,6 +113,23 @@ pub enum SessionError {
     /// out.
     #[error("run {run_id} is not queued (it is {state})")]
     NotQueued { run_id: String, state: RunStatus },
+    /// A queued prompt whose `user.text` is committed already (a dispatch the store cut short
+    /// after it): it runs next, as it was announced; it cannot be edited or moved.
+    #[error(
+        "run {run_id}'s prompt was already announced (its user.text is in the log); it runs next \
+         as it is and cannot be edited or moved (queue.remove still takes it out)"
+    )]
+    QueueHeadAnnounced { run_id: String },
+    /// A steer came while an earlier one still waits for the agent's answer.
+    #[error(
+        "a steer into run {run_id} still waits for the agent's answer; send this one again once \
+         it is answered"
+    )]
+    SteerPending { run_id: String },
+    /// A steer was handed to the agent and no answer came: it may or may not be in the turn,
+    /// so it was not queued either.
+    #[error("{0}")]
+    SteerUnknown(String),
     #[error("no permission request {0:?} in this session")]
     PermissionNotFound(String),
     /// `permission.respond` named an option its request does not offer.
@@ -303,6 +320,9 @@ impl SessionManager {
                 from: stored.sender,
             });
         }
+        // An announced prompt (its `user.text` committed by a dispatch cut short) runs first,
+        // as it was announced; the rest keep their order.
+        queue.sort_by_key(|q| !q.announced);
         Ok(queue)
     }
 
@@ -423,7 +443,7 @@ impl SessionManager {
                 return Ok(queue);
             }
         }
-        Ok(self
+        let entries = self
             .stored_queue(session_id)
             .await?
             .into_iter()
@@ -433,8 +453,10 @@ impl SessionManager {
                 client_msg_id: q.client_msg_id,
                 created_at_ms: q.created_at_ms,
                 from: q.from,
+                truncated: false,
             })
-            .collect())
+            .collect();
+        Ok(actor::bounded_queue(entries))
     }
 
     /// Whether the session has a queue to change: its actor runs, or the store holds queued
@@ -710,6 +732,8 @@ impl SessionManager {
         let mut runnable: HashMap<String, bool> = HashMap::new();
         let mut texts: HashMap<String, std::collections::HashSet<String>> = HashMap::new();
         let mut restore: Vec<String> = Vec::new();
+        // Per session: the runs whose dispatch was cut short, queued again at the head.
+        let mut heads: HashMap<String, Vec<String>> = HashMap::new();
         for run in self.store.unfinished_runs().await? {
             let lifecycle = self
                 .store
@@ -722,7 +746,7 @@ impl SessionManager {
                 mut publish,
                 never_started,
             } = recovered(&lifecycle);
-            if run.state == RunStatus::Queued && never_started {
+            if never_started {
                 let sid = run.session_id.clone();
                 if !runnable.contains_key(&sid) {
                     let runs = match self.store.get_session(sid.clone()).await? {
@@ -731,6 +755,26 @@ impl SessionManager {
                     };
                     runnable.insert(sid.clone(), runs);
                 }
+                // A dispatch the host never finished (its row `running`, no `run.start`): the
+                // prompt never reached the agent, so it waits again, at the head (first among
+                // them if its `user.text` is in the log, see `stored_queue`).
+                if run.state == RunStatus::Running
+                    && runnable.get(&sid) == Some(&true)
+                    && self.store.requeue_run(run.run_id.clone()).await?
+                {
+                    tracing::info!(run_id = %run.run_id, "a prompt whose dispatch the last host cut short waits again");
+                    heads
+                        .entry(sid.clone())
+                        .or_default()
+                        .push(run.run_id.clone());
+                    if !restore.contains(&sid) {
+                        restore.push(sid);
+                    }
+                    continue;
+                }
+            }
+            if run.state == RunStatus::Queued && never_started {
+                let sid = run.session_id.clone();
                 if !texts.contains_key(&sid) {
                     let with_text = self
                         .store
@@ -793,6 +837,17 @@ impl SessionManager {
                     tracing::error!(error = %e, "publishing a recovered session state failed")
                 }
             }
+        }
+        for (session_id, head) in heads {
+            let rest = self
+                .store
+                .queued_runs(session_id.clone())
+                .await?
+                .into_iter()
+                .map(|q| q.run.run_id)
+                .filter(|id| !head.contains(id));
+            let order = head.iter().cloned().chain(rest).collect();
+            self.store.set_queue_order(order).await?;
         }
         // Each queue goes on in its session's actor.
         for session_id in restore {
@@ -1093,6 +1148,8 @@ impl SessionManager {
         // `session_not_found`), and the one running stops before the rows go.
         self.lock_actors().deleting.insert(session_id.to_owned());
         self.stop_quietly(session_id).await;
+        // The quiet stop closes no block: the bus forgets the session's open ones.
+        self.bus.forget_session(session_id).await;
         let deleted = self.store.delete_session(session_id.to_owned()).await;
         self.lock_actors().deleting.remove(session_id);
         if deleted? {

@@ -10,7 +10,9 @@ use serde_json::{Value, json};
 use super::agent::{AdapterError, AgentInput, AgentOutput, AgentSession, Native};
 use super::*;
 use crate::bus::{BusTasks, Replay, SubscribeOptions, Subscription};
-use crate::protocol::events::{ErrorCategory, PermissionRequest, SessionBound};
+use crate::protocol::events::{
+    ErrorCategory, PermissionOptionKind, PermissionRequest, SessionBound,
+};
 use crate::store::{SessionFilter, StoreThreads};
 
 /// The pid the scripted agent reports (no such process: nothing checks it).
@@ -102,7 +104,9 @@ async fn drive(
                 }
                 None => end(RunState::Completed),
             },
-            AgentInput::Permission { .. } => {
+            AgentInput::Permission { option, ack, .. } => {
+                let always = option.is_some_and(|o| o.kind == PermissionOptionKind::AllowAlways);
+                let _unwaited = ack.send(Ok(super::agent::Honoured { always }));
                 answered += 1;
                 if answered < asked {
                     continue;

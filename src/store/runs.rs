@@ -220,6 +220,43 @@ impl Store {
         .await
     }
 
+    /// A run whose dispatch the host never finished (left `running` with its prompt and no
+    /// `run.start`) waits again: `queued`, its place kept. `false` when it is not such a row.
+    pub async fn requeue_run(&self, run_id: String) -> StoreResult<bool> {
+        self.write(move |conn| {
+            let changed = conn.execute(
+                "UPDATE runs SET state = ?2, ended_at = NULL, message = NULL \
+                 WHERE id = ?1 AND state = ?3 AND prompt IS NOT NULL",
+                params![
+                    run_id,
+                    RunStatus::Queued.as_str(),
+                    RunStatus::Running.as_str()
+                ],
+            )?;
+            Ok(changed > 0)
+        })
+        .await
+    }
+
+    /// Tests: every write of the writer's connection fails (`PRAGMA query_only`, a real
+    /// SQLITE_READONLY) until turned off again; the store degrades and recovers by itself.
+    #[cfg(test)]
+    pub(crate) async fn fail_writes(&self, on: bool) {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let job: super::Job = Box::new(move |conn| {
+            let set = conn.pragma_update(None, "query_only", on);
+            let _test_gone = tx.send(set);
+        });
+        if self
+            .writer
+            .send(super::WriteCmd::Unchecked(job))
+            .await
+            .is_ok()
+        {
+            let _set = rx.await;
+        }
+    }
+
     /// The queue of a session, head first: each listed run's `queue_pos` becomes its index
     /// (one transaction).
     pub async fn set_queue_order(&self, run_ids: Vec<String>) -> StoreResult<()> {

@@ -221,6 +221,19 @@ impl View {
                 "deny",
             )));
             out.push(Line::from(keys));
+        } else if let Some((session, pending)) = self.elsewhere() {
+            // Another session's request: keys answer only the target's, so say how.
+            out.push(Line::from(vec![
+                Span::styled(
+                    format!("[{}] ? {} wants to run: ", short_id(session), pending.tool),
+                    Tone::Warn.style().add_modifier(Modifier::BOLD),
+                ),
+                Span::raw(one_line(&pending.input, 80)),
+                Span::styled(
+                    format!(" — /to {} (or Ctrl-N) to answer it", short_id(session)),
+                    Tone::Dim.style(),
+                ),
+            ]));
         }
         if let Some(status) = self.target_status()
             && !status.queue.is_empty()
@@ -256,10 +269,22 @@ impl View {
                     }
                 }
             }
-            (None, _) => spans.push(Span::styled(
-                " all sessions ",
-                Style::default().add_modifier(Modifier::BOLD),
-            )),
+            (None, _) => {
+                spans.push(Span::styled(
+                    " all sessions ",
+                    Style::default().add_modifier(Modifier::BOLD),
+                ));
+                match self.target() {
+                    Some(target) => spans.push(Span::styled(
+                        format!("→ {} ", short_id(target)),
+                        Tone::Accent.style().add_modifier(Modifier::BOLD),
+                    )),
+                    None => spans.push(Span::styled(
+                        "→ no target (/to or Ctrl-N) ",
+                        Tone::Warn.style(),
+                    )),
+                }
+            }
         }
         let status = self.target_status();
         let state = status
@@ -292,7 +317,7 @@ impl View {
             ));
         }
         spans.push(Span::styled(
-            "· Enter send · Esc cancel · Tab tools · /help",
+            "· Enter send · Esc clear/cancel · Tab tools · /help",
             Tone::Dim.style(),
         ));
         Line::from(spans)

@@ -205,8 +205,9 @@ pub struct View {
     pub scroll_back: usize,
     /// The connection, as the status bar says it.
     pub connection: String,
-    /// The session an event came from last (the target of commands when following all).
-    last_active: Option<String>,
+    /// Following all sessions: the session commands go to, chosen by the user (`/to`,
+    /// Ctrl-N / Ctrl-P) and never changed behind their back.
+    chosen: Option<String>,
 }
 
 /// A JSON field as text.
@@ -241,6 +242,11 @@ fn input_text(input: &Value) -> String {
             .map_or_else(|| clean(&input.to_string()), clean),
         other => clean(&other.to_string()),
     }
+}
+
+/// Whether a choice is the request's allow-always option.
+fn is_always(c: &Choice) -> bool {
+    c.kind == "allow_always" || (c.kind.is_empty() && c.id == "allow_always")
 }
 
 /// The last 8 characters of an id: the host's ids are UUIDv7, whose first ones are the
@@ -319,13 +325,13 @@ impl View {
             expand_all: false,
             scroll_back: 0,
             connection: "connecting…".to_owned(),
-            last_active: None,
+            chosen: None,
         }
     }
 
-    /// The session commands go to: the followed one, else the one heard from last.
+    /// The session commands go to: the followed one, else the one the user chose.
     pub fn target(&self) -> Option<&str> {
-        self.followed.as_deref().or(self.last_active.as_deref())
+        self.followed.as_deref().or(self.chosen.as_deref())
     }
 
     /// The status of the target session.
@@ -333,20 +339,30 @@ impl View {
         self.target().and_then(|s| self.sessions.get(s))
     }
 
-    /// The permission request `y`/`n`/`a` answer: the target session's oldest, else any
-    /// session's (following all), with its session.
+    /// The permission request `y`/`n`/`a` answer: the target session's oldest, with its
+    /// session. Another session's request is never answered by a key (see [`View::elsewhere`]).
     pub fn pending(&self) -> Option<(&str, &Pending)> {
-        if let Some(target) = self.target()
-            && let Some(p) = self.sessions.get(target).and_then(|s| s.pending.first())
-        {
-            return Some((target, p));
-        }
-        if self.followed.is_some() {
-            return None;
-        }
+        let target = self.target()?;
+        self.sessions
+            .get(target)
+            .and_then(|s| s.pending.first())
+            .map(|p| (target, p))
+    }
+
+    /// Following all sessions: the oldest request of a session other than the target (the
+    /// panel says how to answer it: make its session the target).
+    pub fn elsewhere(&self) -> Option<(&str, &Pending)> {
+        let target = self.target();
         self.sessions
             .iter()
+            .filter(|(id, _)| Some(id.as_str()) != target)
             .find_map(|(id, s)| s.pending.first().map(|p| (id.as_str(), p)))
+    }
+
+    /// The allow-always option of the pending request, if it offers one.
+    pub fn always_choice(&self) -> Option<&Choice> {
+        self.pending()
+            .and_then(|(_, p)| p.choices.iter().find(|c| is_always(c)))
     }
 
     /// Whether the target session runs a turn.
@@ -538,7 +554,8 @@ impl View {
         let kind = field(event, "k");
         let run = field(event, "runId").to_owned();
         if !session.is_empty() {
-            self.last_active = Some(session.clone());
+            // Known, so Ctrl-N / `/to` can pick it; never made the target by an event.
+            self.status_mut(&session);
         }
         match kind {
             "run.start" => {
@@ -1023,12 +1040,134 @@ impl View {
                 self.notice(None, Tone::Accent, HELP);
                 Effect::Nothing
             }
+            Action::ConfirmAlways => {
+                let rule = self.always_choice().map(|c| {
+                    if c.rule.is_empty() {
+                        c.label.clone()
+                    } else {
+                        c.rule.clone()
+                    }
+                });
+                let session = self.pending().map(|(s, _)| s.to_owned());
+                match rule {
+                    Some(rule) => self.notice(
+                        session.as_deref(),
+                        Tone::Warn,
+                        format!(
+                            "a lasting rule: {rule} — press a again or Enter to grant it, any other key to take it back"
+                        ),
+                    ),
+                    None => self.notice(None, Tone::Warn, "no permission request is waiting"),
+                }
+                Effect::Nothing
+            }
+            Action::ConfirmCancelled => {
+                self.notice(None, Tone::Dim, "allow always: not granted");
+                Effect::Nothing
+            }
+            Action::CycleTarget(forward) => self.cycle_target(forward),
+            Action::Target(wanted) => self.choose_target(&wanted),
             Action::Unknown(what) => {
                 self.notice(
                     None,
                     Tone::Warn,
                     format!("unknown command {} (/help lists them)", clean(&what)),
                 );
+                Effect::Nothing
+            }
+        }
+    }
+
+    /// Make `session` the target (following all): say so, and ask for its state.
+    fn retarget(&mut self, session: String) -> Effect {
+        self.chosen = Some(session.clone());
+        self.notice(
+            Some(&session),
+            Tone::Accent,
+            format!("commands now go to session {session}"),
+        );
+        Effect::Request(Outgoing {
+            command: "session.get",
+            params: json!({"session_id": session}),
+            purpose: Purpose::Status(session),
+        })
+    }
+
+    /// Ctrl-N / Ctrl-P: the next / previous known session.
+    fn cycle_target(&mut self, forward: bool) -> Effect {
+        if let Some(followed) = &self.followed {
+            let text = format!("following one session ({followed}): commands go to it");
+            self.notice(None, Tone::Warn, text);
+            return Effect::Nothing;
+        }
+        let known: Vec<String> = self.sessions.keys().cloned().collect();
+        if known.is_empty() {
+            self.notice(None, Tone::Warn, "no session heard from yet");
+            return Effect::Nothing;
+        }
+        let at = self
+            .chosen
+            .as_ref()
+            .and_then(|c| known.iter().position(|k| k == c));
+        let next = match (at, forward) {
+            (None, true) => 0,
+            (None, false) => known.len() - 1,
+            (Some(i), true) => (i + 1) % known.len(),
+            (Some(i), false) => (i + known.len() - 1) % known.len(),
+        };
+        self.retarget(known[next].clone())
+    }
+
+    /// `/to <id-or-suffix>`: a known session whose id is, ends or starts with it (or any full
+    /// id not heard from yet); `/to` alone lists the known ones.
+    fn choose_target(&mut self, wanted: &str) -> Effect {
+        if let Some(followed) = &self.followed {
+            let text = format!("following one session ({followed}): commands go to it");
+            self.notice(None, Tone::Warn, text);
+            return Effect::Nothing;
+        }
+        let known: Vec<String> = self.sessions.keys().cloned().collect();
+        if wanted.is_empty() {
+            let mut text = match &self.chosen {
+                Some(c) => format!("target: {c}\nsessions:"),
+                None => "no target yet (/to <id> or Ctrl-N)\nsessions:".to_owned(),
+            };
+            for id in &known {
+                text.push_str(&format!("\n  {id}"));
+            }
+            if known.is_empty() {
+                text.push_str(" none heard from yet");
+            }
+            self.notice(None, Tone::Accent, text);
+            return Effect::Nothing;
+        }
+        let matches: Vec<&String> = match known.iter().find(|k| *k == wanted) {
+            Some(exact) => vec![exact],
+            None => known
+                .iter()
+                .filter(|k| k.ends_with(wanted) || k.starts_with(wanted))
+                .collect(),
+        };
+        match matches.as_slice() {
+            [one] => {
+                let one = (*one).clone();
+                self.retarget(one)
+            }
+            [] if wanted.len() >= 32 && !wanted.chars().any(char::is_whitespace) => {
+                self.retarget(wanted.to_owned())
+            }
+            [] => {
+                let text = format!("no session matches {} (/to lists them)", clean(wanted));
+                self.notice(None, Tone::Warn, text);
+                Effect::Nothing
+            }
+            many => {
+                let text = format!(
+                    "{} sessions match {}: give more of the id",
+                    many.len(),
+                    clean(wanted)
+                );
+                self.notice(None, Tone::Warn, text);
                 Effect::Nothing
             }
         }
@@ -1043,7 +1182,7 @@ impl View {
             self.notice(
                 None,
                 Tone::Warn,
-                "no session yet: follow one (agent-host follow <session_id>) or wait for an event",
+                "no target session: /to <id> or Ctrl-N picks one (commands never go to a session you did not pick)",
             );
             return Effect::Nothing;
         };
@@ -1067,9 +1206,7 @@ impl View {
             Answer::AllowOnce => params["decision"] = json!("allow"),
             Answer::Deny => params["decision"] = json!("deny"),
             Answer::AllowAlways => {
-                let always = pending.choices.iter().find(|c| {
-                    c.kind == "allow_always" || (c.kind.is_empty() && c.id == "allow_always")
-                });
+                let always = pending.choices.iter().find(|c| is_always(c));
                 match always {
                     Some(choice) => params["option_id"] = json!(choice.id),
                     None => {
@@ -1077,7 +1214,7 @@ impl View {
                         self.notice(
                             Some(&session),
                             Tone::Warn,
-                            "this request offers no allow-always option: y allows once",
+                            "this request offers no allow-always option: y allows once, n denies",
                         );
                         return Effect::Nothing;
                     }
@@ -1118,8 +1255,8 @@ impl View {
 }
 
 /// What `/help` shows.
-pub const HELP: &str = "keys: type and Enter to send · Esc or /cancel cancels the turn · y / n / a answer the permission (input empty) · Tab / Shift-Tab select a tool, Enter unfolds it · PgUp / PgDn / End scroll · Ctrl-C or /quit exits
-commands: /steer <text> · /fork · /queue · /queue rm N · /queue clear · /tools (unfold all) · /cancel · /quit";
+pub const HELP: &str = "keys: type and Enter to send · Esc clears the line, on an empty line cancels the turn · y / n answer the permission (input empty), a then a (or Enter) allows always · Ctrl-N / Ctrl-P pick the target session (following all) · Tab / Shift-Tab select a tool, Enter unfolds it · PgUp / PgDn / End scroll · Ctrl-C or /quit exits
+commands: /to <id> (target session) · /steer <text> · /fork · /queue · /queue rm N · /queue clear · /tools (unfold all) · /cancel · /quit";
 
 #[cfg(test)]
 mod tests {
@@ -1256,7 +1393,7 @@ mod tests {
             view.act(Action::Answer(Answer::AllowAlways)),
             Effect::Nothing
         );
-        assert!(text(&view, 100).ends_with("no allow-always option: y allows once"));
+        assert!(text(&view, 100).ends_with("no allow-always option: y allows once, n denies"));
     }
 
     #[test]
@@ -1386,11 +1523,136 @@ mod tests {
             text(&view, 80),
             "[aaaaaaaa] ● one\n[aaaaaaaa]   two\n[bbbbbbbb] ! followup_dropped: dropped r9"
         );
-        // Commands go to the session heard from last.
-        let Effect::Request(out) = view.act(Action::Fork) else {
+        // No target chosen: a session command is refused with a notice, never sent to the
+        // session heard from last.
+        assert_eq!(view.act(Action::Fork), Effect::Nothing);
+        assert!(
+            text(&view, 120)
+                .ends_with("picks one (commands never go to a session you did not pick)")
+        );
+        assert!(
+            status(&view).contains("all sessions → no target"),
+            "{}",
+            status(&view)
+        );
+    }
+
+    fn status(view: &View) -> String {
+        view.status_line()
+            .spans
+            .iter()
+            .map(|s| s.content.to_string())
+            .collect()
+    }
+
+    #[test]
+    fn following_all_the_target_is_chosen_and_never_moves_by_itself() {
+        let (a, b) = ("0193-aaaaaaaa", "0193-bbbbbbbb");
+        let mut view = View::new(None, "t");
+        view.on_event(&json!({"k":"run.start","sessionId":a,"runId":"ra"}));
+        view.on_event(&json!({"k":"run.start","sessionId":b,"runId":"rb"}));
+        // Ctrl-N: the first known session; it asks for its state.
+        let Effect::Request(get) = view.act(Action::CycleTarget(true)) else {
             panic!()
         };
-        assert_eq!(out.params, json!({"session_id":"0193-bbbbbbbb"}));
+        assert_eq!(
+            (get.command, get.params),
+            ("session.get", json!({"session_id":a}))
+        );
+        assert!(
+            status(&view).contains("all sessions → aaaaaaaa"),
+            "{}",
+            status(&view)
+        );
+        // Events of another session do not retarget.
+        view.on_event(&json!({"k":"text.end","sessionId":b,"text":"hi"}));
+        let Effect::Request(cancel) = view.act(Action::Cancel) else {
+            panic!()
+        };
+        assert_eq!(cancel.params, json!({"session_id":a,"run_id":"ra"}));
+        // Ctrl-N again, Ctrl-P back, and around.
+        view.act(Action::CycleTarget(true));
+        assert_eq!(view.target(), Some(b));
+        view.act(Action::CycleTarget(true));
+        assert_eq!(view.target(), Some(a));
+        view.act(Action::CycleTarget(false));
+        assert_eq!(view.target(), Some(b));
+        // `/to` by a suffix, by a full id not heard from yet; unknown and ambiguous refused.
+        view.act(Action::Target("aaaa".into()));
+        assert_eq!(view.target(), Some(a));
+        let full = "0193cccc-0000-7000-8000-000000000000";
+        view.act(Action::Target(full.into()));
+        assert_eq!(view.target(), Some(full));
+        assert_eq!(view.act(Action::Target("zzzz".into())), Effect::Nothing);
+        assert!(text(&view, 120).ends_with("no session matches zzzz (/to lists them)"));
+        assert_eq!(view.act(Action::Target("0193-".into())), Effect::Nothing);
+        assert!(
+            text(&view, 120).ends_with("give more of the id"),
+            "{}",
+            text(&view, 120)
+        );
+        assert_eq!(view.target(), Some(full));
+        // Following one session: no retargeting.
+        let mut one = View::new(Some(S.into()), "t");
+        assert_eq!(one.act(Action::CycleTarget(true)), Effect::Nothing);
+        assert_eq!(one.act(Action::Target(a.into())), Effect::Nothing);
+        assert_eq!(one.target(), Some(S));
+    }
+
+    #[test]
+    fn keys_answer_only_the_target_sessions_request() {
+        let (a, b) = ("0193-aaaaaaaa", "0193-bbbbbbbb");
+        let mut view = View::new(None, "t");
+        view.on_event(&json!({"k":"run.start","sessionId":a,"runId":"ra"}));
+        view.on_event(&json!({"k":"permission.request","sessionId":b,"runId":"rb","requestId":"pb","tool":"Bash","input":{"command":"rm x"},"options":["allow","deny"]}));
+        // No target: nothing for the keys, and the panel says how to get there.
+        assert!(view.pending().is_none());
+        let panel: Vec<String> = view
+            .panel_lines(5)
+            .iter()
+            .map(|l| l.spans.iter().map(|s| s.content.as_ref()).collect())
+            .collect();
+        assert_eq!(
+            panel,
+            ["[bbbbbbbb] ? Bash wants to run: rm x — /to bbbbbbbb (or Ctrl-N) to answer it"]
+        );
+        assert_eq!(view.act(Action::Answer(Answer::AllowOnce)), Effect::Nothing);
+        // Target a: still not b's request.
+        view.act(Action::Target(a.into()));
+        assert!(view.pending().is_none());
+        // Target b: answered.
+        view.act(Action::Target(b.into()));
+        let Effect::Request(out) = view.act(Action::Answer(Answer::AllowOnce)) else {
+            panic!()
+        };
+        assert_eq!(
+            out.params,
+            json!({"session_id":b,"request_id":"pb","decision":"allow"})
+        );
+    }
+
+    #[test]
+    fn allow_always_says_the_rule_before_it_is_granted() {
+        let mut view = View::new(Some(S.into()), "t");
+        view.on_event(&json!({"k":"permission.request","sessionId":S,"runId":"r1","requestId":"p1","tool":"Bash","input":{"command":"npm test"},
+            "options":[{"id":"allow","label":"Allow","kind":"allow_once"},{"id":"always","label":"Always allow","kind":"allow_always","rule":"always allow Bash(npm test) in this session"}]}));
+        assert_eq!(view.always_choice().map(|c| c.id.as_str()), Some("always"));
+        assert_eq!(view.act(Action::ConfirmAlways), Effect::Nothing);
+        assert!(
+            text(&view, 200).ends_with(
+                "a lasting rule: always allow Bash(npm test) in this session — press a again or Enter to grant it, any other key to take it back"
+            ),
+            "{}",
+            text(&view, 200)
+        );
+        assert_eq!(view.act(Action::ConfirmCancelled), Effect::Nothing);
+        assert!(text(&view, 200).ends_with("allow always: not granted"));
+        // Bare options: none offered.
+        view.on_event(
+            &json!({"k":"permission.resolved","sessionId":S,"requestId":"p1","decision":"deny"}),
+        );
+        view.on_event(&json!({"k":"permission.request","sessionId":S,"requestId":"p2","tool":"Bash","input":{},"options":["allow","deny"]}));
+        assert!(view.always_choice().is_none());
     }
 
     #[test]

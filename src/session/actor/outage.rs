@@ -4,8 +4,9 @@
 //! is refused upstream with `store_unavailable` and queued prompts wait. The store recovers by
 //! itself (its probes back off); once it commits again, what the outage left is done in order:
 //! the native id saved, refused run rows written, each cut run closed with a committed
-//! `run.end` `interrupted` (only then does its row say so), and the queue goes on. A failure on
-//! the way is an outage again, and the rest waits for the next recovery.
+//! `run.end` `interrupted` (only then does its row say so), a prompt dispatch could not start
+//! says `queued` again, a drop past the capacity the outage refused is made, and the queue goes
+//! on. A failure on the way is an outage again, and the rest waits for the next recovery.
 
 use std::collections::VecDeque;
 
@@ -137,6 +138,11 @@ impl Actor {
             if self.state.run().is_none() {
                 self.turn_ended(RunState::Interrupted).await;
             }
+        }
+        // A drop the outage refused (the queue is over its capacity) is made now.
+        self.enforce_capacity("").await;
+        if self.link.is_down() {
+            return;
         }
         if self.state.run().is_none() {
             if self.queue.is_empty() {

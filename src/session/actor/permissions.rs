@@ -4,7 +4,9 @@
 //! is decided in the store (first answer wins), passed to the agent as that option, then
 //! published as `permission.resolved` with who answered and what was chosen; an accepted
 //! `allow_always` option is recorded on the session as a rule (`session.get` lists them)
-//! before that event goes out. A request the agent withdraws, or that outlives its run or its
+//! before that event goes out, only when the driver acknowledges that it wrote the native
+//! answer with the "always" part ([`crate::session::agent::Honoured`]; awaited for at most
+//! [`crate::session::agent::PERMISSION_ACK_WAIT`]). A request the agent withdraws, or that outlives its run or its
 //! agent, is resolved visibly (`expired` by the host).
 
 use serde_json::Value;
@@ -217,23 +219,33 @@ impl Actor {
         };
         self.pending.remove(&request_id);
         let input = serde_json::from_str::<Value>(&row.input).unwrap_or(Value::Null);
-        let mut delivered = false;
+        // Awaited here, bounded (`PERMISSION_ACK_WAIT`): the driver acknowledges right after
+        // it wrote the native answer.
+        let mut kept = false;
         if let Some(live) = self.state.live() {
             match live
                 .session
                 .choose_permission(&request_id, &option, &input, message.as_deref())
                 .await
             {
-                Ok(()) => delivered = true,
+                Ok(honoured) => kept = honoured.always,
                 Err(e) => {
-                    tracing::info!(error = %e, "the agent is gone before the answer reached it");
+                    tracing::info!(error = %e, "the answer did not reach the agent's request");
                 }
             }
         }
-        // A rule only the agent that got the answer keeps.
+        // A rule only when the agent got the "always" part natively.
         let rule = match option.kind {
-            PermissionOptionKind::AllowAlways if delivered => {
+            PermissionOptionKind::AllowAlways if kept => {
                 Some(self.record_rule(&row, &option, &by).await)
+            }
+            PermissionOptionKind::AllowAlways => {
+                tracing::info!(
+                    request_id,
+                    option_id = %option.id,
+                    "an always option the agent did not take as one: no rule recorded"
+                );
+                None
             }
             _ => None,
         };

@@ -201,23 +201,28 @@ impl Actor {
         true
     }
 
-    /// A prompt that will never run: its warning (committed), then its row.
+    /// A prompt that will never run: its warning (committed), then its row (written once the
+    /// store is back if it refuses it now; recovery reads the warning either way). `false`:
+    /// the warning was not committed, so nothing retired it — the caller keeps the prompt
+    /// queued (its row still says so) rather than lose it in memory only.
     pub(super) async fn retire_queued(
         &mut self,
         run_id: &str,
         state: RunStatus,
         code: &str,
         message: String,
-    ) {
+    ) -> bool {
         let body = EventBody::Warning(Notice {
             code: code.to_owned(),
             message: message.clone(),
         });
-        // No row claims what no event shows: a failed warning leaves the row for recovery.
+        // No row claims what no event shows.
         if self.cx.publish_committed(Some(run_id), body).await {
             self.set_run_state(run_id, state, None, Some(message)).await;
+            true
         } else {
             self.note_outage();
+            false
         }
     }
 

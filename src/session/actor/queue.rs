@@ -48,8 +48,34 @@ impl Queued {
             client_msg_id: self.client_msg_id.clone(),
             created_at_ms: self.created_at_ms,
             from: self.from.clone(),
+            truncated: false,
         }
     }
+}
+
+/// How many bytes of text each of `lens` may keep so that all of them fit in
+/// [`QUEUE_EVENT_TEXT_BYTES`] (no limit when they fit whole).
+fn text_share(lens: impl Iterator<Item = usize>) -> usize {
+    let (count, total) = lens.fold((0usize, 0usize), |(n, t), len| (n + 1, t + len));
+    if total > QUEUE_EVENT_TEXT_BYTES {
+        QUEUE_EVENT_TEXT_BYTES / count.max(1)
+    } else {
+        usize::MAX
+    }
+}
+
+/// A queue as a reply shows it (`session.get`, `queue.move`): bounded as `queue.changed` is,
+/// each text cut to its share of 2 MiB (and marked `truncated`) when they do not fit whole.
+pub(in crate::session) fn bounded_queue(mut entries: Vec<QueueEntry>) -> Vec<QueueEntry> {
+    let share = text_share(entries.iter().map(|e| e.text.len()));
+    for entry in &mut entries {
+        let kept = cut(&entry.text, share).len();
+        if kept < entry.text.len() {
+            entry.text.truncate(kept);
+            entry.truncated = true;
+        }
+    }
+    entries
 }
 
 /// What taking a prompt came to.
@@ -134,13 +160,18 @@ impl Actor {
         head: bool,
     ) -> Result<Taken, SessionError> {
         let busy = self.state.run().is_some() || !self.queue.is_empty();
-        let pos = busy.then(|| {
-            if head {
-                self.queue.front().map_or(0, |q| q.pos - 1)
-            } else {
-                self.queue.back().map_or(0, |q| q.pos + 1)
-            }
-        });
+        // Every row gets its place, an idle one too (its dispatch may be put back): ahead of
+        // the queue with `head`, yet never ahead of an announced prompt (see `push_head`; a tie
+        // is broken by age, and recovery puts announced prompts first).
+        let after_back = self.queue.back().map_or(0, |q| q.pos + 1);
+        let pos = if head {
+            self.queue
+                .iter()
+                .find(|q| !q.announced)
+                .map_or(after_back, |q| q.pos - 1)
+        } else {
+            after_back
+        };
         let run_id = uuid::Uuid::now_v7().to_string();
         let created_at_ms = now_ms();
         let row = RunRow {
@@ -156,7 +187,7 @@ impl Actor {
         match self
             .cx
             .store
-            .insert_sent_run(row, Some(text.clone()), pos, from.clone())
+            .insert_sent_run(row, Some(text.clone()), Some(pos), from.clone())
             .await?
         {
             RunInsert::Duplicate(existing) => {
@@ -174,7 +205,7 @@ impl Actor {
                     client_msg_id,
                     announced: false,
                     created_at_ms,
-                    pos: pos.unwrap_or(0),
+                    pos,
                     from,
                 },
                 busy,
@@ -182,8 +213,34 @@ impl Actor {
         }
     }
 
+    /// A prompt that runs next: at the head, behind any announced prompt (whose `user.text`
+    /// is committed: nothing goes ahead of it).
+    pub(super) fn push_head(&mut self, item: Queued) {
+        let pinned = self.pinned();
+        self.queue.insert(pinned, item);
+    }
+
+    /// How many prompts at the head are announced already (pinned there).
+    fn pinned(&self) -> usize {
+        self.queue.iter().take_while(|q| q.announced).count()
+    }
+
+    /// The error for a change the store could not make durable.
+    fn store_unavailable(&self) -> SessionError {
+        let why = match &self.link {
+            super::state::Link::Down(outage) => outage.why.clone(),
+            super::state::Link::Up => self
+                .health_now()
+                .error
+                .unwrap_or_else(|| "an event was not committed".to_owned()),
+        };
+        SessionError::StoreUnavailable(why)
+    }
+
     /// Past the capacity, the oldest waiting prompt (never `keep`, the one just taken) is
-    /// dropped: its `warning` names it and the start of its text, then the queue's change.
+    /// dropped: its `warning` names it and the start of its text, then the queue's change. A
+    /// drop the store cannot commit is not made: the prompt stays queued (over the capacity)
+    /// and the drop is tried again once the store is back.
     pub(super) async fn enforce_capacity(&mut self, keep: &str) {
         while self.queue.len() > self.cx.capacity {
             let oldest = self
@@ -194,7 +251,9 @@ impl Actor {
                 // Sent in the same millisecond: the one nearer the head.
                 .min_by_key(|(index, q)| (q.created_at_ms, *index))
                 .map(|(index, _)| index);
-            let Some(dropped) = oldest.and_then(|index| self.queue.remove(index)) else {
+            let Some((index, dropped)) =
+                oldest.and_then(|index| Some((index, self.queue.remove(index)?)))
+            else {
                 return;
             };
             tracing::info!(run_id = %dropped.run_id, "follow-up queue full: dropped the oldest");
@@ -205,13 +264,19 @@ impl Actor {
                 dropped.run_id,
                 text_head(&dropped.text)
             );
-            self.retire_queued(
-                &dropped.run_id,
-                RunStatus::Dropped,
-                "followup_dropped",
-                message,
-            )
-            .await;
+            if !self
+                .retire_queued(
+                    &dropped.run_id,
+                    RunStatus::Dropped,
+                    "followup_dropped",
+                    message,
+                )
+                .await
+            {
+                tracing::warn!(run_id = %dropped.run_id, "the drop was not committed; it stays queued");
+                self.queue.insert(index, dropped);
+                return;
+            }
             self.queue_changed(QueueReason::Dropped, Some(&dropped.run_id))
                 .await;
         }
@@ -219,17 +284,12 @@ impl Actor {
 
     /// The queue as `session.get` shows it, head first.
     pub(super) fn queue_entries(&self) -> Vec<QueueEntry> {
-        self.queue.iter().map(Queued::entry).collect()
+        bounded_queue(self.queue.iter().map(Queued::entry).collect())
     }
 
     /// Publish the whole queue after a change, `run_id` naming the prompt it concerns.
     pub(super) async fn queue_changed(&self, reason: QueueReason, run_id: Option<&str>) {
-        let total: usize = self.queue.iter().map(|q| q.text.len()).sum();
-        let share = if total > QUEUE_EVENT_TEXT_BYTES {
-            QUEUE_EVENT_TEXT_BYTES / self.queue.len().max(1)
-        } else {
-            usize::MAX
-        };
+        let share = text_share(self.queue.iter().map(|q| q.text.len()));
         let queue = self
             .queue
             .iter()
@@ -287,21 +347,28 @@ impl Actor {
         let Some(index) = self.queued_index(&run_id) else {
             return Err(self.not_queued(run_id).await);
         };
+        if self.queue.get(index).is_some_and(|q| q.announced) {
+            // Its `user.text` (a dispatch the store cut short after it) said this text: it
+            // runs as announced, never with a second `user.text`.
+            return Err(SessionError::QueueHeadAnnounced { run_id });
+        }
         if !self
             .cx
             .store
             .set_run_prompt(run_id.clone(), text.clone())
             .await?
         {
+            if self.link.is_down() {
+                // A dispatch the store cut short: its row goes back to `queued` once the
+                // store is back.
+                return Err(self.store_unavailable());
+            }
             // The row is not queued while the actor holds it so: never, by the writes here.
             tracing::error!(%run_id, "a queued prompt's row is not queued");
             return Err(self.not_queued(run_id).await);
         }
         if let Some(item) = self.queue.get_mut(index) {
             item.text = text.clone();
-            // A `user.text` already committed (a dispatch an outage cut short) said the old
-            // text: the dispatch says the new one.
-            item.announced = false;
         }
         self.queue_changed(QueueReason::Edited, Some(&run_id)).await;
         Ok(QueueEdited { run_id, text })
@@ -317,7 +384,15 @@ impl Actor {
         let Some(from) = self.queued_index(&run_id) else {
             return Err(self.not_queued(run_id).await);
         };
-        let to = position.min(self.queue.len() - 1);
+        // An announced prompt stays at the head: it is not moved, nothing goes ahead of it.
+        let pinned = self.pinned();
+        let to = position.min(self.queue.len() - 1).max(pinned);
+        if from < pinned {
+            if position == from {
+                return Ok(self.queue_entries());
+            }
+            return Err(SessionError::QueueHeadAnnounced { run_id });
+        }
         if to == from {
             return Ok(self.queue_entries());
         }
@@ -337,22 +412,31 @@ impl Actor {
     }
 
     /// Take the queued prompt at `index` out (it never runs): its `warning`
-    /// `followup_cancelled`, its row, then the queue's change.
-    pub(super) async fn remove_queued(&mut self, index: usize) -> Option<CancelReceipt> {
+    /// `followup_cancelled`, its row, then the queue's change. A removal the store cannot
+    /// commit is not made: the prompt stays queued and the caller gets `store_unavailable`.
+    pub(super) async fn remove_queued(
+        &mut self,
+        index: usize,
+    ) -> Option<Result<CancelReceipt, SessionError>> {
         let item = self.queue.remove(index)?;
-        self.retire_queued(
-            &item.run_id,
-            RunStatus::Cancelled,
-            "followup_cancelled",
-            "this queued prompt was cancelled before it ran".to_owned(),
-        )
-        .await;
+        if !self
+            .retire_queued(
+                &item.run_id,
+                RunStatus::Cancelled,
+                "followup_cancelled",
+                "this queued prompt was cancelled before it ran".to_owned(),
+            )
+            .await
+        {
+            self.queue.insert(index, item);
+            return Some(Err(self.store_unavailable()));
+        }
         self.queue_changed(QueueReason::Removed, Some(&item.run_id))
             .await;
-        Some(CancelReceipt {
+        Some(Ok(CancelReceipt {
             run_id: item.run_id,
             state: CancelOutcome::Cancelled,
-        })
+        }))
     }
 
     /// `queue.remove`: a queued prompt only (a running turn is `session.cancel`'s).
@@ -364,27 +448,39 @@ impl Actor {
             return Err(self.not_queued(run_id).await);
         };
         match self.remove_queued(index).await {
-            Some(receipt) => Ok(receipt),
+            Some(answer) => answer,
             None => Err(self.not_queued(run_id).await),
         }
     }
 
-    /// `queue.clear`: every queued prompt cancelled, then one change.
+    /// `queue.clear`: every queued prompt cancelled, then one change. Once the store cannot
+    /// commit a removal, the prompts not yet removed stay queued (the change says which went)
+    /// and the caller gets `store_unavailable`.
     pub(super) async fn on_queue_clear(&mut self) -> Result<Vec<String>, SessionError> {
-        let items = std::mem::take(&mut self.queue);
-        let mut removed = Vec::with_capacity(items.len());
-        for item in items {
-            self.retire_queued(
-                &item.run_id,
-                RunStatus::Cancelled,
-                "followup_cancelled",
-                "this queued prompt was cancelled before it ran (the queue was cleared)".to_owned(),
-            )
-            .await;
+        let mut removed = Vec::with_capacity(self.queue.len());
+        let mut failed = false;
+        while let Some(item) = self.queue.pop_front() {
+            if !self
+                .retire_queued(
+                    &item.run_id,
+                    RunStatus::Cancelled,
+                    "followup_cancelled",
+                    "this queued prompt was cancelled before it ran (the queue was cleared)"
+                        .to_owned(),
+                )
+                .await
+            {
+                self.queue.push_front(item);
+                failed = true;
+                break;
+            }
             removed.push(item.run_id);
         }
         if !removed.is_empty() {
             self.queue_changed(QueueReason::Cleared, None).await;
+        }
+        if failed {
+            return Err(self.store_unavailable());
         }
         Ok(removed)
     }
@@ -465,6 +561,10 @@ impl Actor {
         if !(announced && started && saved.is_ok()) {
             self.note_outage();
             tracing::warn!(run_id = %item.run_id, "the store cannot commit: the prompt waits");
+            // Its row says `queued` again (its place kept), now or once the store is back;
+            // until then a restart finds it `running` with no `run.start` and queues it again.
+            self.set_run_state(&item.run_id, RunStatus::Queued, None, None)
+                .await;
             item.announced = announced;
             self.queue.push_front(item);
             return;

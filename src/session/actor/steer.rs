@@ -1,16 +1,81 @@
 //! `session.steer`: more input for the running turn. Where the family can take it
 //! ([`Capabilities::steer`](crate::session::agent::Capabilities)) the text goes to the agent
 //! for the current run, and only once the agent took it is it published, as a `user.text`
-//! with `steer` in that run. Where it cannot — the family does not steer, the turn is already
-//! ending, or the agent refused it — the text becomes a run of its own at the head of the
-//! queue, with a `warning` `steer_unsupported` and a `queue.changed` `steered`: it runs next,
-//! and nothing claims the turn was influenced. With no turn running it is a plain send.
+//! with `steer` in that run. The actor does not wait for that answer: the steer is kept
+//! ([`PendingSteer`]) and its answer is one more branch of the actor's loop, so a cancel, a
+//! permission answer or a `session.get` meanwhile go on; a second steer meanwhile is refused
+//! `steer_pending`. Where the turn cannot take it — the family does not steer, the turn is
+//! already ending, or the agent refused it or never got it — the text becomes a run of its own
+//! at the head of the queue, with a `warning` `steer_unsupported` and a `queue.changed`
+//! `steered`: it runs next, and nothing claims the turn was influenced. Where the agent got it
+//! and never answered (`result_delivery_unknown`), it is not queued (it may be in the turn
+//! already): the caller gets `result_delivery_unknown` and the run a `warning`
+//! `steer_result_unknown`. With no turn running it is a plain send.
+//!
+//! A steer taken into a turn is remembered by its `client_msg_id` (in memory, the last
+//! [`STEERED_KEPT`] of them, for the actor's life): sent again, it gets the same receipt with
+//! `duplicate`, and is not steered twice. A host restart forgets them (the turn they went into
+//! is over by then).
+
+use std::collections::VecDeque;
 
 use super::queue::Taken;
 use super::state::Ending;
 use super::{Actor, Reply, SteerReceipt};
-use crate::protocol::events::{EventBody, PromptFrom, QueueReason, UserText};
+use crate::protocol::events::{ErrorCategory, EventBody, PromptFrom, QueueReason, UserText};
 use crate::session::SessionError;
+use crate::session::agent::{AdapterError, SteerAnswer};
+
+/// How many steered `client_msg_id`s an actor remembers.
+pub(super) const STEERED_KEPT: usize = 256;
+
+/// A steer handed to the agent, its answer not come yet.
+pub(super) struct PendingSteer {
+    run_id: String,
+    text: String,
+    client_msg_id: Option<String>,
+    from: Option<PromptFrom>,
+    reply: Reply<SteerReceipt>,
+    answer: SteerAnswer,
+}
+
+/// The pending steer's answer (a `select!` branch; never ready without one).
+pub(super) async fn next_answer(pending: Option<&mut PendingSteer>) -> Result<(), AdapterError> {
+    match pending {
+        Some(pending) => pending.answer.wait().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// The steers taken into a turn, by `client_msg_id`: the run each went into.
+#[derive(Default)]
+pub(super) struct Steered(VecDeque<(String, String)>);
+
+impl Steered {
+    fn run_of(&self, client_msg_id: &str) -> Option<&str> {
+        self.0
+            .iter()
+            .find(|(key, _)| key == client_msg_id)
+            .map(|(_, run)| run.as_str())
+    }
+
+    fn remember(&mut self, client_msg_id: String, run_id: String) {
+        if self.0.len() >= STEERED_KEPT {
+            self.0.pop_front();
+        }
+        self.0.push_back((client_msg_id, run_id));
+    }
+}
+
+/// Whether an answer means the steer never reached the turn (safe to run it as a prompt).
+fn not_taken(e: &AdapterError) -> bool {
+    matches!(
+        e.category,
+        ErrorCategory::TransportLost
+            | ErrorCategory::AgentFailed
+            | ErrorCategory::ProtocolIncompatible
+    )
+}
 
 impl Actor {
     pub(super) async fn on_steer(
@@ -20,6 +85,25 @@ impl Actor {
         from: Option<PromptFrom>,
         reply: Reply<SteerReceipt>,
     ) {
+        if let Some(run_id) = client_msg_id
+            .as_deref()
+            .and_then(|key| self.steered.run_of(key))
+        {
+            // Taken into that turn already: not again.
+            let _caller_gone = reply.send(Ok(SteerReceipt {
+                run_id: run_id.to_owned(),
+                steered: true,
+                queued: false,
+                duplicate: true,
+            }));
+            return;
+        }
+        if let Some(pending) = &self.steer {
+            let _caller_gone = reply.send(Err(SessionError::SteerPending {
+                run_id: pending.run_id.clone(),
+            }));
+            return;
+        }
         let Some((run_id, ending)) = self.state.run().map(|r| (r.id.clone(), r.ending.clone()))
         else {
             // Nothing runs: a plain send (it queues only behind a queue the store holds up).
@@ -35,45 +119,112 @@ impl Actor {
                 self.cx.agent_type
             )
         } else {
-            let answer = match self.state.live() {
-                Some(live) => live.session.steer(&text, &run_id).await,
-                None => Err(crate::session::agent::AdapterError::new(
-                    crate::protocol::events::ErrorCategory::TransportLost,
+            let started = match self.state.live() {
+                Some(live) => live.session.start_steer(&text, &run_id).await,
+                None => Err(AdapterError::new(
+                    ErrorCategory::TransportLost,
                     "the agent process is gone",
                 )),
             };
-            match answer {
-                Ok(()) => {
-                    tracing::info!(%run_id, "steered the running turn");
-                    self.cx
-                        .publish(
-                            Some(&run_id),
-                            EventBody::UserText(UserText {
-                                text,
-                                client_msg_id,
-                                steer: true,
-                                from,
-                            }),
-                        )
-                        .await;
-                    let _caller_gone = reply.send(Ok(SteerReceipt {
+            match started {
+                Ok(answer) => {
+                    self.steer = Some(PendingSteer {
                         run_id,
-                        steered: true,
-                        queued: false,
-                    }));
+                        text,
+                        client_msg_id,
+                        from,
+                        reply,
+                        answer,
+                    });
                     return;
                 }
-                Err(e) => {
-                    tracing::info!(error = %e, "the agent did not take the steer; queued next");
-                    format!(
-                        "the agent did not take the input mid-turn ({e}); the prompt runs next, \
-                         after this turn"
-                    )
-                }
+                Err(e) => Self::refused_why(&e),
             }
         };
         self.steer_to_head(text, client_msg_id, from, why, reply)
             .await;
+    }
+
+    fn refused_why(e: &AdapterError) -> String {
+        tracing::info!(error = %e, "the agent did not take the steer; queued next");
+        format!(
+            "the agent did not take the input mid-turn ({e}); the prompt runs next, after this \
+             turn"
+        )
+    }
+
+    /// The pending steer's answer came (or its wait ran out).
+    pub(super) async fn on_steer_answer(&mut self, answer: Result<(), AdapterError>) {
+        let Some(PendingSteer {
+            run_id,
+            text,
+            client_msg_id,
+            from,
+            reply,
+            ..
+        }) = self.steer.take()
+        else {
+            return;
+        };
+        let current = self.state.run_id().as_deref() == Some(run_id.as_str());
+        let unknown = match answer {
+            Ok(()) if current => {
+                tracing::info!(%run_id, "steered the running turn");
+                if let Some(key) = &client_msg_id {
+                    self.steered.remember(key.clone(), run_id.clone());
+                }
+                self.cx
+                    .publish(
+                        Some(&run_id),
+                        EventBody::UserText(UserText {
+                            text,
+                            client_msg_id,
+                            steer: true,
+                            from,
+                        }),
+                    )
+                    .await;
+                let _caller_gone = reply.send(Ok(SteerReceipt {
+                    run_id,
+                    steered: true,
+                    queued: false,
+                    duplicate: false,
+                }));
+                return;
+            }
+            // Taken as the turn ended: whether the turn used it nobody knows.
+            Ok(()) => AdapterError::new(
+                ErrorCategory::ResultDeliveryUnknown,
+                "the agent took the steer only as its turn ended: whether the turn used it is \
+                 unknown",
+            ),
+            Err(e) if not_taken(&e) => {
+                let why = Self::refused_why(&e);
+                if self.state.run().is_some() {
+                    self.steer_to_head(text, client_msg_id, from, why, reply)
+                        .await;
+                } else {
+                    self.steer_as_send(text, client_msg_id, from, reply).await;
+                }
+                return;
+            }
+            Err(e) => e,
+        };
+        tracing::info!(error = %unknown, %run_id, "a steer's outcome is unknown");
+        let message = format!(
+            "the input \"{}\" was given to the agent mid-turn and no answer came ({unknown}); \
+             it may or may not be in the turn, so it was not queued: send it again if the turn \
+             did not use it",
+            preview(&text)
+        );
+        self.cx
+            .warn(
+                current.then_some(run_id.as_str()),
+                "steer_result_unknown",
+                message.clone(),
+            )
+            .await;
+        let _caller_gone = reply.send(Err(SessionError::SteerUnknown(message)));
     }
 
     /// No turn runs: the text is sent as a prompt.
@@ -94,6 +245,7 @@ impl Actor {
                     run_id: receipt.run_id,
                     steered: false,
                     queued: receipt.queued,
+                    duplicate: true,
                 }));
                 return;
             }
@@ -103,6 +255,7 @@ impl Actor {
             run_id: item.run_id.clone(),
             steered: false,
             queued: busy,
+            duplicate: false,
         }));
         self.settle_taken(item, busy).await;
     }
@@ -126,6 +279,7 @@ impl Actor {
                     run_id: receipt.run_id,
                     steered: false,
                     queued: receipt.queued,
+                    duplicate: true,
                 }));
                 return;
             }
@@ -136,11 +290,22 @@ impl Actor {
             run_id: run_id.clone(),
             steered: false,
             queued: true,
+            duplicate: false,
         }));
-        self.queue.push_front(item);
+        self.push_head(item);
         self.cx.warn(Some(&run_id), "steer_unsupported", why).await;
         self.queue_changed(QueueReason::Steered, Some(&run_id))
             .await;
         self.enforce_capacity(&run_id).await;
+    }
+}
+
+/// The start of a text, for a message.
+fn preview(text: &str) -> String {
+    let cut: String = text.chars().take(60).collect();
+    if cut.len() < text.len() {
+        format!("{cut}…")
+    } else {
+        cut
     }
 }

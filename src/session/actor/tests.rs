@@ -20,8 +20,8 @@ use crate::protocol::events::{
 };
 use crate::protocol::replies::{CancelOutcome, LiveStatus, SendReceipt};
 use crate::session::agent::{
-    AdapterError, AgentInput, AgentOutput, AgentSession, Capabilities, FileChanges, Launcher,
-    Native, NativeFile, ProcessModel, ResumeKind, Support,
+    AdapterError, AgentInput, AgentOutput, AgentSession, Capabilities, FileChanges, Honoured,
+    Launcher, Native, NativeFile, ProcessModel, ResumeKind, Support,
 };
 use crate::session::ownership::{self, OwnedPid};
 use crate::session::scripted_tests::tempdir;
@@ -190,6 +190,31 @@ impl Agent {
             message: None,
         }))
         .await;
+    }
+
+    /// The next input is a permission answer: acknowledged with `ack` (as a driver does once
+    /// it wrote the answer); its request id, yes or no, and option.
+    async fn permission(
+        &mut self,
+        ack: Result<Honoured, AdapterError>,
+    ) -> (
+        String,
+        bool,
+        Option<crate::protocol::events::PermissionOption>,
+    ) {
+        match self.input().await {
+            AgentInput::Permission {
+                request_id,
+                allow,
+                option,
+                ack: acked,
+                ..
+            } => {
+                let _ = acked.send(ack);
+                (request_id, allow, option)
+            }
+            other => panic!("expected a permission answer, got {other:?}"),
+        }
     }
 
     async fn ask(&self, request_id: &str) {
@@ -634,17 +659,14 @@ async fn permission_requests_make_the_run_wait_until_none_is_pending() {
     assert_eq!(options.len(), 1);
     let ids: Vec<&str> = options[0].options.iter().map(|o| o.id.as_str()).collect();
     assert_eq!(ids, ["allow", "deny"]);
-    world
-        .sessions
-        .respond_permission(&sid, "p2".into(), Decision::Allow, None, "ipc".into())
-        .await
-        .unwrap();
-    match agent.input().await {
-        AgentInput::Permission {
-            request_id, allow, ..
-        } => assert_eq!((request_id.as_str(), allow), ("p2", true)),
-        other => panic!("{other:?}"),
-    }
+    let (receipt, (request_id, allow, _)) = tokio::join!(
+        world
+            .sessions
+            .respond_permission(&sid, "p2".into(), Decision::Allow, None, "ipc".into()),
+        agent.permission(Ok(Honoured::default())),
+    );
+    receipt.unwrap();
+    assert_eq!((request_id.as_str(), allow), ("p2", true));
     let resolved = bus.until("permission.resolved").await;
     assert_eq!(resolved["by"], "ipc");
     bus.until("state running<-waiting").await;
@@ -759,26 +781,21 @@ async fn an_allow_always_option_reaches_the_agent_and_is_recorded_on_the_session
             .len(),
         1
     );
-    let receipt = world
-        .sessions
-        .respond_permission(
+    let (receipt, (_, allow, option)) = tokio::join!(
+        world.sessions.respond_permission(
             &sid,
             "p1".into(),
             PermissionAnswer::option("always"),
             None,
             "sub-1".into(),
-        )
-        .await
-        .unwrap();
+        ),
+        agent.permission(Ok(Honoured { always: true })),
+    );
+    let receipt = receipt.unwrap();
     assert_eq!(receipt.decision, "allow");
     assert_eq!(receipt.option_id.as_deref(), Some("always"));
-    match agent.input().await {
-        AgentInput::Permission { allow, option, .. } => {
-            assert!(allow);
-            assert_eq!(option.map(|o| o.id), Some("always".to_owned()));
-        }
-        other => panic!("{other:?}"),
-    }
+    assert!(allow);
+    assert_eq!(option.map(|o| o.id), Some("always".to_owned()));
     let resolved = bus.until("permission.resolved").await;
     assert_eq!(resolved["optionId"], "always");
     assert_eq!(resolved["kind"], "allow_always");
@@ -799,24 +816,91 @@ async fn an_allow_always_option_reaches_the_agent_and_is_recorded_on_the_session
     // The shorthand picks the plain option, and keeps no rule.
     agent.ask("p2").await;
     bus.until("state waiting<-running").await;
-    world
-        .sessions
-        .respond_permission(&sid, "p2".into(), Decision::Deny, None, "ipc".into())
-        .await
-        .unwrap();
-    match agent.input().await {
-        AgentInput::Permission { allow, option, .. } => {
-            assert!(!allow);
-            assert_eq!(option.map(|o| o.id), Some("deny".to_owned()));
-        }
-        other => panic!("{other:?}"),
-    }
+    let (receipt, (_, allow, option)) = tokio::join!(
+        world
+            .sessions
+            .respond_permission(&sid, "p2".into(), Decision::Deny, None, "ipc".into()),
+        agent.permission(Ok(Honoured::default())),
+    );
+    receipt.unwrap();
+    assert!(!allow);
+    assert_eq!(option.map(|o| o.id), Some("deny".to_owned()));
     let resolved = bus.until("permission.resolved").await;
     assert_eq!(resolved["kind"], "reject_once");
     assert!(resolved.get("rule").is_none());
     assert_eq!(
         world.sessions.permission_rules(&sid).await.unwrap().len(),
         1
+    );
+    agent.end(RunState::Completed).await;
+    bus.until("run.end").await;
+    drop(agent);
+    world.stop().await;
+}
+
+/// An always option keeps a rule only when the driver wrote the always part natively: one it
+/// answered without it (e.g. Claude's suggestions gone), or one it could not deliver (no such
+/// request pending), is resolved but records nothing.
+#[tokio::test]
+async fn an_always_answer_the_agent_did_not_take_as_one_records_no_rule() {
+    use crate::protocol::envelope::PermissionAnswer;
+    use crate::protocol::events::{PermissionOption, PermissionOptionKind};
+    let mut world = World::start(Setup::default()).await;
+    let sid = world.session().await;
+    let mut bus = world.follow(&sid).await;
+    world.send(&sid, "go").await;
+    let mut agent = world.agent().await;
+    agent.prompt().await;
+    let acks = [
+        Ok(Honoured { always: false }),
+        Err(AdapterError::new(
+            ErrorCategory::AgentFailed,
+            "no such request pending",
+        )),
+    ];
+    for (n, ack) in acks.into_iter().enumerate() {
+        let request_id = format!("p{n}");
+        agent
+            .say(EventBody::PermissionRequest(PermissionRequest {
+                request_id: request_id.clone(),
+                tool: "Bash".into(),
+                input: json!({"command": "npm test"}),
+                options: vec![
+                    PermissionOption::new("once", "Allow", PermissionOptionKind::AllowOnce),
+                    PermissionOption::always(
+                        "always",
+                        "Always allow Bash(npm test)",
+                        "always allow Bash(npm test) in this session".into(),
+                    ),
+                ],
+            }))
+            .await;
+        bus.until("state waiting<-running").await;
+        let (receipt, (asked, allow, _)) = tokio::join!(
+            world.sessions.respond_permission(
+                &sid,
+                request_id.clone(),
+                PermissionAnswer::option("always"),
+                None,
+                "ipc".into(),
+            ),
+            agent.permission(ack),
+        );
+        let receipt = receipt.unwrap();
+        assert_eq!((asked.as_str(), allow), (request_id.as_str(), true));
+        assert_eq!(receipt.rule, None);
+        let resolved = bus.until("permission.resolved").await;
+        assert_eq!(resolved["kind"], "allow_always");
+        assert!(resolved.get("rule").is_none(), "{resolved}");
+        bus.until("state running<-waiting").await;
+    }
+    assert!(
+        world
+            .sessions
+            .permission_rules(&sid)
+            .await
+            .unwrap()
+            .is_empty()
     );
     agent.end(RunState::Completed).await;
     bus.until("run.end").await;

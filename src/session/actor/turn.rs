@@ -285,9 +285,9 @@ impl Actor {
     ) -> Result<CancelReceipt, SessionError> {
         if let Some(wanted) = &run_id
             && let Some(index) = self.queue.iter().position(|q| &q.run_id == wanted)
-            && let Some(receipt) = self.remove_queued(index).await
+            && let Some(answer) = self.remove_queued(index).await
         {
-            return Ok(receipt);
+            return answer;
         }
         let (run, live) = self.state.parts_mut();
         let Some(run) = run.filter(|r| run_id.as_ref().is_none_or(|w| *w == r.id)) else {

@@ -665,3 +665,318 @@ async fn after_a_crash_the_started_run_is_interrupted_and_the_queue_runs() {
     drop(agent);
     world.stop().await;
 }
+
+/// Wait until the store's own health says it commits again.
+async fn store_recovered(world: &World) {
+    let mut health = world.store.watch_health();
+    tokio::time::timeout(Duration::from_secs(60), async {
+        while !health.borrow_and_update().is_ok() {
+            health.changed().await.unwrap();
+        }
+    })
+    .await
+    .expect("the store did not recover");
+}
+
+/// A removal (`queue.remove`, `queue.clear`, `session.cancel` of a queued run) the store
+/// cannot commit is not made: the caller gets `store_unavailable`, the prompt stays in the
+/// queue and its row stays `queued` (so a restart gives it back as the caller was told), and
+/// once the store commits again the removal works and the queue runs what is left.
+#[tokio::test]
+async fn a_removal_the_store_cannot_commit_is_refused_and_the_prompt_stays_queued() {
+    let mut world = World::start(Setup::default()).await;
+    let sid = world.session().await;
+    world.send(&sid, "one").await;
+    let mut agent = world.agent().await;
+    agent.prompt().await;
+    let a = world.send(&sid, "two").await.run_id;
+    let b = world.send(&sid, "three").await.run_id;
+
+    world.store.fail_writes(true).await;
+    assert!(matches!(
+        world.sessions.queue_remove(&sid, a.clone()).await,
+        Err(SessionError::StoreUnavailable(_))
+    ));
+    assert!(matches!(
+        world.sessions.queue_clear(&sid).await,
+        Err(SessionError::StoreUnavailable(_))
+    ));
+    assert!(matches!(
+        world.sessions.cancel(&sid, Some(b.clone())).await,
+        Err(SessionError::StoreUnavailable(_))
+    ));
+    let queue = world.sessions.queue(&sid).await.unwrap();
+    assert_eq!(ids(&queue), [a.as_str(), b.as_str()]);
+    world.store.fail_writes(false).await;
+    store_recovered(&world).await;
+    let states = world.run_states(&sid).await;
+    assert_eq!(
+        (states[&a].as_str(), states[&b].as_str()),
+        ("queued", "queued")
+    );
+
+    let removed = world.sessions.queue_remove(&sid, a.clone()).await.unwrap();
+    assert_eq!(removed.state, CancelOutcome::Cancelled);
+    agent.end(RunState::Completed).await;
+    assert_eq!(agent.prompt().await, b);
+    agent.end(RunState::Completed).await;
+    until_status(&world, &sid, |s| s.run_id.is_none()).await;
+    let states = world.run_states(&sid).await;
+    assert_eq!(
+        (states[&a].as_str(), states[&b].as_str()),
+        ("cancelled", "completed")
+    );
+    drop(agent);
+    world.stop().await;
+}
+
+/// A crash mid-dispatch leaves a row `running` with its prompt, its `user.text` in the log and
+/// no `run.start`: recovery queues it again at the head (ahead of a prompt placed before it),
+/// and it runs first, announced already (no second `user.text`). Every run row has its place,
+/// one sent to an idle session too.
+#[tokio::test]
+async fn a_dispatch_a_crash_cut_short_runs_first_after_the_restart() {
+    let mut world = World::start(Setup::default()).await;
+    let sid = world.session().await;
+    let mut bus = world.follow(&sid).await;
+    let row = |run_id: &str, state: RunStatus, at: i64| RunRow {
+        run_id: run_id.to_owned(),
+        session_id: sid.clone(),
+        state,
+        client_msg_id: None,
+        error_category: None,
+        message: None,
+        created_at_ms: at,
+        ended_at_ms: None,
+    };
+    world
+        .store
+        .insert_prompt_run(
+            row("r-cut", RunStatus::Running, 2),
+            Some("cut short".into()),
+            Some(4),
+        )
+        .await
+        .unwrap();
+    world
+        .store
+        .insert_prompt_run(
+            row("r-next", RunStatus::Queued, 1),
+            Some("next".into()),
+            Some(1),
+        )
+        .await
+        .unwrap();
+    let announced = Event::new(
+        &sid,
+        Some("r-cut".into()),
+        EventBody::UserText(UserText {
+            text: "cut short".into(),
+            client_msg_id: None,
+            steer: false,
+            from: None,
+        }),
+    );
+    world
+        .sessions
+        .bus
+        .publish(&announced)
+        .await
+        .unwrap()
+        .committed()
+        .await
+        .unwrap();
+    bus.until("user.text").await;
+    bus.take();
+
+    world.sessions.recover().await.unwrap();
+    let restored = bus.until("queue restored").await;
+    assert_eq!(
+        event_queue(&restored),
+        pairs(&[("r-cut", "cut short"), ("r-next", "next")])
+    );
+    let mut agent = world.agent().await;
+    assert_eq!(
+        prompt_text(&mut agent).await,
+        ("r-cut".to_owned(), "cut short".to_owned())
+    );
+    agent.end(RunState::Completed).await;
+    assert_eq!(prompt_text(&mut agent).await.0, "r-next");
+    agent.end(RunState::Completed).await;
+    bus.until("state idle<-running").await;
+    assert_eq!(
+        bus.take(),
+        [
+            "queue restored",
+            "run.start",
+            "queue dispatched",
+            "state running<-idle",
+            "run.end",
+            "user.text",
+            "run.start",
+            "queue dispatched",
+            "run.end",
+            "state idle<-running",
+        ]
+    );
+    let states = world.run_states(&sid).await;
+    assert_eq!(
+        (states["r-cut"].as_str(), states["r-next"].as_str()),
+        ("completed", "completed")
+    );
+
+    // A prompt to the idle session has its place in its row as well.
+    let idle = world.send(&sid, "idle").await.run_id;
+    assert_eq!(agent.prompt().await, idle);
+    assert!(world.store.requeue_run(idle.clone()).await.unwrap());
+    let stored = world.store.queued_runs(sid.clone()).await.unwrap();
+    assert_eq!(stored.len(), 1);
+    assert!(
+        stored[0].queue_pos.is_some(),
+        "no place: {:?}",
+        stored[0].queue_pos
+    );
+    drop(agent);
+    world.stop().await;
+}
+
+fn steering_world() -> Setup {
+    Setup {
+        caps: Capabilities {
+            steer: true,
+            ..FULL
+        },
+        ..Setup::default()
+    }
+}
+
+/// A steer the agent has not answered holds nothing up: a second steer is refused
+/// `steer_pending`, a permission answer and a cancel reach the agent meanwhile. Answered, it
+/// is the run's; sent again (the same `client_msg_id`) it is the same receipt, `duplicate`,
+/// and the agent gets nothing more.
+#[tokio::test]
+async fn a_pending_steer_blocks_neither_a_cancel_nor_a_permission_answer() {
+    let mut world = World::start(steering_world()).await;
+    let sid = world.session().await;
+    let mut bus = world.follow(&sid).await;
+    let r1 = world.send(&sid, "one").await.run_id;
+    let mut agent = world.agent().await;
+    agent.prompt().await;
+    let sessions = world.sessions.clone();
+    let id = sid.clone();
+    let steering =
+        tokio::spawn(async move { sessions.steer(&id, "also".into(), Some("s-1".into())).await });
+    let AgentInput::Steer { reply, .. } = agent.input().await else {
+        panic!("expected a steer");
+    };
+    match world.sessions.steer(&sid, "more".into(), None).await {
+        Err(SessionError::SteerPending { run_id }) => assert_eq!(run_id, r1),
+        other => panic!("expected steer_pending, got {other:?}"),
+    }
+    agent.ask("p1").await;
+    bus.until("state waiting<-running").await;
+    world
+        .sessions
+        .respond_permission(&sid, "p1".into(), Decision::Allow, None, "ipc".into())
+        .await
+        .unwrap();
+    assert!(matches!(agent.input().await, AgentInput::Permission { .. }));
+    assert_eq!(world.live(&sid).await.run_id.as_deref(), Some(r1.as_str()));
+    world.sessions.cancel(&sid, None).await.unwrap();
+    assert!(matches!(agent.input().await, AgentInput::Interrupt));
+    assert!(
+        !steering.is_finished(),
+        "the steer was answered before the agent's answer"
+    );
+
+    reply.send(Ok(())).unwrap();
+    let receipt = steering.await.unwrap().unwrap();
+    assert_eq!(
+        (receipt.run_id.as_str(), receipt.steered, receipt.duplicate),
+        (r1.as_str(), true, false)
+    );
+    let again = world
+        .sessions
+        .steer(&sid, "also".into(), Some("s-1".into()))
+        .await
+        .unwrap();
+    assert_eq!(
+        (
+            again.run_id.as_str(),
+            again.steered,
+            again.queued,
+            again.duplicate
+        ),
+        (r1.as_str(), true, false, true)
+    );
+    assert!(
+        agent.inputs.try_recv().is_err(),
+        "a retried steer went to the agent again"
+    );
+    agent.end(RunState::Cancelled).await;
+    bus.until("state idle<-running").await;
+    let steers: Vec<String> = world
+        .store
+        .history(sid.clone(), 0, 1000)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|e| e.kind == "user.text" && e.payload.contains("\"steer\":true"))
+        .map(|e| e.payload)
+        .collect();
+    assert_eq!(steers.len(), 1, "{steers:?}");
+    assert!(world.live(&sid).await.queued.is_empty());
+    drop(agent);
+    world.stop().await;
+}
+
+/// A steer the agent got and never answered — the driver says so, or the session's wait runs
+/// out — is not queued (it may be in the turn): the caller gets `result_delivery_unknown`,
+/// the run a `warning` `steer_result_unknown`, and nothing runs after the turn.
+#[tokio::test]
+async fn a_steer_whose_outcome_is_unknown_is_not_queued() {
+    let mut world = World::start(steering_world()).await;
+    let sid = world.session().await;
+    let mut bus = world.follow(&sid).await;
+    let r1 = world.send(&sid, "one").await.run_id;
+    let mut agent = world.agent().await;
+    agent.prompt().await;
+    for timeout in [false, true] {
+        let sessions = world.sessions.clone();
+        let id = sid.clone();
+        let steering = tokio::spawn(async move { sessions.steer(&id, "maybe".into(), None).await });
+        let AgentInput::Steer { reply, .. } = agent.input().await else {
+            panic!("expected a steer");
+        };
+        let _held = if timeout {
+            skip(crate::session::agent::STEER_WAIT).await;
+            Some(reply)
+        } else {
+            reply
+                .send(Err(AdapterError::new(
+                    ErrorCategory::ResultDeliveryUnknown,
+                    "turn/steer went unanswered",
+                )))
+                .unwrap();
+            None
+        };
+        match steering.await.unwrap() {
+            Err(e @ SessionError::SteerUnknown(_)) => {
+                assert!(e.to_string().contains("not queued"), "{e}");
+            }
+            other => panic!("{timeout}: expected an unknown outcome, got {other:?}"),
+        }
+        let warning = bus.until("warning steer_result_unknown").await;
+        assert_eq!(warning["runId"], r1.as_str());
+        assert!(world.live(&sid).await.queued.is_empty(), "{timeout}");
+    }
+    agent.end(RunState::Completed).await;
+    bus.until("state idle<-running").await;
+    assert!(
+        agent.inputs.try_recv().is_err(),
+        "an unknown steer ran as a prompt"
+    );
+    assert!(world.live(&sid).await.queued.is_empty());
+    drop(agent);
+    world.stop().await;
+}
