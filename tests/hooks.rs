@@ -25,11 +25,9 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use agent_host::protocol::envelope::Reply;
-use agent_host::protocol::wire::{PROTOCOL_VERSION, pb};
-use agent_host::ws::client;
 use common::agents::{agent_env, ensure_claude};
 use common::mock_model::MockModel;
-use common::world::{Family, Follower, in_netns, run_end};
+use common::world::{Family, Follower, connect_follower, in_netns, run_end};
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, BufReader, Lines};
 use tokio::net::unix::pipe;
@@ -249,23 +247,7 @@ impl Host {
                        "replay_mode": "since_cursor"}),
             )
             .await;
-        let hello = pb::Hello {
-            client_name: "hooks-test".into(),
-            cursor: None,
-            protocol_version: PROTOCOL_VERSION,
-        };
-        let (ws, _) = client::connect(
-            data["ws_endpoint"].as_str().unwrap(),
-            data["ws_token"].as_str().unwrap(),
-            hello,
-        )
-        .await
-        .unwrap();
-        Follower {
-            ws,
-            subscriber_id: data["subscriber_id"].as_str().unwrap().to_owned(),
-            seen: Vec::new(),
-        }
+        connect_follower(&data, "hooks-test").await
     }
 
     async fn send(&self, session: &str, text: &str) -> String {

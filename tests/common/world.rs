@@ -198,8 +198,14 @@ pub async fn follow(host: &TestHost, session: &str, deltas: bool) -> Follower {
                    "replay_mode": "since_cursor"}),
         )
         .await;
+    connect_follower(&data, "world-test").await
+}
+
+/// Connect the subscriber a `subscriber.add` answer (`data`) describes over the loopback
+/// WebSocket, from its start.
+pub async fn connect_follower(data: &Value, client_name: &str) -> Follower {
     let hello = pb::Hello {
-        client_name: "world-test".into(),
+        client_name: client_name.into(),
         cursor: None,
         protocol_version: PROTOCOL_VERSION,
     };
