@@ -247,7 +247,7 @@ impl Host {
                        "replay_mode": "since_cursor"}),
             )
             .await;
-        connect_follower(&data, "hooks-test").await
+        connect_follower(&data, "hooks-test", None).await
     }
 
     async fn send(&self, session: &str, text: &str) -> String {

@@ -13,10 +13,8 @@
 
 mod common;
 
-use agent_host::protocol::wire::{PROTOCOL_VERSION, pb};
-use agent_host::ws::client;
 use common::TestHost;
-use common::world::{Family, Follower, Seen, TURN, World, in_netns};
+use common::world::{Family, Follower, Seen, TURN, World, connect_follower, in_netns};
 use serde_json::json;
 
 /// A subscriber of `session` with deltas and its own cursor, connected over the loopback
@@ -25,23 +23,8 @@ async fn connect(host: &TestHost, subscriber_id: &str, cursor: Option<i64>) -> F
     let grant = host
         .ok("subscriber.grant", json!({"subscriber_id": subscriber_id}))
         .await;
-    let hello = pb::Hello {
-        client_name: "late-joiner-test".into(),
-        cursor,
-        protocol_version: PROTOCOL_VERSION,
-    };
-    let (ws, _) = client::connect(
-        grant["ws_endpoint"].as_str().unwrap(),
-        grant["ws_token"].as_str().unwrap(),
-        hello,
-    )
-    .await
-    .unwrap();
-    Follower {
-        ws,
-        subscriber_id: subscriber_id.to_owned(),
-        seen: Vec::new(),
-    }
+    assert_eq!(grant["subscriber_id"], subscriber_id);
+    connect_follower(&grant, "late-joiner-test", cursor).await
 }
 
 async fn new_subscriber(host: &TestHost, session: &str) -> String {

@@ -14,10 +14,10 @@
 
 mod common;
 
-use agent_host::protocol::wire::{PROTOCOL_VERSION, pb};
-use agent_host::ws::client;
 use common::TestHost;
-use common::world::{Family, Follower, TURN, World, in_netns, run_end, text_of_run};
+use common::world::{
+    Family, Follower, TURN, World, connect_follower, in_netns, run_end, text_of_run,
+};
 use serde_json::{Value, json};
 
 /// The queue of a `queue.changed` (or of `session.get`): run ids and texts.
@@ -77,19 +77,7 @@ async fn reconnect(host: &TestHost, f: &mut Follower) {
         )
         .await;
     let cursor = f.seen.iter().filter(|s| !s.delta).map(|s| s.seq).max();
-    let hello = pb::Hello {
-        client_name: "turn-queue-test".into(),
-        cursor,
-        protocol_version: PROTOCOL_VERSION,
-    };
-    let (ws, _) = client::connect(
-        grant["ws_endpoint"].as_str().unwrap(),
-        grant["ws_token"].as_str().unwrap(),
-        hello,
-    )
-    .await
-    .unwrap();
-    f.ws = ws;
+    f.ws = connect_follower(&grant, "turn-queue-test", cursor).await.ws;
 }
 
 #[test]
@@ -378,23 +366,7 @@ async fn subscribe(
             ],
         ),
     };
-    let hello = pb::Hello {
-        client_name: "turn-queue-test".into(),
-        cursor,
-        protocol_version: PROTOCOL_VERSION,
-    };
-    let (ws, _) = client::connect(
-        grant["ws_endpoint"].as_str().unwrap(),
-        grant["ws_token"].as_str().unwrap(),
-        hello,
-    )
-    .await
-    .unwrap();
-    Follower {
-        ws,
-        subscriber_id: grant["subscriber_id"].as_str().unwrap().to_owned(),
-        seen: Vec::new(),
-    }
+    connect_follower(&grant, "turn-queue-test", cursor).await
 }
 
 /// A host killed with SIGKILL during a slow turn with two prompts queued: the next host ends

@@ -198,15 +198,15 @@ pub async fn follow(host: &TestHost, session: &str, deltas: bool) -> Follower {
                    "replay_mode": "since_cursor"}),
         )
         .await;
-    connect_follower(&data, "world-test").await
+    connect_follower(&data, "world-test", None).await
 }
 
-/// Connect the subscriber a `subscriber.add` answer (`data`) describes over the loopback
-/// WebSocket, from its start.
-pub async fn connect_follower(data: &Value, client_name: &str) -> Follower {
+/// Connect the subscriber a `subscriber.add` or `subscriber.grant` answer (`data`) describes
+/// over the loopback WebSocket, from `cursor` (`None`: its stored one).
+pub async fn connect_follower(data: &Value, client_name: &str, cursor: Option<i64>) -> Follower {
     let hello = pb::Hello {
         client_name: client_name.into(),
-        cursor: None,
+        cursor,
         protocol_version: PROTOCOL_VERSION,
     };
     let (ws, _) = client::connect(
