@@ -197,6 +197,7 @@ fn the_claude_driver_runs_turns_cancels_and_survives_a_kill() {
             host_session_id: "host-1".into(),
             home: None,
             native,
+            options: Default::default(),
         };
         let wait = Duration::from_secs(60);
         // Events until run.end (answering permissions with `allow`), or until the process ends.

@@ -112,6 +112,7 @@ async fn codex_steered(prompt: &str, steer: &str) -> CodexRun {
         host_session_id: "host-steer".into(),
         home: None,
         native: Native::New("n1".into()),
+        options: Default::default(),
     })
     .unwrap();
     let early = session.steer("too early", "run-0").await;

@@ -523,6 +523,13 @@ impl Driver {
                 let _unwaited = ack.send(acked);
                 Ok(())
             }
+            AgentInput::SetModel { reply, .. } => {
+                let _unwaited = reply.send(Err(AdapterError::new(
+                    ErrorCategory::ProtocolIncompatible,
+                    "this driver cannot change the model of a live agent",
+                )));
+                Ok(())
+            }
             AgentInput::Interrupt => {
                 if let Some(session) = self.translator.session_id().map(str::to_owned)
                     && self.prompt.is_some()

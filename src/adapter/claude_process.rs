@@ -85,7 +85,9 @@ impl Frame {
 /// The stdin line for an input.
 fn frame_of(input: AgentInput, interrupts: &mut u64, translator: &mut Translator) -> Option<Frame> {
     match input {
-        AgentInput::Prompt { text, id } => Some(Frame::plain(claude::user_frame(&text, &id), true)),
+        AgentInput::Prompt { text, id, .. } => {
+            Some(Frame::plain(claude::user_frame(&text, &id), true))
+        }
         AgentInput::Permission {
             request_id,
             allow,
@@ -121,6 +123,13 @@ fn frame_of(input: AgentInput, interrupts: &mut u64, translator: &mut Translator
                 crate::protocol::events::ErrorCategory::ProtocolIncompatible,
                 "Claude Code takes a message mid-turn only when the turn makes another model \
                  request; the host does not steer it",
+            )));
+            None
+        }
+        AgentInput::SetModel { reply, .. } => {
+            let _unwaited = reply.send(Err(AdapterError::new(
+                crate::protocol::events::ErrorCategory::ProtocolIncompatible,
+                "this driver cannot change the model of a live agent",
             )));
             None
         }
@@ -384,6 +393,7 @@ mod tests {
             host_session_id: "host-1".to_owned(),
             home: None,
             native: Native::New("11111111-2222-4333-8444-555566667777".to_owned()),
+            options: Default::default(),
         };
         (dir, spec)
     }

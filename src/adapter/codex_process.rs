@@ -559,6 +559,13 @@ impl Driver {
                 let _unwaited = ack.send(acked);
                 Ok(())
             }
+            AgentInput::SetModel { reply, .. } => {
+                let _unwaited = reply.send(Err(AdapterError::new(
+                    ErrorCategory::ProtocolIncompatible,
+                    "this driver cannot change the model of a live agent",
+                )));
+                Ok(())
+            }
             AgentInput::Interrupt => {
                 match self.translator.turn_id().map(str::to_owned) {
                     Some(turn) => self.interrupt(&turn).await,

@@ -18,6 +18,7 @@ use super::spawn::filter_env;
 use super::{AdapterError, AgentSession, Capabilities, Native, OpenSpec};
 use crate::adapter;
 use crate::config::Config;
+use crate::protocol::options::SessionOptions;
 use crate::session::agent::{FileChanges, Launcher, NativeFile};
 
 /// One agent type the host can run: a built-in family, or a registered agent.
@@ -195,6 +196,7 @@ impl AgentSettings {
         cwd: &Path,
         host_session_id: &str,
         native: Native,
+        options: &SessionOptions,
     ) -> Result<OpenSpec, AdapterError> {
         let def = self.agents.get(agent_type).ok_or_else(|| {
             AdapterError::new(
@@ -218,6 +220,7 @@ impl AgentSettings {
             host_session_id: host_session_id.to_owned(),
             home: self.home.clone(),
             native,
+            options: options.clone(),
         })
     }
 }
@@ -253,8 +256,9 @@ impl Launcher for AgentSettings {
         cwd: &Path,
         host_session_id: &str,
         native: Native,
+        options: &SessionOptions,
     ) -> Result<AgentSession, AdapterError> {
-        let spec = self.open_spec(agent_type, cwd, host_session_id, native)?;
+        let spec = self.open_spec(agent_type, cwd, host_session_id, native, options)?;
         match self.agents.get(agent_type) {
             Some(def) => def.family.open(spec),
             None => Err(AdapterError::new(
@@ -341,7 +345,13 @@ mod tests {
         ];
         let settings = AgentSettings::from_config(&config);
         let spec = settings
-            .open_spec("claude", Path::new("/"), "s1", Native::New("n".into()))
+            .open_spec(
+                "claude",
+                Path::new("/"),
+                "s1",
+                Native::New("n".into()),
+                &SessionOptions::default(),
+            )
             .unwrap();
         assert_eq!(spec.program, Path::new("/bin/true"));
         let names = |spec: &OpenSpec| -> Vec<String> {
@@ -355,7 +365,13 @@ mod tests {
         );
         // A family without a configured binary looks on the snapshot's PATH.
         let err = settings
-            .open_spec("codex", Path::new("/"), "s2", Native::New("n".into()))
+            .open_spec(
+                "codex",
+                Path::new("/"),
+                "s2",
+                Native::New("n".into()),
+                &SessionOptions::default(),
+            )
             .unwrap_err();
         assert_eq!(err.category, ErrorCategory::BinaryUnavailable);
         assert!(err.message.contains("/usr/bin:/bin"), "{}", err.message);
@@ -377,7 +393,13 @@ mod tests {
         let settings = AgentSettings::from_config(&config);
         let open = |family: &str| {
             settings
-                .open_spec(family, Path::new("/"), "s", Native::New("n".into()))
+                .open_spec(
+                    family,
+                    Path::new("/"),
+                    "s",
+                    Native::New("n".into()),
+                    &SessionOptions::default(),
+                )
                 .unwrap()
         };
         assert_eq!(names(&open("codex")), ["PATH", "OPENAI_API_KEY"]);

@@ -50,8 +50,8 @@ mod rpc_driver;
 pub mod spawn;
 
 pub use crate::session::agent::{
-    AdapterError, AgentInput, AgentOutput, AgentSession, Capabilities, Honoured, Native,
-    PermissionAck, ProcessModel, ResumeKind, Support,
+    AdapterError, AgentInput, AgentOutput, AgentSession, Capabilities, Honoured, ModelSwitch,
+    Native, OptionCaps, PermissionAck, ProcessModel, ResumeKind, Support,
 };
 pub use launch::AgentSettings;
 pub use open::OpenSpec;

@@ -353,7 +353,7 @@ impl<C: OneShotCli> Driver<C> {
 
     async fn on_input(&mut self, input: AgentInput) -> Result<(), Gone> {
         match input {
-            AgentInput::Prompt { text, id } => {
+            AgentInput::Prompt { text, id, .. } => {
                 let running = self.turn.as_ref().is_some_and(|t| !t.ended);
                 if running || self.waiting.is_some() {
                     // The session layer queues prompts while a run is busy; one that reaches
@@ -378,6 +378,13 @@ impl<C: OneShotCli> Driver<C> {
                     return Ok(());
                 }
                 self.start_turn(text, id).await
+            }
+            AgentInput::SetModel { reply, .. } => {
+                let _unwaited = reply.send(Err(AdapterError::new(
+                    ErrorCategory::ProtocolIncompatible,
+                    "this driver cannot change the model of a live agent",
+                )));
+                Ok(())
             }
             AgentInput::Interrupt => {
                 if let Some(waiting) = self.waiting.take() {
@@ -855,6 +862,7 @@ printf '{"type":"result","status":"success","stats":{"models":{"m":{"input_token
                 host_session_id: "host-1".to_owned(),
                 home: None,
                 native,
+                options: Default::default(),
             }
         }
 

@@ -19,4 +19,7 @@ pub struct OpenSpec {
     /// The host home its processes are marked with (see `adapter::reap`).
     pub home: Option<super::reap::HomeMarker>,
     pub native: Native,
+    /// The session's options (model, standing prompt, MCP servers, permission mode), which
+    /// the family maps to its agent's own flags, config or requests.
+    pub options: crate::protocol::options::SessionOptions,
 }

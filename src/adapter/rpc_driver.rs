@@ -255,6 +255,7 @@ pub(super) mod test_support {
             host_session_id: "host-1".to_owned(),
             home: None,
             native: Native::New("n1".to_owned()),
+            options: Default::default(),
         };
         (dir, spec)
     }

@@ -4,6 +4,7 @@
 pub mod envelope;
 pub mod event_reference;
 pub mod events;
+pub mod options;
 pub mod replies;
 pub mod scope;
 pub mod states;

@@ -46,6 +46,7 @@ use tokio::sync::{mpsc, oneshot};
 use crate::protocol::events::{
     ErrorCategory, ErrorNotice, EventBody, PermissionOption, RunEnd, RunState,
 };
+use crate::protocol::options::{Attachment, PermissionMode, SessionOptions};
 
 /// An adapter failure, always with one of the shared categories.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -153,6 +154,8 @@ pub struct Capabilities {
     /// The family's own records say which workspace a native session belongs to, and the host
     /// checks it before a resume or an import (`Launcher::check_binding`).
     pub binding: bool,
+    /// What it does with each session option and attachment kind.
+    pub options: OptionCaps,
 }
 
 impl Capabilities {
@@ -166,6 +169,56 @@ impl Capabilities {
         usage: false,
         process: ProcessModel::PerTurn,
         binding: false,
+        options: OptionCaps::NONE,
+    };
+}
+
+/// How a session's model changes between turns (`session.set_model`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ModelSwitch {
+    /// The live agent takes it at once (Claude's `set_model` control request, ACP
+    /// `session/set_model` where the agent offers models).
+    Live,
+    /// The next turn carries it (Codex's per-turn override, a process per turn).
+    NextTurn,
+    /// The agent takes a model only at start: it is restarted (resumed) for the next turn.
+    Restart,
+    /// The family takes no model.
+    None,
+}
+
+/// What a family does with each option and attachment kind. `Negotiated`: as the agent
+/// declares when it starts (an ACP agent's `initialize`), found out before `session.create`
+/// answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct OptionCaps {
+    pub model: Support,
+    pub set_model: ModelSwitch,
+    pub system_prompt: Support,
+    pub mcp_stdio: Support,
+    pub mcp_http: Support,
+    pub mcp_sse: Support,
+    /// The permission modes it maps (`ask` is always one).
+    pub permission_modes: &'static [PermissionMode],
+    /// Image attachments.
+    pub images: Support,
+    /// Other file attachments.
+    pub files: Support,
+}
+
+impl OptionCaps {
+    /// A family that takes none of them.
+    pub const NONE: OptionCaps = OptionCaps {
+        model: Support::Absent,
+        set_model: ModelSwitch::None,
+        system_prompt: Support::Absent,
+        mcp_stdio: Support::Absent,
+        mcp_http: Support::Absent,
+        mcp_sse: Support::Absent,
+        permission_modes: &[PermissionMode::Ask],
+        images: Support::Absent,
+        files: Support::Absent,
     };
 }
 
@@ -224,8 +277,22 @@ pub const PERMISSION_ACK_WAIT: Duration = Duration::from_secs(2);
 #[derive(Debug)]
 pub enum AgentInput {
     /// Start a turn with this prompt; `id` (the host's run id) names the prompt where the
-    /// family can carry it into its session file.
-    Prompt { text: String, id: String },
+    /// family can carry it into its session file. `attachments`: checked and copied by the
+    /// session layer, of the kinds the family declares ([`OptionCaps`]); the driver passes
+    /// each in the agent's own form (an image block, a local image path, ACP content).
+    Prompt {
+        text: String,
+        id: String,
+        attachments: Vec<Attachment>,
+    },
+    /// Use `model` from now on (`session.set_model`). `reply`: `Ok(ModelSwitch::Live)` the
+    /// live agent took it; `Ok(ModelSwitch::NextTurn)` the next turn carries it; an error:
+    /// it did not (the session layer then restarts the agent for the next turn, which opens
+    /// with the session's new options).
+    SetModel {
+        model: String,
+        reply: oneshot::Sender<Result<ModelSwitch, AdapterError>>,
+    },
     /// Answer a `permission.request`: `option` is the one of the agent's own options that was
     /// chosen (`None`: a plain yes/no, `allow`), which the driver passes on natively (Claude:
     /// an allow with the suggested permission updates; Codex: its decision; ACP: the
@@ -343,10 +410,21 @@ impl AgentSession {
     /// (it then ends the turn itself); an error means it never reached the driver, so not
     /// the agent either.
     pub async fn send(&self, text: &str, id: &str) -> Result<(), AdapterError> {
+        self.send_with(text, id, &[]).await
+    }
+
+    /// [`AgentSession::send`] with attachments (checked and copied by the session layer).
+    pub async fn send_with(
+        &self,
+        text: &str,
+        id: &str,
+        attachments: &[Attachment],
+    ) -> Result<(), AdapterError> {
         self.input
             .send(AgentInput::Prompt {
                 text: text.to_owned(),
                 id: id.to_owned(),
+                attachments: attachments.to_vec(),
             })
             .await
             .map_err(|_| AdapterError::prompt_not_sent("the agent process is gone"))
@@ -445,6 +523,29 @@ impl AgentSession {
         })
     }
 
+    /// Ask the live agent to use `model` from now on ([`AgentInput::SetModel`]); waits for
+    /// its answer for at most [`PERMISSION_ACK_WAIT`]. An error: it did not take it (or never
+    /// got it).
+    pub async fn set_model(&self, model: &str) -> Result<ModelSwitch, AdapterError> {
+        let (reply, answer) = oneshot::channel();
+        self.request(AgentInput::SetModel {
+            model: model.to_owned(),
+            reply,
+        })
+        .await?;
+        match tokio::time::timeout(PERMISSION_ACK_WAIT, answer).await {
+            Ok(Ok(taken)) => taken,
+            Ok(Err(_)) => Err(AdapterError::new(
+                ErrorCategory::TransportLost,
+                "the agent's driver dropped the model change unanswered",
+            )),
+            Err(_) => Err(AdapterError::new(
+                ErrorCategory::ResultDeliveryUnknown,
+                "the agent did not confirm the model change in time",
+            )),
+        }
+    }
+
     /// Interrupt the current turn; the process stays for the next one. The turn ends with
     /// `run.end` `cancelled`.
     pub async fn cancel_turn(&self) -> Result<(), AdapterError> {
@@ -488,6 +589,18 @@ pub trait Launcher: Send + Sync {
         Capabilities::NONE
     }
 
+    /// What agents of this type do with each option, with every `Negotiated` one resolved to
+    /// `Native` or `Absent` by asking the agent (an ACP agent's `initialize` answer, found
+    /// once and kept). Called by `session.create` only when an option it was given is
+    /// negotiated. An error: the agent could not be asked.
+    fn negotiate<'a>(
+        &'a self,
+        agent_type: &'a str,
+    ) -> futures_util::future::BoxFuture<'a, Result<OptionCaps, AdapterError>> {
+        let options = self.capabilities(agent_type).options;
+        Box::pin(async move { Ok(options) })
+    }
+
     /// Whether the native session `native_id` belongs to `cwd`, as far as the family's own
     /// records say (checked before a resume or an import): `Err` says why not.
     fn check_binding(
@@ -506,14 +619,16 @@ pub trait Launcher: Send + Sync {
     }
 
     /// Start an agent of `agent_type` for `host_session_id`, in `cwd`, on a new or resumed
-    /// native session. Called on a runtime worker thread (a parent-death signal is tied to the
-    /// thread that spawns).
+    /// native session, with the session's `options` (checked at create against
+    /// [`Capabilities::options`]). Called on a runtime worker thread (a parent-death signal
+    /// is tied to the thread that spawns).
     fn open(
         &self,
         agent_type: &str,
         cwd: &Path,
         host_session_id: &str,
         native: Native,
+        options: &SessionOptions,
     ) -> Result<AgentSession, AdapterError>;
 
     /// How long an idle agent process is kept (`None`: for ever).
@@ -617,6 +732,7 @@ impl Launcher for NoAgents {
         _cwd: &Path,
         _host_session_id: &str,
         _native: Native,
+        _options: &SessionOptions,
     ) -> Result<AgentSession, AdapterError> {
         Err(AdapterError::new(
             ErrorCategory::ProtocolIncompatible,

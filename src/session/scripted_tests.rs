@@ -44,6 +44,7 @@ impl Launcher for Scripted {
         _cwd: &std::path::Path,
         _host_session_id: &str,
         native: Native,
+        _options: &crate::protocol::options::SessionOptions,
     ) -> Result<AgentSession, AdapterError> {
         if self.broken {
             return Err(AdapterError::new(
@@ -119,6 +120,10 @@ async fn drive(
                     ErrorCategory::ProtocolIncompatible,
                     "the scripted agent cannot steer",
                 )));
+                continue;
+            }
+            AgentInput::SetModel { reply, .. } => {
+                let _unwaited = reply.send(Ok(super::agent::ModelSwitch::Live));
                 continue;
             }
             AgentInput::Close { done, .. } => {

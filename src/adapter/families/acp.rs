@@ -8,8 +8,8 @@ use futures_util::future::BoxFuture;
 
 use crate::adapter::family::{AgentFamily, ProbeSpec, Probed};
 use crate::adapter::{
-    AdapterError, AgentSession, Capabilities, Descriptor, OpenSpec, ProcessModel, ResumeKind,
-    Support, acp_process,
+    AdapterError, AgentSession, Capabilities, Descriptor, OpenSpec, OptionCaps, ProcessModel,
+    ResumeKind, Support, acp_process,
 };
 
 pub struct Acp;
@@ -29,6 +29,7 @@ pub const ACP_CAPABILITIES: Capabilities = Capabilities {
     usage: true,
     process: ProcessModel::Persistent,
     binding: false,
+    options: OptionCaps::NONE,
 };
 
 static DESCRIPTOR: Descriptor = Descriptor {

@@ -10,8 +10,8 @@ use serde_json::Value;
 
 use crate::adapter::family::{AgentFamily, Vars};
 use crate::adapter::{
-    AdapterError, AgentSession, Capabilities, Descriptor, OpenSpec, ProcessModel, ResumeKind,
-    Support, claude, claude_process,
+    AdapterError, AgentSession, Capabilities, Descriptor, OpenSpec, OptionCaps, ProcessModel,
+    ResumeKind, Support, claude, claude_process,
 };
 use crate::session::agent::NativeFile;
 use crate::session::ownership::{self, OwnedPid};
@@ -39,6 +39,7 @@ static DESCRIPTOR: Descriptor = Descriptor {
         usage: true,
         process: ProcessModel::Persistent,
         binding: true,
+        options: OptionCaps::NONE,
     },
     turns: true,
     permission_policy: None,

@@ -6,8 +6,8 @@ use std::path::Path;
 
 use crate::adapter::family::{AgentFamily, Vars};
 use crate::adapter::{
-    AdapterError, AgentSession, Capabilities, Descriptor, OpenSpec, ProcessModel, ResumeKind,
-    Support, codex, codex_process,
+    AdapterError, AgentSession, Capabilities, Descriptor, OpenSpec, OptionCaps, ProcessModel,
+    ResumeKind, Support, codex, codex_process,
 };
 use crate::session::agent::NativeFile;
 
@@ -31,6 +31,7 @@ static DESCRIPTOR: Descriptor = Descriptor {
         usage: true,
         process: ProcessModel::Persistent,
         binding: true,
+        options: OptionCaps::NONE,
     },
     turns: true,
     permission_policy: None,

@@ -16,8 +16,8 @@ use super::gemini_acp::NOT_GEMINI;
 use crate::adapter::family::{AgentFamily, Vars};
 use crate::adapter::gemini::{ApprovalMode, GeminiCli};
 use crate::adapter::{
-    AdapterError, AgentSession, Capabilities, Descriptor, OpenSpec, ProcessModel, ResumeKind,
-    Support, oneshot_process,
+    AdapterError, AgentSession, Capabilities, Descriptor, OpenSpec, OptionCaps, ProcessModel,
+    ResumeKind, Support, oneshot_process,
 };
 use crate::session::agent::NativeFile;
 
@@ -38,6 +38,7 @@ static DESCRIPTOR: Descriptor = Descriptor {
         usage: true,
         process: ProcessModel::PerTurn,
         binding: false,
+        options: OptionCaps::NONE,
     },
     turns: true,
     permission_policy: Some(

@@ -194,6 +194,7 @@ impl Actor {
             &self.cx.cwd,
             &self.cx.session_id,
             native,
+            &crate::protocol::options::SessionOptions::default(),
         )?;
         tracing::info!(pid = ?session.pid(), resuming = opened.resuming(), "agent started");
         let watch = match tail {

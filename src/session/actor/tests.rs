@@ -43,6 +43,7 @@ const FULL: Capabilities = Capabilities {
     usage: true,
     process: ProcessModel::Persistent,
     binding: true,
+    options: crate::session::agent::OptionCaps::NONE,
 };
 
 /// The launcher of fake agents: each open hands the test the agent's side of the handle.
@@ -89,6 +90,7 @@ impl Launcher for Fake {
         _cwd: &std::path::Path,
         _host_session_id: &str,
         native: Native,
+        _options: &crate::protocol::options::SessionOptions,
     ) -> Result<AgentSession, AdapterError> {
         if *self.broken.lock().unwrap() {
             return Err(AdapterError::new(

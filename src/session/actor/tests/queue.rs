@@ -12,7 +12,7 @@ use crate::store::RunRow;
 /// The next prompt: its run id and text.
 async fn prompt_text(agent: &mut Agent) -> (String, String) {
     match agent.input().await {
-        AgentInput::Prompt { text, id } => (id, text),
+        AgentInput::Prompt { text, id, .. } => (id, text),
         other => panic!("expected a prompt, got {other:?}"),
     }
 }
