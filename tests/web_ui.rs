@@ -342,6 +342,8 @@ async fn seed_big_session(db: &Path, cwd: &Path, count: usize) -> String {
             created_at_ms: start,
             updated_at_ms: start,
             fork_of: None,
+            options: Default::default(),
+            binding: None,
         })
         .await
         .unwrap();

@@ -178,3 +178,71 @@ pub struct Attachment {
     /// The host's copy.
     pub path: PathBuf,
 }
+
+/// What a session's native id was bound under, recorded on its row and compared before every
+/// resume (a native id is only an index: resumed under another workspace or provider account
+/// it would silently change what the agent sees). Hashes, never the secrets themselves.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BindingRecord {
+    /// The git top-level of the cwd and its `origin` remote, when the cwd is in a repository.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workspace: Option<WorkspaceIdentity>,
+    /// The model provider the agent talks to: its base URL's host, and a hash of the key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provider: Option<ProviderIdentity>,
+    /// The model in effect (the session's `model`, else the agent's configured default).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    /// Hex SHA-256 of the standing prompt.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub system_prompt_sha256: Option<String>,
+    /// Hex SHA-256 of the runtime options (MCP servers, permission mode) as stored.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub options_sha256: Option<String>,
+    /// When it was last recorded (unix milliseconds).
+    #[serde(default)]
+    pub recorded_at_ms: i64,
+}
+
+/// A workspace as git knows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WorkspaceIdentity {
+    /// `git rev-parse --show-toplevel`.
+    pub root: String,
+    /// The `origin` remote's URL (credentials stripped), if there is one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub remote: Option<String>,
+}
+
+/// A model provider account as far as the host can tell without asking it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProviderIdentity {
+    /// The host (and port, when not the default) of the API base URL.
+    pub host: String,
+    /// Hex SHA-256 of the API key or token the agent is given (first 16 hex digits), if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_sha256: Option<String>,
+}
+
+/// An attachment as events and replies describe it (never its bytes or the host's path).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AttachmentInfo {
+    pub name: String,
+    pub mime: String,
+    pub kind: AttachmentKind,
+    pub bytes: u64,
+    pub sha256: String,
+}
+
+impl From<&Attachment> for AttachmentInfo {
+    fn from(a: &Attachment) -> Self {
+        AttachmentInfo {
+            name: a.name.clone(),
+            mime: a.mime.clone(),
+            kind: a.kind,
+            bytes: a.bytes,
+            sha256: a.sha256.clone(),
+        }
+    }
+}

@@ -62,6 +62,15 @@ pub struct SessionInfo {
     /// session), until its own native id is known.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fork_of: Option<String>,
+    /// What it was created with (`session.create`'s options, `session.set_model` since).
+    #[serde(
+        default,
+        skip_serializing_if = "super::options::SessionOptions::is_empty"
+    )]
+    pub options: super::options::SessionOptions,
+    /// What its native session was bound under, once known; compared before every resume.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub binding: Option<super::options::BindingRecord>,
 }
 
 /// `session.create`, `session.import`: the new session.

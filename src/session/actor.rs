@@ -198,6 +198,9 @@ pub(super) struct Actor {
     link: Link,
     /// The native session the row binds.
     binding: Binding,
+    /// The session's options as stored (`session.create`, `session.set_model` since): every
+    /// agent the actor opens gets them.
+    options: crate::protocol::options::SessionOptions,
     queue: VecDeque<queue::Queued>,
     /// The permission requests saved as pending and not answered yet: their offered choices,
     /// by request id. Non-empty during a run: the session is `waiting`.
@@ -289,6 +292,7 @@ impl Actor {
             },
             link: Link::Up,
             binding: Binding::of_row(row.native_session_id.clone(), row.fork_of.clone()),
+            options: row.options.clone(),
             queue: VecDeque::from(restored),
             pending: HashMap::new(),
             published: row.state,

@@ -50,6 +50,8 @@ mod tests {
                     created_at_ms: 100 + i,
                     updated_at_ms: 100 + i,
                     fork_of: None,
+                    options: Default::default(),
+                    binding: None,
                 })
                 .await
                 .unwrap();

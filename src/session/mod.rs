@@ -974,6 +974,8 @@ impl SessionManager {
             created_at_ms: now,
             updated_at_ms: now,
             fork_of: None,
+            options: Default::default(),
+            binding: None,
         };
         self.store.insert_session(row.clone()).await?;
         tracing::info!(session_id = %row.session_id, agent_type = %row.agent_type, "session created");

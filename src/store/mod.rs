@@ -504,9 +504,7 @@ impl Store {
                     row.state.as_str(),
                     row.created_at_ms,
                     row.updated_at_ms,
-                    row.fork_of
-                        .as_ref()
-                        .map(|f| serde_json::json!({"fork_of": f}).to_string()),
+                    config_json(&row),
                     row.created_at_ms.max(row.updated_at_ms)
                 ],
             )?;
@@ -804,7 +802,33 @@ pub struct CursorUpdate {
 const SESSION_SELECT: &str = "SELECT id, agent_type, native_session_id, cwd, parent_session_id, \
      title, state, created_at, updated_at, config FROM sessions";
 
+/// `sessions.config`: JSON `{fork_of?, options?, binding?}` (opaque to SQL but for these
+/// keys, which the updates below set one at a time). `None` when there is nothing to keep.
+fn config_json(row: &SessionRow) -> Option<String> {
+    let mut config = serde_json::Map::new();
+    if let Some(fork_of) = &row.fork_of {
+        config.insert("fork_of".into(), fork_of.clone().into());
+    }
+    if !row.options.is_empty()
+        && let Ok(options) = serde_json::to_value(&row.options)
+    {
+        config.insert("options".into(), options);
+    }
+    if let Some(binding) = row
+        .binding
+        .as_ref()
+        .and_then(|b| serde_json::to_value(b).ok())
+    {
+        config.insert("binding".into(), binding);
+    }
+    (!config.is_empty()).then(|| serde_json::Value::Object(config).to_string())
+}
+
 fn session_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<SessionRow> {
+    let config = r
+        .get::<_, Option<String>>(9)?
+        .and_then(|c| serde_json::from_str::<serde_json::Value>(&c).ok());
+    let key = |name: &str| config.as_ref().and_then(|c| c.get(name)).cloned();
     Ok(SessionRow {
         session_id: r.get(0)?,
         agent_type: r.get(1)?,
@@ -816,10 +840,12 @@ fn session_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<SessionRow> {
         state: SessionState::parse(&r.get::<_, String>(6)?).unwrap_or_default(),
         created_at_ms: r.get(7)?,
         updated_at_ms: r.get(8)?,
-        fork_of: r
-            .get::<_, Option<String>>(9)?
-            .and_then(|c| serde_json::from_str::<serde_json::Value>(&c).ok())
-            .and_then(|c| c.get("fork_of").and_then(|f| f.as_str()).map(str::to_owned)),
+        fork_of: key("fork_of").and_then(|f| f.as_str().map(str::to_owned)),
+        // Options or a binding this build cannot read (a newer host's) read as none.
+        options: key("options")
+            .and_then(|o| serde_json::from_value(o).ok())
+            .unwrap_or_default(),
+        binding: key("binding").and_then(|b| serde_json::from_value(b).ok()),
     })
 }
 
@@ -1429,6 +1455,8 @@ mod tests {
             created_at_ms: 1,
             updated_at_ms: 1,
             fork_of: None,
+            options: Default::default(),
+            binding: None,
         });
         assert!(matches!(row.await, Err(StoreError::Unavailable(_))));
 

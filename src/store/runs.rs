@@ -480,16 +480,50 @@ impl Store {
     pub async fn replace_session_lineage(&self, row: super::SessionRow) -> StoreResult<()> {
         self.write(move |conn| {
             conn.execute(
-                "UPDATE sessions SET parent_session_id = ?2, config = ?3 WHERE id = ?1",
-                params![
-                    row.session_id,
-                    row.parent_session_id,
-                    row.fork_of
-                        .as_ref()
-                        .map(|f| serde_json::json!({"fork_of": f}).to_string())
-                ],
+                "UPDATE sessions SET parent_session_id = ?2, config = CASE WHEN ?3 IS NULL \
+                 THEN json_remove(coalesce(config, '{}'), '$.fork_of') \
+                 ELSE json_set(coalesce(config, '{}'), '$.fork_of', ?3) END WHERE id = ?1",
+                params![row.session_id, row.parent_session_id, row.fork_of],
             )?;
             Ok(())
+        })
+        .await
+    }
+
+    /// Record a session's options (`session.set_model` changed them); the rest of its config
+    /// stays. `false`: no such session.
+    pub async fn set_session_options(
+        &self,
+        session_id: String,
+        options: crate::protocol::options::SessionOptions,
+    ) -> StoreResult<bool> {
+        let json = serde_json::to_string(&options).unwrap_or_else(|_| "{}".to_owned());
+        self.write(move |conn| {
+            let n = conn.execute(
+                "UPDATE sessions SET config = json_set(coalesce(config, '{}'), '$.options', \
+                 json(?2)), updated_at = ?3 WHERE id = ?1",
+                params![session_id, json, now_ms()],
+            )?;
+            Ok(n > 0)
+        })
+        .await
+    }
+
+    /// Record what a session's native session is bound under; the rest of its config stays.
+    /// `false`: no such session.
+    pub async fn set_session_binding(
+        &self,
+        session_id: String,
+        binding: crate::protocol::options::BindingRecord,
+    ) -> StoreResult<bool> {
+        let json = serde_json::to_string(&binding).unwrap_or_else(|_| "{}".to_owned());
+        self.write(move |conn| {
+            let n = conn.execute(
+                "UPDATE sessions SET config = json_set(coalesce(config, '{}'), '$.binding', \
+                 json(?2)) WHERE id = ?1",
+                params![session_id, json],
+            )?;
+            Ok(n > 0)
         })
         .await
     }
@@ -747,6 +781,8 @@ mod tests {
                 created_at_ms: 1,
                 updated_at_ms: 1,
                 fork_of: None,
+                options: Default::default(),
+                binding: None,
             })
             .await
             .unwrap();

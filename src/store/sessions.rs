@@ -273,6 +273,8 @@ mod tests {
             created_at_ms: at,
             updated_at_ms: at,
             fork_of: None,
+            options: Default::default(),
+            binding: None,
         }
     }
 

@@ -194,7 +194,7 @@ impl Actor {
             &self.cx.cwd,
             &self.cx.session_id,
             native,
-            &crate::protocol::options::SessionOptions::default(),
+            &self.options,
         )?;
         tracing::info!(pid = ?session.pid(), resuming = opened.resuming(), "agent started");
         let watch = match tail {
