@@ -46,6 +46,11 @@ pub enum ErrorCode {
     AlreadyResolved,
     NotQueued,
     SteerPending,
+    OptionUnsupported,
+    BypassNotAllowed,
+    AttachmentRefused,
+    AttachmentTooLarge,
+    BindingMismatch,
     UnknownAgentType,
     NoAgent,
     AgentUnavailable,
@@ -88,6 +93,11 @@ impl ErrorCode {
         ErrorCode::AlreadyResolved,
         ErrorCode::NotQueued,
         ErrorCode::SteerPending,
+        ErrorCode::OptionUnsupported,
+        ErrorCode::BypassNotAllowed,
+        ErrorCode::AttachmentRefused,
+        ErrorCode::AttachmentTooLarge,
+        ErrorCode::BindingMismatch,
         ErrorCode::UnknownAgentType,
         ErrorCode::NoAgent,
         ErrorCode::AgentUnavailable,
@@ -130,6 +140,11 @@ impl ErrorCode {
             ErrorCode::AlreadyResolved => 3005,
             ErrorCode::NotQueued => 3006,
             ErrorCode::SteerPending => 3007,
+            ErrorCode::OptionUnsupported => 3008,
+            ErrorCode::BypassNotAllowed => 3009,
+            ErrorCode::AttachmentRefused => 3010,
+            ErrorCode::AttachmentTooLarge => 3011,
+            ErrorCode::BindingMismatch => 3012,
             ErrorCode::UnknownAgentType => 4001,
             ErrorCode::NoAgent => 4002,
             ErrorCode::AgentUnavailable => 4003,
@@ -173,6 +188,11 @@ impl ErrorCode {
             ErrorCode::AlreadyResolved => "already_resolved",
             ErrorCode::NotQueued => "not_queued",
             ErrorCode::SteerPending => "steer_pending",
+            ErrorCode::OptionUnsupported => "option_unsupported",
+            ErrorCode::BypassNotAllowed => "bypass_not_allowed",
+            ErrorCode::AttachmentRefused => "attachment_refused",
+            ErrorCode::AttachmentTooLarge => "attachment_too_large",
+            ErrorCode::BindingMismatch => "binding_mismatch",
             ErrorCode::UnknownAgentType => "unknown_agent_type",
             ErrorCode::NoAgent => "no_agent",
             ErrorCode::AgentUnavailable => "agent_unavailable",
@@ -239,6 +259,25 @@ impl ErrorCode {
             ErrorCode::SteerPending => {
                 "an earlier steer of this session still waits for the agent's answer; send this \
                  one again once that one is answered (`data.run_id` names the running run)"
+            }
+            ErrorCode::OptionUnsupported => {
+                "the agent cannot honour an option or attachment kind it was given (`data.option` \
+                 names it, `data.agent_type` the agent); nothing was created or sent"
+            }
+            ErrorCode::BypassNotAllowed => {
+                "`permission_mode: \"bypass\"` needs `allow_bypass = true` in `config.toml`"
+            }
+            ErrorCode::AttachmentRefused => {
+                "an attachment path that is not a regular file inside the session's cwd or an \
+                 allow-listed directory (`..`, a symlink out, a device); `data.reason` says which"
+            }
+            ErrorCode::AttachmentTooLarge => {
+                "an attachment (or all of a prompt's together) over the size limit; `data.limit` \
+                 is the limit in bytes"
+            }
+            ErrorCode::BindingMismatch => {
+                "the native session is not this workspace's (import under another cwd), or the \
+                 session's workspace changed since it was bound; `data.reason` says which"
             }
             ErrorCode::UnknownAgentType => "no adapter family or registered agent of that name",
             ErrorCode::NoAgent => "no adapter in this build can run this session's agent",
