@@ -26,6 +26,7 @@ fn bracket(session: &str, n: usize) -> Event {
         Some("run-0001".to_owned()),
         EventBody::TextEnd(BlockEnd {
             truncated: None,
+            imported: false,
             item_id: Some(format!("item-{n}")),
             text: "lorem ipsum dolor sit amet ".repeat(8),
         }),

@@ -35,6 +35,7 @@ fn event(session: &str, text: String) -> Event {
         Some("run-0001".into()),
         EventBody::TextEnd(BlockEnd {
             truncated: None,
+            imported: false,
             item_id: Some("item".into()),
             text,
         }),

@@ -49,6 +49,7 @@ async fn main() -> anyhow::Result<()> {
                 Some("run".to_owned()),
                 EventBody::TextEnd(BlockEnd {
                     truncated: None,
+                    imported: false,
                     item_id: Some(item.clone()),
                     text: "x".repeat(200),
                 }),

@@ -42,6 +42,17 @@ pub enum ConfigError {
     },
     #[error("{path} is not valid: queue_capacity must be between 1 and {max}, not {value}", max = MAX_QUEUE_CAPACITY)]
     QueueCapacity { path: PathBuf, value: i64 },
+    #[error("{path} is not valid: attachment_dirs: {dir:?} {reason}")]
+    AttachmentDirs {
+        path: PathBuf,
+        dir: PathBuf,
+        reason: String,
+    },
+    #[error(
+        "{path} is not valid: attachment_max_bytes must be between 1 and {max}, not {value}",
+        max = crate::session::attachments::MAX_MAX_BYTES
+    )]
+    AttachmentMaxBytes { path: PathBuf, value: u64 },
     #[error("{path} is not valid: {source}")]
     Hooks {
         path: PathBuf,
@@ -80,6 +91,18 @@ pub struct FileConfig {
     /// that the oldest is dropped, visibly.
     #[serde(default)]
     pub queue_capacity: Option<i64>,
+    /// Sessions may be created with `permission_mode: "bypass"` (every tool runs without
+    /// asking). Default false: such a create is refused `bypass_not_allowed`.
+    #[serde(default)]
+    pub allow_bypass: bool,
+    /// Directories (absolute) whose files `session.send` may attach, besides the session's
+    /// cwd. Default none.
+    #[serde(default)]
+    pub attachment_dirs: Vec<PathBuf>,
+    /// The most bytes one attachment may have (a prompt's together: 4 times that). Default
+    /// 10 MiB, at most 64 MiB.
+    #[serde(default)]
+    pub attachment_max_bytes: Option<u64>,
 }
 
 /// The queue capacity when `config.toml` sets none (design §8).
@@ -346,6 +369,9 @@ impl std::fmt::Debug for Config {
             .field("agents", &self.agents)
             .field("relay", &self.relay)
             .field("queue_capacity", &self.queue_capacity)
+            .field("allow_bypass", &self.allow_bypass)
+            .field("attachment_dirs", &self.attachment_dirs)
+            .field("attachment_max_bytes", &self.attachment_max_bytes)
             .field("adopt_orphans", &self.adopt_orphans)
             .finish_non_exhaustive()
     }
@@ -377,6 +403,12 @@ pub struct Config {
     pub hooks: HooksConfig,
     /// How many prompts may wait behind a busy run in one session.
     pub queue_capacity: usize,
+    /// `permission_mode: "bypass"` is allowed (`allow_bypass` in `config.toml`).
+    pub allow_bypass: bool,
+    /// `attachment_dirs`, canonical: directories whose files may be attached.
+    pub attachment_dirs: Vec<PathBuf>,
+    /// The most bytes one attachment may have.
+    pub attachment_max_bytes: u64,
     /// The host owns its whole process (the binary's `host.start`), so it may become the
     /// subreaper of its agents' orphans and reap them (`adapter::reap`). Off when embedded:
     /// other code in the process owns children of its own.
@@ -429,6 +461,32 @@ impl Config {
                 _ => return Err(ConfigError::QueueCapacity { path, value: n }),
             },
         };
+        let attachment_dirs = file
+            .attachment_dirs
+            .iter()
+            .map(|dir| {
+                let bad = |reason: String| ConfigError::AttachmentDirs {
+                    path: path.clone(),
+                    dir: dir.clone(),
+                    reason,
+                };
+                if !dir.is_absolute() {
+                    return Err(bad("must be an absolute path".to_owned()));
+                }
+                let canonical = dir
+                    .canonicalize()
+                    .map_err(|e| bad(format!("cannot be resolved: {e}")))?;
+                if !canonical.is_dir() {
+                    return Err(bad("is not a directory".to_owned()));
+                }
+                Ok(canonical)
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let attachment_max_bytes = match file.attachment_max_bytes {
+            None => crate::session::attachments::DEFAULT_MAX_BYTES,
+            Some(n) if (1..=crate::session::attachments::MAX_MAX_BYTES).contains(&n) => n,
+            Some(value) => return Err(ConfigError::AttachmentMaxBytes { path, value }),
+        };
         let hooks = file
             .hooks
             .as_ref()
@@ -451,6 +509,9 @@ impl Config {
             relay: file.relay,
             hooks,
             queue_capacity,
+            allow_bypass: file.allow_bypass,
+            attachment_dirs,
+            attachment_max_bytes,
             adopt_orphans: false,
         })
     }
@@ -492,6 +553,11 @@ impl Config {
 
     pub fn logs_dir(&self) -> PathBuf {
         self.home.join("logs")
+    }
+
+    /// Where prompts' attachments are copied, one directory per session.
+    pub fn attachments_dir(&self) -> PathBuf {
+        self.home.join("attachments")
     }
 
     /// Create the home (0700) and `logs/` if missing, and tighten an existing home to 0700.
@@ -660,6 +726,14 @@ mod tests {
     }
 
     #[test]
+    fn allow_bypass_is_off_unless_set() {
+        let dir = tempfile::tempdir().unwrap();
+        assert!(!Config::with_home(dir.path()).unwrap().allow_bypass);
+        std::fs::write(dir.path().join("config.toml"), "allow_bypass = true\n").unwrap();
+        assert!(Config::with_home(dir.path()).unwrap().allow_bypass);
+    }
+
+    #[test]
     fn queue_capacity_defaults_to_3_and_is_held_to_1_to_100() {
         let dir = tempfile::tempdir().unwrap();
         let capacity = |text: &str| {
@@ -679,6 +753,61 @@ mod tests {
                 ),
                 other => panic!("{bad}: {other:?}"),
             }
+        }
+    }
+
+    #[test]
+    fn attachment_keys_default_and_are_checked() {
+        let dir = tempfile::tempdir().unwrap();
+        let shared = dir.path().join("shared");
+        fs::create_dir(&shared).unwrap();
+        let read = |text: &str| {
+            fs::write(dir.path().join("config.toml"), text).unwrap();
+            Config::with_home(dir.path())
+        };
+        let config = read("").unwrap();
+        assert!(config.attachment_dirs.is_empty());
+        assert_eq!(config.attachment_max_bytes, 10 * 1024 * 1024);
+        assert_eq!(config.attachments_dir(), dir.path().join("attachments"));
+        let config = read(&format!(
+            "attachment_dirs = [{:?}]\nattachment_max_bytes = 1000\n",
+            shared.display().to_string()
+        ))
+        .unwrap();
+        // Canonical, as the checks compare them.
+        assert_eq!(config.attachment_dirs, [shared.canonicalize().unwrap()]);
+        assert_eq!(config.attachment_max_bytes, 1000);
+        for (text, says) in [
+            (
+                "attachment_dirs = [\"relative\"]\n",
+                "must be an absolute path",
+            ),
+            (
+                "attachment_dirs = [\"/nonexistent/dir\"]\n",
+                "cannot be resolved",
+            ),
+            (
+                "attachment_max_bytes = 0\n",
+                "attachment_max_bytes must be between 1 and",
+            ),
+            (
+                "attachment_max_bytes = 67108865\n",
+                "attachment_max_bytes must be between 1 and",
+            ),
+        ] {
+            match read(text) {
+                Err(e) => assert!(e.to_string().contains(says), "{text}: {e}"),
+                Ok(_) => panic!("accepted: {text}"),
+            }
+        }
+        let file = dir.path().join("f");
+        fs::write(&file, "").unwrap();
+        match read(&format!(
+            "attachment_dirs = [{:?}]\n",
+            file.display().to_string()
+        )) {
+            Err(e) => assert!(e.to_string().contains("is not a directory"), "{e}"),
+            Ok(_) => panic!("a file accepted as a directory"),
         }
     }
 

@@ -154,7 +154,9 @@ async fn serve(
         bus.clone(),
         Arc::new(AgentSettings::from_config(&config)),
     )
-    .with_queue_capacity(config.queue_capacity);
+    .with_queue_capacity(config.queue_capacity)
+    .with_attachments(crate::session::attachments::AttachmentSettings::from_config(&config))
+    .with_allow_bypass(config.allow_bypass);
     // What a stopped host left open is closed (and published) before anyone can connect.
     if let Err(e) = sessions.recover().await {
         tracing::error!(error = %e, "closing the runs the last host left open failed");

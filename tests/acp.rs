@@ -27,8 +27,9 @@ struct AcpWorld {
     host: Option<TestHost>,
 }
 
-/// `config.toml` for the host: the built-in `acp` family pointed at claude-agent-acp (running
-/// the pinned Claude Code; `IS_SANDBOX` because tests may run as root), Qwen Code registered as
+/// `config.toml` for the host (`allow_bypass`, for the permission mode test): the built-in `acp`
+/// family pointed at claude-agent-acp (running the pinned Claude Code; `IS_SANDBOX` because
+/// tests may run as root), Qwen Code registered as
 /// an ACP agent (another vendor, against the mock's OpenAI Chat Completions API), a registered
 /// agent that reaches claude-agent-acp through a wrapper script, and one whose command does not
 /// exist.
@@ -43,7 +44,7 @@ fn write_config(home: &Path, wrapper: &Path, mock: &MockModel) {
     std::fs::write(
         home.join("config.toml"),
         format!(
-            "[agents.acp]\nbinary = \"{}\"\nenv = {env}\n\n\
+            "allow_bypass = true\n\n[agents.acp]\nbinary = \"{}\"\nenv = {env}\n\n\
              [agents.wrapped-acp]\ncommand = [\"{}\", \"--via-wrapper\"]\nprotocol = \"acp\"\nenv = {env}\n\n\
              [agents.ghost]\ncommand = [\"/nonexistent/ghost-agent\", \"--acp\"]\nprotocol = \"acp\"\n\n\
              [agents.qwen]\ncommand = [\"{}\", \"--acp\", \"--auth-type\", \"openai\"]\nprotocol = \"acp\"\n\
@@ -415,6 +416,355 @@ fn registered_agents_run_or_say_clearly_why_not() {
                 .as_str()
                 .unwrap()
                 .contains("/nonexistent/ghost-agent")
+        );
+        world.host.unwrap().stop().await;
+    });
+}
+
+/// The absolute path of `node` on the test's PATH (the probe MCP server runs under it).
+fn node() -> String {
+    std::env::var("PATH")
+        .unwrap_or_default()
+        .split(':')
+        .map(|dir| Path::new(dir).join("node"))
+        .find(|p| p.is_file())
+        .map_or_else(|| "node".to_owned(), |p| p.display().to_string())
+}
+
+/// The probe MCP server the tests ship (`tests/mcp/probe_server.mjs`), as a stdio definition.
+fn probe_server() -> Value {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/mcp/probe_server.mjs");
+    json!({"type": "stdio", "name": "probe", "command": node(), "args": [script.display().to_string()]})
+}
+
+/// The requests of the agent's own loop (those offering its shell tool), not its side calls
+/// (titles, summaries), from `from` on.
+fn main_requests(mock: &MockModel, from: usize) -> Vec<Value> {
+    mock.bodies.lock().unwrap()[from..]
+        .iter()
+        .filter(|b| tool_names(b).iter().any(|t| t == "Bash"))
+        .cloned()
+        .collect()
+}
+
+fn tool_names(body: &Value) -> Vec<String> {
+    body["tools"]
+        .as_array()
+        .map(|tools| {
+            tools
+                .iter()
+                .filter_map(|t| t["name"].as_str().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Every text of a `system` (a string, or text blocks).
+fn system_text(body: &Value) -> String {
+    match &body["system"] {
+        Value::String(s) => s.clone(),
+        Value::Array(blocks) => blocks
+            .iter()
+            .filter_map(|b| b["text"].as_str())
+            .collect::<Vec<_>>()
+            .join("\n"),
+        _ => String::new(),
+    }
+}
+
+/// Every text of the request's messages, with their roles.
+fn message_texts(body: &Value) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    for message in body["messages"].as_array().into_iter().flatten() {
+        let role = message["role"].as_str().unwrap_or_default().to_owned();
+        match &message["content"] {
+            Value::String(s) => out.push((role, s.clone())),
+            Value::Array(blocks) => {
+                for block in blocks {
+                    if let Some(text) = block["text"].as_str() {
+                        out.push((role.clone(), text.to_owned()));
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
+/// Acceptance 1 and 2 for claude-agent-acp: a session created with a model it offers, a
+/// standing prompt and the probe MCP server (stdio). The model sees that model, the standing
+/// prompt in `system` and in no message, and the MCP tool; the tool runs (its permission
+/// answered through the host) and its result comes back. Then `session.set_model` between two
+/// turns (live, `session/set_config_option`): the next turn's requests carry the new model,
+/// and so do those of the agent resumed after a host restart.
+#[test]
+fn claude_agent_acp_takes_the_session_options_and_a_live_model_switch() {
+    let Some(rt) = in_netns(
+        Family::Claude,
+        "claude_agent_acp_takes_the_session_options_and_a_live_model_switch",
+    ) else {
+        return;
+    };
+    rt.block_on(async {
+        let mut world = AcpWorld::start().await;
+        let created = world
+            .host()
+            .ok(
+                "session.create",
+                json!({
+                    "agent_type": "acp",
+                    "cwd": world.work.display().to_string(),
+                    "model": "sonnet",
+                    "system_prompt": "STANDING-PROMPT-123",
+                    "mcp_servers": [probe_server()],
+                }),
+            )
+            .await;
+        let session = created["session_id"].as_str().unwrap().to_owned();
+        let mut f = follow(world.host(), &session, false).await;
+
+        let first = world.send(&session, "hello options").await;
+        let end = run_end(&mut f, &first, TURN).await;
+        assert_eq!(end["state"], "completed", "{end}");
+        let turn1 = main_requests(&world.mock, 0);
+        assert!(!turn1.is_empty(), "no request of the agent's loop");
+        for body in &turn1 {
+            let model = body["model"].as_str().unwrap_or_default();
+            assert!(model.contains("sonnet"), "model {model:?}, not sonnet");
+            assert!(
+                system_text(body).contains("STANDING-PROMPT-123"),
+                "no standing prompt in system: {}",
+                body["system"]
+            );
+            let tools = tool_names(body);
+            assert!(
+                tools.iter().any(|t| t.ends_with("probe")),
+                "no MCP tool in {tools:?}"
+            );
+        }
+        for body in world.mock.bodies.lock().unwrap().iter() {
+            for (role, text) in message_texts(body) {
+                assert!(
+                    !text.contains("STANDING-PROMPT-123"),
+                    "the standing prompt in a {role} message: {text}"
+                );
+            }
+        }
+
+        // The model changes live between turns.
+        let switched = world
+            .host()
+            .ok(
+                "session.set_model",
+                json!({"session_id": session, "model": "haiku"}),
+            )
+            .await;
+        assert_eq!(switched["applied"], "live", "{switched}");
+        let before = world.mock.bodies.lock().unwrap().len();
+
+        // The MCP tool runs, asked through the host, and its result comes back.
+        let second = world.send(&session, "MCPCALL probe hello").await;
+        let ask = f.until_kind("permission.request", TURN).await;
+        assert_eq!(ask.run_id, second);
+        assert!(
+            ask.event["tool"]
+                .as_str()
+                .unwrap_or_default()
+                .contains("probe"),
+            "{}",
+            ask.event
+        );
+        let request = ask.event["requestId"].as_str().unwrap().to_owned();
+        decide(&mut f, &session, &request, "allow").await;
+        let end = run_end(&mut f, &second, TURN).await;
+        assert_eq!(end["state"], "completed", "{end}");
+        let exec = f
+            .of_run(&second)
+            .iter()
+            .find(|s| s.kind() == "tool.exec.end")
+            .map(|s| s.event.clone())
+            .unwrap_or_else(|| panic!("no tool.exec.end: {:?}", f.kinds()));
+        assert!(
+            exec["output"]
+                .as_str()
+                .unwrap_or_default()
+                .contains("probe says: HELLO"),
+            "{exec}"
+        );
+        let text = text_of_run(&f, &second);
+        assert!(text.contains("tool said: probe says: HELLO"), "{text}");
+        let turn2 = main_requests(&world.mock, before);
+        assert!(!turn2.is_empty(), "no request of the second turn");
+        for body in &turn2 {
+            let model = body["model"].as_str().unwrap_or_default();
+            assert!(
+                model.contains("haiku"),
+                "model {model:?} after set_model haiku"
+            );
+        }
+
+        // A new agent process (the host restarted) resumes the session with the same
+        // options: the model set last, the standing prompt, the MCP server.
+        world.restart().await;
+        let mut g = follow(world.host(), &session, false).await;
+        let before = world.mock.bodies.lock().unwrap().len();
+        let third = world.send(&session, "MCPCALL probe again").await;
+        let id = third.clone();
+        let ask = g
+            .until("the resumed turn's permission request", TURN, |s| {
+                s.kind() == "permission.request" && s.run_id == id
+            })
+            .await;
+        let request = ask.event["requestId"].as_str().unwrap().to_owned();
+        decide(&mut g, &session, &request, "allow").await;
+        let end = run_end(&mut g, &third, TURN).await;
+        assert_eq!(end["state"], "completed", "{end}");
+        let text = text_of_run(&g, &third);
+        assert!(text.contains("tool said: probe says: AGAIN"), "{text}");
+        let turn3 = main_requests(&world.mock, before);
+        assert!(!turn3.is_empty(), "no request of the resumed turn");
+        for body in &turn3 {
+            let model = body["model"].as_str().unwrap_or_default();
+            assert!(model.contains("haiku"), "model {model:?} after the resume");
+            assert!(system_text(body).contains("STANDING-PROMPT-123"));
+        }
+        world.host.unwrap().stop().await;
+    });
+}
+
+/// A 1x1 PNG.
+const PNG_1X1: &str = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg==";
+
+/// Acceptance 3 for claude-agent-acp (it declares `promptCapabilities.image`): an image
+/// attachment reaches the model as an image block with the same bytes; a path out of the cwd,
+/// a symlink out of it and a device file are refused with their codes.
+#[test]
+fn claude_agent_acp_passes_an_image_attachment_to_the_model() {
+    let Some(rt) = in_netns(
+        Family::Claude,
+        "claude_agent_acp_passes_an_image_attachment_to_the_model",
+    ) else {
+        return;
+    };
+    rt.block_on(async {
+        use base64::Engine;
+        let world = AcpWorld::start().await;
+        let png = base64::engine::general_purpose::STANDARD
+            .decode(PNG_1X1)
+            .unwrap();
+        std::fs::write(world.work.join("dot.png"), &png).unwrap();
+        std::os::unix::fs::symlink("/etc/hostname", world.work.join("out-link")).unwrap();
+        let session = world.session("acp").await;
+        let mut f = follow(world.host(), &session, false).await;
+        let sent = world
+            .host()
+            .ok(
+                "session.send",
+                json!({"session_id": session, "text": "what is in this image",
+                       "attachments": [{"path": "dot.png"}]}),
+            )
+            .await;
+        let run = sent["run_id"].as_str().unwrap().to_owned();
+        let end = run_end(&mut f, &run, TURN).await;
+        assert_eq!(end["state"], "completed", "{end}");
+        let images: Vec<Value> = world
+            .mock
+            .bodies
+            .lock()
+            .unwrap()
+            .iter()
+            .flat_map(|b| b["messages"].as_array().cloned().unwrap_or_default())
+            .flat_map(|m| m["content"].as_array().cloned().unwrap_or_default())
+            .filter(|block| block["type"] == "image")
+            .collect();
+        assert!(!images.is_empty(), "no image block reached the model");
+        assert_eq!(images[0]["source"]["type"], "base64", "{}", images[0]);
+        assert_eq!(images[0]["source"]["media_type"], "image/png");
+        let data = images[0]["source"]["data"].as_str().unwrap();
+        assert_eq!(
+            base64::engine::general_purpose::STANDARD
+                .decode(data)
+                .unwrap(),
+            png
+        );
+
+        for (path, code) in [
+            ("../../etc/passwd", "attachment_refused"),
+            ("out-link", "attachment_refused"),
+            ("/dev/zero", "attachment_refused"),
+        ] {
+            let refused = world
+                .host()
+                .ipc(
+                    "session.send",
+                    json!({"session_id": session, "text": "x", "attachments": [{"path": path}]}),
+                )
+                .await;
+            assert_eq!(refused.data["error"], code, "{path}: {}", refused.to_line());
+        }
+        world.host.unwrap().stop().await;
+    });
+}
+
+/// `permission_mode: "bypass"` (allowed by the host's `config.toml`) becomes claude-agent-acp's
+/// `bypassPermissions` mode (`session/set_mode`): a shell command runs without a permission
+/// request. A model it does not offer fails the session's prompts, saying which it offers.
+#[test]
+fn claude_agent_acp_takes_the_permission_mode_and_refuses_a_model_it_lacks() {
+    let Some(rt) = in_netns(
+        Family::Claude,
+        "claude_agent_acp_takes_the_permission_mode_and_refuses_a_model_it_lacks",
+    ) else {
+        return;
+    };
+    rt.block_on(async {
+        let world = AcpWorld::start().await;
+        let created = world
+            .host()
+            .ok(
+                "session.create",
+                json!({"agent_type": "acp", "cwd": world.work.display().to_string(),
+                       "permission_mode": "bypass"}),
+            )
+            .await;
+        let session = created["session_id"].as_str().unwrap().to_owned();
+        let mut f = follow(world.host(), &session, false).await;
+        let run = world
+            .send(&session, "TOOLCALL `touch acp-bypassed && echo ran`")
+            .await;
+        let end = run_end(&mut f, &run, TURN).await;
+        assert_eq!(end["state"], "completed", "{end}");
+        assert!(
+            !f.of_run(&run)
+                .iter()
+                .any(|s| s.kind() == "permission.request"),
+            "asked in bypass mode: {:?}",
+            f.kinds()
+        );
+        assert!(world.work.join("acp-bypassed").exists());
+
+        // A model the agent does not offer: the open fails, every prompt says why, naming
+        // the models it offers.
+        let created = world
+            .host()
+            .ok(
+                "session.create",
+                json!({"agent_type": "acp", "cwd": world.work.display().to_string(),
+                       "model": "no-such-model-9"}),
+            )
+            .await;
+        let other = created["session_id"].as_str().unwrap().to_owned();
+        let mut g = follow(world.host(), &other, false).await;
+        let run = world.send(&other, "hello").await;
+        let end = run_end(&mut g, &run, TURN).await;
+        assert_eq!(end["state"], "failed", "{end}");
+        let message = end["message"].as_str().unwrap_or_default();
+        assert!(
+            message.contains("no-such-model-9")
+                && message.contains("offers:")
+                && message.contains("haiku"),
+            "{end}"
         );
         world.host.unwrap().stop().await;
     });

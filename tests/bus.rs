@@ -77,6 +77,7 @@ fn end(session: &str, item: &str) -> Event {
             truncated: None,
             item_id: Some(item.to_owned()),
             text: format!("whole text of {item}"),
+            imported: false,
         }),
     )
 }

@@ -532,3 +532,486 @@ fn a_burst_of_prompts_queues_three_and_keeps_the_order() {
         world.host.unwrap().stop().await;
     });
 }
+
+/// The tests' MCP server (`tests/mcp/probe_server.mjs`), by its absolute path.
+fn probe_server() -> String {
+    concat!(env!("CARGO_MANIFEST_DIR"), "/tests/mcp/probe_server.mjs").to_owned()
+}
+
+/// The Messages API requests the mock was sent from the `from`-th body on.
+fn model_requests(world: &World, from: usize) -> Vec<Value> {
+    let bodies = world.mock.bodies.lock().unwrap();
+    bodies
+        .iter()
+        .skip(from)
+        .filter(|b| b.get("messages").is_some())
+        .cloned()
+        .collect()
+}
+
+fn bodies_so_far(world: &World) -> usize {
+    world.mock.bodies.lock().unwrap().len()
+}
+
+/// Every content block of the user messages of a request (a string content as a text block).
+fn user_blocks(request: &Value) -> Vec<Value> {
+    request["messages"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|m| m["role"] == "user")
+        .flat_map(|m| match &m["content"] {
+            Value::String(text) => vec![json!({"type": "text", "text": text})],
+            Value::Array(blocks) => blocks.clone(),
+            _ => Vec::new(),
+        })
+        .collect()
+}
+
+/// Acceptance 1 for claude: a session created with a model, a standing prompt and the stdio
+/// probe MCP server. The mock sees the model in every request, the standing prompt in
+/// `system` and in no user message, and the probe's tool (`mcp__probe__probe`) in `tools`;
+/// the model's call of it asks permission like any tool, runs, and its answer comes back
+/// through the host.
+#[test]
+fn session_options_reach_claude_and_its_mcp_tool_runs() {
+    let Some(rt) = in_netns(
+        Family::Claude,
+        "session_options_reach_claude_and_its_mcp_tool_runs",
+    ) else {
+        return;
+    };
+    rt.block_on(async {
+        let world = World::start(Family::Claude).await;
+        let created = world
+            .host()
+            .ok(
+                "session.create",
+                json!({
+                    "agent_type": "claude",
+                    "cwd": world.work.display().to_string(),
+                    "model": "claude-test-model-x",
+                    "system_prompt": "STANDING-PROMPT-123",
+                    "mcp_servers": [{"type": "stdio", "name": "probe", "command": "node",
+                                     "args": [probe_server()]}],
+                }),
+            )
+            .await;
+        let session = created["session_id"].as_str().unwrap().to_owned();
+        let mut ws = world.follower(&session, false).await;
+
+        let first = world.turn(&mut ws, &session, "hello options").await;
+        assert_eq!(run_end_of(&ws, &first)["state"], "completed");
+        let second = world.send(&session, "MCPCALL probe hello").await;
+        let request = ws.until_kind("permission.request", TURN).await;
+        assert_eq!(request.run_id, second);
+        assert_eq!(request.event["tool"], "mcp__probe__probe");
+        assert_eq!(request.event["input"], json!({"text": "hello"}));
+        let request_id = request.event["requestId"].as_str().unwrap().to_owned();
+        world
+            .host()
+            .ok(
+                "permission.respond",
+                json!({"session_id": session, "request_id": request_id, "decision": "allow"}),
+            )
+            .await;
+        let end = run_end(&mut ws, &second, TURN).await;
+        assert_eq!(end["state"], "completed", "{end}");
+        let exec = ws
+            .of_run(&second)
+            .into_iter()
+            .find(|s| s.kind() == "tool.exec.end")
+            .map(|s| s.event.clone())
+            .expect("no tool.exec.end");
+        assert_eq!(exec["output"], "probe says: HELLO", "{exec}");
+        assert_eq!(
+            text_of_run(&ws, &second),
+            "Calling it.tool said: probe says: HELLO"
+        );
+
+        let requests = model_requests(&world, 0);
+        assert!(requests.len() >= 3, "{} requests", requests.len());
+        for request in &requests {
+            assert_eq!(request["model"], "claude-test-model-x");
+            let system = request["system"].to_string();
+            assert_eq!(
+                system.matches("STANDING-PROMPT-123").count(),
+                1,
+                "the standing prompt once in system: {system}"
+            );
+            let users = Value::Array(user_blocks(request)).to_string();
+            assert!(
+                !users.contains("STANDING-PROMPT-123"),
+                "the standing prompt in a user message: {users}"
+            );
+            let tools: Vec<&str> = request["tools"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter_map(|t| t["name"].as_str())
+                .collect();
+            assert!(tools.contains(&"mcp__probe__probe"), "{tools:?}");
+        }
+        world.host.unwrap().stop().await;
+    });
+}
+
+/// Acceptance 2 for claude: `session.set_model` between two turns is taken live (the
+/// `set_model` control request), and the second turn's requests carry the new model. The
+/// CLI's record of the change in its session file is not taken for someone else's prompt:
+/// after a host restart the session resumes, still on the new model.
+#[test]
+fn set_model_between_turns_reaches_the_next_requests() {
+    let Some(rt) = in_netns(
+        Family::Claude,
+        "set_model_between_turns_reaches_the_next_requests",
+    ) else {
+        return;
+    };
+    rt.block_on(async {
+        let mut world = World::start(Family::Claude).await;
+        let created = world
+            .host()
+            .ok(
+                "session.create",
+                json!({"agent_type": "claude", "cwd": world.work.display().to_string(),
+                       "model": "claude-test-model-x"}),
+            )
+            .await;
+        let session = created["session_id"].as_str().unwrap().to_owned();
+        let mut ws = world.follower(&session, false).await;
+        world.turn(&mut ws, &session, "first turn").await;
+        assert!(
+            model_requests(&world, 0)
+                .iter()
+                .all(|r| r["model"] == "claude-test-model-x")
+        );
+
+        let set = world
+            .host()
+            .ok(
+                "session.set_model",
+                json!({"session_id": session, "model": "claude-other-model-y"}),
+            )
+            .await;
+        assert_eq!(set["applied"], "live", "{set}");
+        assert_eq!(set["model"], "claude-other-model-y", "{set}");
+        let from = bodies_so_far(&world);
+        let second = world.turn(&mut ws, &session, "second turn").await;
+        assert_eq!(run_end_of(&ws, &second)["state"], "completed");
+        assert_eq!(
+            text_of_run(&ws, &second),
+            "echo: second turn [user turns seen: 2; first: first turn]"
+        );
+        let requests = model_requests(&world, from);
+        assert!(!requests.is_empty());
+        for request in &requests {
+            assert_eq!(request["model"], "claude-other-model-y");
+        }
+
+        // A new process (after a host restart) resumes the session on the new model.
+        world.restart().await;
+        let mut ws = world.follower(&session, false).await;
+        let from = bodies_so_far(&world);
+        let third = world.turn(&mut ws, &session, "third turn").await;
+        let end = run_end_of(&ws, &third);
+        assert_eq!(end["state"], "completed", "{end}");
+        assert_eq!(
+            text_of_run(&ws, &third),
+            "echo: third turn [user turns seen: 3; first: first turn]"
+        );
+        for request in &model_requests(&world, from) {
+            assert_eq!(request["model"], "claude-other-model-y");
+        }
+        world.host.unwrap().stop().await;
+    });
+}
+
+/// A 1x1 PNG.
+const PIXEL_PNG: &str =
+    "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAIAAACQd1PeAAAADElEQVR4nGP4z8AAAAMBAQDJ/pLvAAAAAElFTkSuQmCC";
+
+/// Acceptance 3 for claude: an image attached by path (in the cwd) and one by its bytes reach
+/// the mock as image blocks of the prompt's user message, and a text file as a document
+/// block; a path out of the cwd, a symlink out of it and a device are refused over IPC with
+/// `attachment_refused`.
+#[test]
+fn attachments_reach_claude_as_content_blocks() {
+    let Some(rt) = in_netns(Family::Claude, "attachments_reach_claude_as_content_blocks") else {
+        return;
+    };
+    rt.block_on(async {
+        use base64::Engine as _;
+        let world = World::start(Family::Claude).await;
+        let session = world.session().await;
+        let mut ws = world.follower(&session, false).await;
+        let png = base64::engine::general_purpose::STANDARD
+            .decode(PIXEL_PNG)
+            .unwrap();
+        std::fs::write(world.work.join("pixel.png"), &png).unwrap();
+
+        // The last user message of the last request of a turn: the prompt's.
+        let last_prompt = |from: usize| -> Vec<Value> {
+            let requests = model_requests(&world, from);
+            let last = requests.last().expect("no request").clone();
+            let messages = last["messages"].as_array().unwrap();
+            let prompt = messages.iter().rev().find(|m| m["role"] == "user").unwrap();
+            prompt["content"].as_array().cloned().unwrap_or_default()
+        };
+        let image_of = |blocks: &[Value]| -> Vec<Value> {
+            blocks
+                .iter()
+                .filter(|b| b["type"] == "image")
+                .map(|b| b["source"].clone())
+                .collect()
+        };
+
+        for (label, attachment) in [
+            (
+                "by path",
+                json!({"path": world.work.join("pixel.png").display().to_string()}),
+            ),
+            (
+                "by data",
+                json!({"data_base64": PIXEL_PNG, "mime": "image/png", "name": "dot.png"}),
+            ),
+        ] {
+            let from = bodies_so_far(&world);
+            let sent = world
+                .host()
+                .ok(
+                    "session.send",
+                    json!({"session_id": session, "text": format!("look {label}"),
+                           "attachments": [attachment]}),
+                )
+                .await;
+            let run = sent["run_id"].as_str().unwrap().to_owned();
+            let end = run_end(&mut ws, &run, TURN).await;
+            assert_eq!(end["state"], "completed", "{label}: {end}");
+            let blocks = last_prompt(from);
+            assert_eq!(
+                image_of(&blocks),
+                [json!({"type": "base64", "media_type": "image/png", "data": PIXEL_PNG})],
+                "{label}: {blocks:?}"
+            );
+            assert!(
+                blocks
+                    .iter()
+                    .any(|b| b["type"] == "text" && b["text"] == format!("look {label}")),
+                "{label}: {blocks:?}"
+            );
+        }
+
+        // A text file goes as a document block of its text.
+        let from = bodies_so_far(&world);
+        let notes = base64::engine::general_purpose::STANDARD.encode("DOC-TEXT-CONTENT\n");
+        let sent = world
+            .host()
+            .ok(
+                "session.send",
+                json!({"session_id": session, "text": "read the notes",
+                       "attachments": [{"data_base64": notes, "mime": "text/plain",
+                                        "name": "notes.txt"}]}),
+            )
+            .await;
+        let run = sent["run_id"].as_str().unwrap().to_owned();
+        assert_eq!(run_end(&mut ws, &run, TURN).await["state"], "completed");
+        let blocks = last_prompt(from);
+        let document = blocks
+            .iter()
+            .find(|b| b["type"] == "document")
+            .unwrap_or_else(|| panic!("no document block: {blocks:?}"));
+        assert_eq!(document["source"]["type"], "text");
+        assert_eq!(document["source"]["data"], "DOC-TEXT-CONTENT\n");
+        assert_eq!(document["title"], "notes.txt");
+
+        // Out of the cwd, a symlink out of it, a device: refused before anything is sent.
+        std::os::unix::fs::symlink("/etc/passwd", world.work.join("out.txt")).unwrap();
+        let before = bodies_so_far(&world);
+        for path in [
+            "../../etc/passwd".to_owned(),
+            world.work.join("out.txt").display().to_string(),
+            "/dev/zero".to_owned(),
+        ] {
+            let refused = world
+                .host()
+                .ipc(
+                    "session.send",
+                    json!({"session_id": session, "text": "nope",
+                           "attachments": [{"path": path}]}),
+                )
+                .await;
+            assert_eq!(refused.code, 3010, "{path}: {}", refused.to_line());
+        }
+        assert_eq!(bodies_so_far(&world), before);
+        world.host.unwrap().stop().await;
+    });
+}
+
+/// Accept-edits through the host: a file-making command runs without asking (in `ask` mode
+/// the same command asks: `permissions_are_answered_once_from_any_client`).
+#[test]
+fn accept_edits_runs_file_edits_without_asking() {
+    let Some(rt) = in_netns(
+        Family::Claude,
+        "accept_edits_runs_file_edits_without_asking",
+    ) else {
+        return;
+    };
+    rt.block_on(async {
+        let world = World::start(Family::Claude).await;
+        let created = world
+            .host()
+            .ok(
+                "session.create",
+                json!({"agent_type": "claude", "cwd": world.work.display().to_string(),
+                       "permission_mode": "accept_edits"}),
+            )
+            .await;
+        let session = created["session_id"].as_str().unwrap().to_owned();
+        let mut ws = world.follower(&session, false).await;
+        let run = world
+            .turn(
+                &mut ws,
+                &session,
+                "TOOLCALL `touch edited && echo edited-out`",
+            )
+            .await;
+        assert_eq!(run_end_of(&ws, &run)["state"], "completed");
+        let kinds: Vec<&str> = ws.of_run(&run).iter().map(|s| s.kind()).collect();
+        assert!(!kinds.contains(&"permission.request"), "{kinds:?}");
+        assert!(kinds.contains(&"tool.exec.end"), "{kinds:?}");
+        assert!(world.work.join("edited").exists());
+        world.host.unwrap().stop().await;
+    });
+}
+
+/// The driver alone, with the real CLI: `bypass` (with `IS_SANDBOX=1`, which a root user's
+/// environment must carry; the host never sets it) runs tools without asking, and MCP
+/// servers over HTTP and SSE (the probe in `--http` mode) give the model their tools.
+#[test]
+fn bypass_and_http_and_sse_mcp_servers_work_in_the_driver() {
+    use agent_host::adapter::spawn::filter_env;
+    use agent_host::adapter::{AgentOutput, Native, OpenSpec, claude_process};
+    use agent_host::protocol::events::EventBody;
+    use agent_host::protocol::options::{McpServer, PermissionMode, SessionOptions};
+    use tokio::io::AsyncBufReadExt;
+
+    let Some(rt) = in_netns(
+        Family::Claude,
+        "bypass_and_http_and_sse_mcp_servers_work_in_the_driver",
+    ) else {
+        return;
+    };
+    rt.block_on(async {
+        let mock = common::mock_model::MockModel::start(0).await.unwrap();
+        let home = tempfile::tempdir().unwrap();
+        let work = home.path().join("work");
+        std::fs::create_dir(&work).unwrap();
+        let mut probe = tokio::process::Command::new("node")
+            .arg(probe_server())
+            .arg("--http")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let mut out = tokio::io::BufReader::new(probe.stdout.take().unwrap()).lines();
+        let line = tokio::time::timeout(TURN, out.next_line())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        let port: u16 = line.strip_prefix("listening ").unwrap().parse().unwrap();
+        let spec = OpenSpec {
+            program: Family::Claude.binary(),
+            args: Vec::new(),
+            cwd: work.clone(),
+            base_env: filter_env(common::agents::agent_env(home.path(), &mock)),
+            extra_env: vec![("IS_SANDBOX".to_owned(), "1".to_owned())],
+            host_session_id: "host-options".to_owned(),
+            home: None,
+            native: Native::New(uuid::Uuid::new_v4().to_string()),
+            options: SessionOptions {
+                mcp_servers: vec![
+                    McpServer::Http {
+                        name: "hp".to_owned(),
+                        url: format!("http://127.0.0.1:{port}/mcp"),
+                        headers: Vec::new(),
+                    },
+                    McpServer::Sse {
+                        name: "sp".to_owned(),
+                        url: format!("http://127.0.0.1:{port}/sse"),
+                        headers: Vec::new(),
+                    },
+                ],
+                permission_mode: Some(PermissionMode::Bypass),
+                ..SessionOptions::default()
+            },
+        };
+        let mut agent = tokio::spawn(async move { claude_process::open(spec) })
+            .await
+            .unwrap()
+            .unwrap();
+        let mut turn = async |text: &str| -> Vec<EventBody> {
+            agent
+                .send(text, &uuid::Uuid::new_v4().to_string())
+                .await
+                .unwrap();
+            let mut events = Vec::new();
+            loop {
+                let next = tokio::time::timeout(TURN, agent.events.recv())
+                    .await
+                    .expect("the turn did not end")
+                    .expect("the driver ended");
+                if let AgentOutput::Event(event) = next {
+                    let end = matches!(event, EventBody::RunEnd(_));
+                    events.push(event);
+                    if end {
+                        return events;
+                    }
+                }
+            }
+        };
+        for (text, said) in [
+            ("MCPCALL hp__probe via-http", "probe says: VIA-HTTP"),
+            ("MCPCALL sp__probe via-sse", "probe says: VIA-SSE"),
+            ("TOOLCALL `touch ../bypassed && echo bypassed`", "bypassed"),
+        ] {
+            let events = turn(text).await;
+            assert!(
+                !events
+                    .iter()
+                    .any(|e| matches!(e, EventBody::PermissionRequest(_))),
+                "{text}: {events:?}"
+            );
+            let output = events.iter().find_map(|e| match e {
+                EventBody::ToolExecEnd(t) => Some(t.output.clone()),
+                _ => None,
+            });
+            assert_eq!(output.as_deref(), Some(said), "{text}: {events:?}");
+            assert!(
+                matches!(events.last(), Some(EventBody::RunEnd(e)) if e.state == agent_host::protocol::events::RunState::Completed),
+                "{text}: {events:?}"
+            );
+        }
+        assert!(home.path().join("bypassed").exists());
+        let first = mock
+            .bodies
+            .lock()
+            .unwrap()
+            .iter()
+            .find(|b| b.get("tools").is_some())
+            .cloned()
+            .unwrap();
+        let tools: Vec<String> = first["tools"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|t| t["name"].as_str().map(str::to_owned))
+            .collect();
+        assert!(tools.contains(&"mcp__hp__probe".to_owned()), "{tools:?}");
+        assert!(tools.contains(&"mcp__sp__probe".to_owned()), "{tools:?}");
+        drop(probe.stdin.take());
+    });
+}

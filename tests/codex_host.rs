@@ -507,3 +507,737 @@ fn codex_a_command_the_sandbox_denies_is_a_failed_tool_call() {
         world.host.unwrap().stop().await;
     });
 }
+
+/// Issue 18, through the driver (`codex_process::open` with `OpenSpec.options`, as the host
+/// opens it): what the real app-server does with a session's options and attachments.
+mod options {
+    use std::path::Path;
+    use std::time::Duration;
+
+    use agent_host::adapter::{
+        AgentOutput, AgentSession, ModelSwitch, Native, OpenSpec, codex_process,
+    };
+    use agent_host::protocol::events::{EventBody, PermissionRequest, RunState};
+    use agent_host::protocol::options::{
+        Attachment, AttachmentKind, McpServer, PermissionMode, SessionOptions,
+    };
+    use serde_json::Value;
+
+    use super::common::agents::{codex_env, ensure_codex, write_codex_config};
+    use super::common::mock_model::MockModel;
+    use super::common::world::TURN;
+
+    /// A 2×2 red PNG.
+    pub const PNG: [u8; 73] = [
+        0x89, 0x50, 0x4e, 0x47, 0x0d, 0x0a, 0x1a, 0x0a, 0x00, 0x00, 0x00, 0x0d, 0x49, 0x48, 0x44,
+        0x52, 0x00, 0x00, 0x00, 0x02, 0x00, 0x00, 0x00, 0x02, 0x08, 0x02, 0x00, 0x00, 0x00, 0xfd,
+        0xd4, 0x9a, 0x73, 0x00, 0x00, 0x00, 0x10, 0x49, 0x44, 0x41, 0x54, 0x78, 0x9c, 0x63, 0xf8,
+        0xcf, 0xc0, 0x00, 0x44, 0x0c, 0x10, 0x0a, 0x00, 0x1f, 0xee, 0x03, 0xfd, 0x8b, 0x5f, 0x14,
+        0xd4, 0x00, 0x00, 0x00, 0x00, 0x49, 0x45, 0x4e, 0x44, 0xae, 0x42, 0x60, 0x82,
+    ];
+
+    /// The standing prompt the tests give.
+    pub const STANDING: &str = "STANDING-PROMPT-123";
+
+    /// The tests' MCP server (`tests/mcp/probe_server.mjs`) as a stdio server named `probe`.
+    pub fn probe_server() -> McpServer {
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/mcp/probe_server.mjs");
+        McpServer::Stdio {
+            name: "probe".to_owned(),
+            command: "node".to_owned(),
+            args: vec![script.to_str().unwrap().to_owned()],
+            env: Vec::new(),
+        }
+    }
+
+    /// The tests' MCP server over streamable HTTP (`tests/mcp/probe_http_server.mjs`) on a
+    /// free loopback port, logging what it is sent to `log`: the process (killed when
+    /// dropped) and its URL.
+    pub async fn http_probe(log: &Path) -> (tokio::process::Child, String) {
+        use tokio::io::AsyncBufReadExt;
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/mcp/probe_http_server.mjs");
+        let mut child = tokio::process::Command::new("node")
+            .arg(script)
+            .env("PROBE_LOG", log)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let mut line = String::new();
+        tokio::time::timeout(
+            Duration::from_secs(10),
+            tokio::io::BufReader::new(stdout).read_line(&mut line),
+        )
+        .await
+        .expect("the HTTP probe did not start")
+        .unwrap();
+        let port = line.trim().strip_prefix("listening ").unwrap().to_owned();
+        (child, format!("http://127.0.0.1:{port}/mcp"))
+    }
+
+    /// The real app-server opened by the host's driver with `options`, against the mock.
+    pub struct Driven {
+        pub mock: MockModel,
+        pub home: tempfile::TempDir,
+        pub session: AgentSession,
+    }
+
+    /// One turn's outputs, and the permission requests it asked (each answered with
+    /// `allow`).
+    pub struct Turn {
+        pub outputs: Vec<AgentOutput>,
+        pub asked: Vec<PermissionRequest>,
+    }
+
+    impl Turn {
+        pub fn text(&self) -> String {
+            self.outputs
+                .iter()
+                .filter_map(|o| match o {
+                    AgentOutput::Event(EventBody::TextEnd(end)) => Some(end.text.as_str()),
+                    _ => None,
+                })
+                .collect::<Vec<_>>()
+                .join("\n")
+        }
+
+        /// The thread id `session.bound` named.
+        pub fn thread(&self) -> Option<String> {
+            self.outputs.iter().find_map(|o| match o {
+                AgentOutput::Event(EventBody::SessionBound(b)) => Some(b.native_session_id.clone()),
+                _ => None,
+            })
+        }
+
+        pub fn state(&self) -> Option<RunState> {
+            self.outputs.iter().find_map(|o| match o {
+                AgentOutput::Event(EventBody::RunEnd(end)) => Some(end.state),
+                _ => None,
+            })
+        }
+    }
+
+    impl Driven {
+        pub async fn open(options: SessionOptions) -> Driven {
+            let mock = MockModel::start(0).await.unwrap();
+            let home = tempfile::tempdir().unwrap();
+            std::fs::create_dir(home.path().join("work")).unwrap();
+            write_codex_config(&home.path().join(".codex"), &mock);
+            Driven::reopen(mock, home, Native::New("n1".into()), options)
+        }
+
+        /// A new app-server on the same home and mock, opening `native` with `options`.
+        pub fn reopen(
+            mock: MockModel,
+            home: tempfile::TempDir,
+            native: Native,
+            options: SessionOptions,
+        ) -> Driven {
+            let session = codex_process::open(OpenSpec {
+                program: ensure_codex(),
+                args: Vec::new(),
+                cwd: home.path().join("work"),
+                // Unfiltered: the provider's key variable must reach Codex.
+                base_env: codex_env(home.path(), &mock),
+                extra_env: Vec::new(),
+                host_session_id: "host-options".into(),
+                home: None,
+                native,
+                options,
+            })
+            .unwrap();
+            Driven {
+                mock,
+                home,
+                session,
+            }
+        }
+
+        /// Close the app-server; the mock and the home stay for [`Driven::reopen`].
+        pub async fn closed(self) -> (MockModel, tempfile::TempDir) {
+            let Driven {
+                mock,
+                home,
+                session,
+            } = self;
+            session.close(Duration::from_secs(5)).await;
+            (mock, home)
+        }
+
+        /// Send a prompt and collect through its run's end, answering every permission
+        /// request `allow` (or `deny`, with `allow` false).
+        pub async fn turn(&mut self, text: &str, attachments: &[Attachment], allow: bool) -> Turn {
+            let id = format!("run-{}", self.mock.bodies.lock().unwrap().len());
+            self.session
+                .send_with(text, &id, attachments)
+                .await
+                .unwrap();
+            let mut outputs = Vec::new();
+            let mut asked = Vec::new();
+            loop {
+                let next = tokio::time::timeout(TURN, self.session.events.recv())
+                    .await
+                    .expect("codex went silent")
+                    .expect("the driver ended");
+                if let AgentOutput::Event(EventBody::PermissionRequest(request)) = &next {
+                    self.session
+                        .respond_permission(&request.request_id, allow, &request.input, None)
+                        .await
+                        .unwrap();
+                    asked.push(request.clone());
+                }
+                let end = matches!(next, AgentOutput::Event(EventBody::RunEnd(_)));
+                outputs.push(next);
+                if end {
+                    break;
+                }
+            }
+            Turn { outputs, asked }
+        }
+
+        /// The Responses API requests the mock was sent.
+        pub fn bodies(&self) -> Vec<Value> {
+            self.mock
+                .bodies
+                .lock()
+                .unwrap()
+                .iter()
+                .filter(|b| b.get("input").is_some())
+                .cloned()
+                .collect()
+        }
+
+        pub async fn close(self) {
+            self.session.close(Duration::from_secs(5)).await;
+        }
+    }
+
+    /// The texts of a request's `input` messages of `role`.
+    pub fn texts_of(body: &Value, role: &str) -> Vec<String> {
+        body["input"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|i| i["role"] == role)
+            .flat_map(|i| i["content"].as_array().cloned().unwrap_or_default())
+            .filter_map(|p| p["text"].as_str().map(str::to_owned))
+            .collect()
+    }
+
+    /// The image parts (`input_image`) of a request's user messages.
+    pub fn images_of(body: &Value) -> Vec<Value> {
+        body["input"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|i| i["role"] == "user")
+            .flat_map(|i| i["content"].as_array().cloned().unwrap_or_default())
+            .filter(|p| p["type"] == "input_image")
+            .collect()
+    }
+
+    /// The tool names a request offers, a namespace's as `<namespace>__<name>`.
+    pub fn tools_of(body: &Value) -> Vec<String> {
+        let mut names = Vec::new();
+        for tool in body["tools"].as_array().into_iter().flatten() {
+            let name = tool["name"].as_str().unwrap_or_default();
+            match tool["tools"].as_array() {
+                Some(inner) => names.extend(
+                    inner
+                        .iter()
+                        .filter_map(|t| t["name"].as_str())
+                        .map(|t| format!("{name}__{t}")),
+                ),
+                None => names.push(name.to_owned()),
+            }
+        }
+        names
+    }
+
+    /// An image attachment as the host hands it to a driver: its copy at `path`.
+    pub fn image_at(path: &Path) -> Attachment {
+        std::fs::write(path, PNG).unwrap();
+        Attachment {
+            name: "red.png".to_owned(),
+            mime: "image/png".to_owned(),
+            kind: AttachmentKind::Image,
+            bytes: PNG.len() as u64,
+            sha256: String::new(),
+            path: path.to_owned(),
+        }
+    }
+
+    pub fn with_all(mode: Option<PermissionMode>) -> SessionOptions {
+        SessionOptions {
+            model: Some("mock-model-b".to_owned()),
+            system_prompt: Some(STANDING.to_owned()),
+            mcp_servers: vec![probe_server()],
+            permission_mode: mode,
+        }
+    }
+
+    /// The model switch the driver answered.
+    pub async fn switch(driven: &Driven, model: &str) -> ModelSwitch {
+        driven.session.set_model(model).await.unwrap()
+    }
+}
+
+/// Acceptance 1 (driver side): the model, the standing prompt and a stdio MCP server reach
+/// the model as Codex's own: every request names `mock-model-b` and offers the probe tool
+/// (namespace `mcp__probe`), and holds the standing prompt once, as a developer message, in no
+/// user message; the MCP call is asked (`permission.request` for `mcp__probe__probe`), runs
+/// once allowed, and its result comes back in the turn's text. With the tool denied, it does
+/// not run.
+#[test]
+fn codex_driver_maps_model_prompt_and_mcp_server() {
+    let Some(rt) = in_netns(
+        Family::Codex,
+        "codex_driver_maps_model_prompt_and_mcp_server",
+    ) else {
+        return;
+    };
+    rt.block_on(async {
+        let mut codex = options::Driven::open(options::with_all(None)).await;
+        let first = codex.turn("hello", &[], true).await;
+        assert_eq!(
+            first.state(),
+            Some(agent_host::protocol::events::RunState::Completed)
+        );
+        let second = codex.turn("MCPCALL probe hello", &[], true).await;
+        assert_eq!(second.asked.len(), 1, "{:#?}", second.outputs);
+        let asked = &second.asked[0];
+        assert_eq!(asked.tool, "mcp__probe__probe", "{asked:?}");
+        assert_eq!(asked.input, json!({"text": "hello"}));
+        assert!(
+            second.text().contains("tool said: probe says: HELLO"),
+            "{}",
+            second.text()
+        );
+        let denied = codex.turn("MCPCALL probe never", &[], false).await;
+        assert_eq!(denied.asked.len(), 1, "{:#?}", denied.outputs);
+        assert!(!denied.text().contains("NEVER"), "{}", denied.text());
+        let bodies = codex.bodies();
+        assert!(bodies.len() >= 5, "{}", bodies.len());
+        for body in &bodies {
+            assert_eq!(body["model"], "mock-model-b");
+            let developer = options::texts_of(body, "developer");
+            let standing = developer.iter().filter(|t| *t == options::STANDING).count();
+            assert_eq!(standing, 1, "{developer:#?}");
+            let users = options::texts_of(body, "user");
+            assert!(
+                users.iter().all(|t| !t.contains(options::STANDING)),
+                "{users:#?}"
+            );
+            assert!(body.to_string().matches(options::STANDING).count() == 1);
+            let tools = options::tools_of(body);
+            assert!(tools.contains(&"mcp__probe__probe".to_owned()), "{tools:?}");
+        }
+        codex.close().await;
+    });
+}
+
+/// Acceptance 2 (driver side): `set_model` between two turns is Codex's per-turn override:
+/// the driver says `next_turn`, and the second turn's request (and the next one's) names the
+/// new model.
+#[test]
+fn codex_driver_set_model_applies_to_the_next_turn() {
+    let Some(rt) = in_netns(
+        Family::Codex,
+        "codex_driver_set_model_applies_to_the_next_turn",
+    ) else {
+        return;
+    };
+    rt.block_on(async {
+        let mut codex = options::Driven::open(agent_host::protocol::options::SessionOptions {
+            model: Some("mock-model-b".to_owned()),
+            ..Default::default()
+        })
+        .await;
+        codex.turn("one", &[], true).await;
+        assert_eq!(
+            options::switch(&codex, "mock-model-c").await,
+            agent_host::adapter::ModelSwitch::NextTurn
+        );
+        let second = codex.turn("two", &[], true).await;
+        assert!(
+            second.text().contains("echo: two [user turns seen: 2"),
+            "{}",
+            second.text()
+        );
+        codex.turn("three", &[], true).await;
+        let models: Vec<Value> = codex.bodies().iter().map(|b| b["model"].clone()).collect();
+        assert_eq!(
+            models,
+            [
+                json!("mock-model-b"),
+                json!("mock-model-c"),
+                json!("mock-model-c")
+            ]
+        );
+        codex.close().await;
+    });
+}
+
+/// Acceptance 3 (driver side): an image attachment goes with the prompt as a `localImage`
+/// input, and the mock sees it as an `input_image` (a PNG data URL of the bytes) in that
+/// turn's user message, next to the prompt's text.
+#[test]
+fn codex_driver_sends_an_image_as_input_image() {
+    let Some(rt) = in_netns(Family::Codex, "codex_driver_sends_an_image_as_input_image") else {
+        return;
+    };
+    rt.block_on(async {
+        let mut codex = options::Driven::open(Default::default()).await;
+        let image = options::image_at(&codex.home.path().join("red.png"));
+        let turn = codex.turn("what is this", &[image], true).await;
+        assert!(
+            turn.text()
+                .contains("echo: what is this [user turns seen: 1"),
+            "{}",
+            turn.text()
+        );
+        let bodies = codex.bodies();
+        let images = options::images_of(&bodies[0]);
+        assert_eq!(images.len(), 1, "{:#}", bodies[0]["input"]);
+        use base64::Engine as _;
+        let expected = format!(
+            "data:image/png;base64,{}",
+            base64::engine::general_purpose::STANDARD.encode(options::PNG)
+        );
+        assert_eq!(images[0]["image_url"], expected.as_str());
+        codex.close().await;
+    });
+}
+
+/// `bypass` is approval `never` + sandbox `danger-full-access`: a command writing outside the
+/// workspace and an MCP tool call both run with nothing asked.
+#[test]
+fn codex_driver_bypass_asks_nothing() {
+    let Some(rt) = in_netns(Family::Codex, "codex_driver_bypass_asks_nothing") else {
+        return;
+    };
+    rt.block_on(async {
+        use agent_host::protocol::options::PermissionMode;
+        let mut codex =
+            options::Driven::open(options::with_all(Some(PermissionMode::Bypass))).await;
+        let outside = codex.home.path().join("outside");
+        let prompt = format!("TOOLCALL `touch {} && echo bypassed`", outside.display());
+        let shell = codex.turn(&prompt, &[], false).await;
+        assert!(shell.asked.is_empty(), "{:#?}", shell.asked);
+        assert!(outside.exists(), "{:#?}", shell.outputs);
+        let mcp = codex.turn("MCPCALL probe quiet", &[], false).await;
+        assert!(mcp.asked.is_empty(), "{:#?}", mcp.asked);
+        assert!(mcp.text().contains("probe says: QUIET"), "{}", mcp.text());
+        codex.close().await;
+    });
+}
+
+/// Issue 18 acceptance 1 (Codex, through the whole host): a session created with a model, a
+/// standing prompt and the probe MCP server — every request the mock sees names the model,
+/// holds the standing prompt once as a developer message (never in a user message), and
+/// offers the probe tool; the MCP call is asked of a client (`permission.request` for
+/// `mcp__probe__probe`), runs once allowed, and its result comes back in the run's text.
+/// What Codex cannot honour is refused at create: `accept_edits`, an SSE MCP server.
+#[test]
+fn codex_session_options_reach_the_model() {
+    let Some(rt) = in_netns(Family::Codex, "codex_session_options_reach_the_model") else {
+        return;
+    };
+    rt.block_on(async {
+        let world = World::start(Family::Codex).await;
+        let cwd = world.work.display().to_string();
+        let probe = serde_json::to_value(options::probe_server()).unwrap();
+        let created = world
+            .host()
+            .ok(
+                "session.create",
+                json!({"agent_type": "codex", "cwd": cwd, "model": "mock-model-b",
+                       "system_prompt": options::STANDING, "mcp_servers": [probe]}),
+            )
+            .await;
+        let session = created["session_id"].as_str().unwrap().to_owned();
+        let mut ws = world.follower(&session, false).await;
+        let first = world.send(&session, "hello").await;
+        assert_eq!(run_end(&mut ws, &first, TURN).await["state"], "completed");
+        let second = world.send(&session, "MCPCALL probe hello").await;
+        let request = ws.until_kind("permission.request", TURN).await;
+        assert_eq!(request.run_id, second);
+        assert_eq!(
+            request.event["tool"], "mcp__probe__probe",
+            "{}",
+            request.event
+        );
+        assert_eq!(request.event["input"], json!({"text": "hello"}));
+        ws.ok(
+            "permission.respond",
+            json!({"session_id": session, "request_id": request.event["requestId"],
+                   "decision": "allow"}),
+        )
+        .await;
+        assert_eq!(run_end(&mut ws, &second, TURN).await["state"], "completed");
+        let said = text_of_run(&ws, &second);
+        assert!(said.contains("tool said: probe says: HELLO"), "{said}");
+
+        let bodies: Vec<Value> = world.mock.bodies.lock().unwrap().clone();
+        assert!(bodies.len() >= 3, "{}", bodies.len());
+        for body in &bodies {
+            assert_eq!(body["model"], "mock-model-b");
+            let developer = options::texts_of(body, "developer");
+            assert_eq!(
+                developer.iter().filter(|t| *t == options::STANDING).count(),
+                1,
+                "{developer:#?}"
+            );
+            assert_eq!(body.to_string().matches(options::STANDING).count(), 1);
+            let users = options::texts_of(body, "user");
+            assert!(
+                users.iter().all(|t| !t.contains(options::STANDING)),
+                "{users:#?}"
+            );
+            let tools = options::tools_of(body);
+            assert!(tools.contains(&"mcp__probe__probe".to_owned()), "{tools:?}");
+        }
+
+        for (option, value) in [
+            ("permission_mode", json!("accept_edits")),
+            (
+                "mcp_servers",
+                json!([{"type": "sse", "name": "s", "url": "http://127.0.0.1:9/sse"}]),
+            ),
+        ] {
+            let mut params = json!({"agent_type": "codex", "cwd": cwd});
+            params[option] = value;
+            let refused = world.host().ipc("session.create", params).await;
+            assert_eq!(refused.code, 3008, "{option}: {}", refused.to_line());
+            assert_eq!(refused.data["error"], "option_unsupported");
+        }
+        world.host.unwrap().stop().await;
+    });
+}
+
+/// Issue 18 acceptance 2 (Codex): `session.set_model` between two turns is applied on the
+/// next turn (Codex's per-turn override): the mock sees the new model on the second turn's
+/// request.
+#[test]
+fn codex_set_model_between_turns() {
+    let Some(rt) = in_netns(Family::Codex, "codex_set_model_between_turns") else {
+        return;
+    };
+    rt.block_on(async {
+        let world = World::start(Family::Codex).await;
+        let created = world
+            .host()
+            .ok(
+                "session.create",
+                json!({"agent_type": "codex", "cwd": world.work.display().to_string(),
+                       "model": "mock-model-b"}),
+            )
+            .await;
+        let session = created["session_id"].as_str().unwrap().to_owned();
+        let mut ws = world.follower(&session, false).await;
+        world.turn(&mut ws, &session, "one").await;
+        let switched = world
+            .host()
+            .ok(
+                "session.set_model",
+                json!({"session_id": session, "model": "mock-model-c"}),
+            )
+            .await;
+        assert_eq!(switched["applied"], "next_turn", "{switched}");
+        assert_eq!(switched["model"], "mock-model-c", "{switched}");
+        let second = world.turn(&mut ws, &session, "two").await;
+        assert!(
+            text_of_run(&ws, &second).contains("echo: two [user turns seen: 2"),
+            "{}",
+            text_of_run(&ws, &second)
+        );
+        let models: Vec<Value> = world
+            .mock
+            .bodies
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|b| b["model"].clone())
+            .collect();
+        assert_eq!(models, [json!("mock-model-b"), json!("mock-model-c")]);
+        world.host.unwrap().stop().await;
+    });
+}
+
+/// Issue 18 acceptance 3 (Codex): an image attached to `session.send` reaches the mock as an
+/// `input_image` of its bytes in that turn's user message; `../../etc/passwd`, a symlink out
+/// of the cwd and `/dev/zero` are refused (`attachment_refused`), and a file attachment is
+/// not Codex's to take (`option_unsupported`).
+#[test]
+fn codex_image_attachment_reaches_the_model() {
+    let Some(rt) = in_netns(Family::Codex, "codex_image_attachment_reaches_the_model") else {
+        return;
+    };
+    rt.block_on(async {
+        let world = World::start(Family::Codex).await;
+        let session = world.session().await;
+        let mut ws = world.follower(&session, false).await;
+        std::fs::write(world.work.join("red.png"), options::PNG).unwrap();
+        let sent = world
+            .host()
+            .ok(
+                "session.send",
+                json!({"session_id": session, "text": "what is this",
+                       "attachments": [{"path": "red.png"}]}),
+            )
+            .await;
+        let run = sent["run_id"].as_str().unwrap().to_owned();
+        assert_eq!(run_end(&mut ws, &run, TURN).await["state"], "completed");
+        assert!(
+            text_of_run(&ws, &run).contains("echo: what is this [user turns seen: 1"),
+            "{}",
+            text_of_run(&ws, &run)
+        );
+        let bodies: Vec<Value> = world.mock.bodies.lock().unwrap().clone();
+        let images = options::images_of(&bodies[0]);
+        assert_eq!(images.len(), 1, "{:#}", bodies[0]["input"]);
+        use base64::Engine as _;
+        let expected = format!(
+            "data:image/png;base64,{}",
+            base64::engine::general_purpose::STANDARD.encode(options::PNG)
+        );
+        assert_eq!(images[0]["image_url"], expected.as_str());
+
+        let outside = world.dir.path().join("secret.png");
+        std::fs::write(&outside, options::PNG).unwrap();
+        std::os::unix::fs::symlink(&outside, world.work.join("link.png")).unwrap();
+        for (attachment, error) in [
+            (json!({"path": "../../etc/passwd"}), "attachment_refused"),
+            (json!({"path": "link.png"}), "attachment_refused"),
+            (json!({"path": "/dev/zero"}), "attachment_refused"),
+            (
+                json!({"data_base64": "aGVsbG8=", "mime": "text/plain", "name": "a.txt"}),
+                "option_unsupported",
+            ),
+        ] {
+            let refused = world
+                .host()
+                .ipc(
+                    "session.send",
+                    json!({"session_id": session, "text": "no", "attachments": [attachment]}),
+                )
+                .await;
+            assert_eq!(
+                refused.data["error"],
+                error,
+                "{attachment}: {}",
+                refused.to_line()
+            );
+        }
+        assert_eq!(world.mock.bodies.lock().unwrap().len(), bodies.len());
+        world.host.unwrap().stop().await;
+    });
+}
+
+/// An MCP server over streamable HTTP is a `config` override with its `url` and
+/// `http_headers`: Codex connects to it (the headers on every request), offers its tool
+/// (namespace `mcp__<name>`), asks before calling it, and the result comes back.
+#[test]
+fn codex_driver_maps_an_http_mcp_server() {
+    let Some(rt) = in_netns(Family::Codex, "codex_driver_maps_an_http_mcp_server") else {
+        return;
+    };
+    rt.block_on(async {
+        use agent_host::protocol::options::{Header, McpServer, SessionOptions};
+        let logs = tempfile::tempdir().unwrap();
+        let log = logs.path().join("http.log");
+        let (_server, url) = options::http_probe(&log).await;
+        let mut codex = options::Driven::open(SessionOptions {
+            model: Some("mock-model-b".to_owned()),
+            mcp_servers: vec![McpServer::Http {
+                name: "web".to_owned(),
+                url,
+                headers: vec![Header {
+                    name: "X-Probe".to_owned(),
+                    value: "yes".to_owned(),
+                }],
+            }],
+            ..Default::default()
+        })
+        .await;
+        let turn = codex.turn("MCPCALL probe over http", &[], true).await;
+        assert_eq!(turn.asked.len(), 1, "{:#?}", turn.outputs);
+        assert_eq!(turn.asked[0].tool, "mcp__web__probe");
+        assert!(
+            turn.text().contains("tool said: probe says: OVER HTTP"),
+            "{}",
+            turn.text()
+        );
+        let tools = options::tools_of(&codex.bodies()[0]);
+        assert!(tools.contains(&"mcp__web__probe".to_owned()), "{tools:?}");
+        let logged: Vec<Value> = std::fs::read_to_string(&log)
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        let methods: Vec<&str> = logged
+            .iter()
+            .filter_map(|l| l["message"]["method"].as_str())
+            .collect();
+        assert!(methods.contains(&"tools/call"), "{methods:?}");
+        assert!(
+            logged.iter().all(|l| l["headers"]["x-probe"] == "yes"),
+            "{logged:#?}"
+        );
+        codex.close().await;
+    });
+}
+
+/// What a resume does with changed options (evidence for the binding's "reconfigured" rule):
+/// the model and the MCP servers `thread/resume` carries take effect, and so they do on
+/// `thread/fork`; the developer instructions do not — Codex keeps the thread's own (the
+/// first thread/start's) and the new standing prompt never reaches the model.
+#[test]
+fn codex_resume_applies_a_new_model_and_mcp_servers_but_keeps_the_threads_prompt() {
+    let Some(rt) = in_netns(
+        Family::Codex,
+        "codex_resume_applies_a_new_model_and_mcp_servers_but_keeps_the_threads_prompt",
+    ) else {
+        return;
+    };
+    rt.block_on(async {
+        use agent_host::adapter::Native;
+        use agent_host::protocol::options::SessionOptions;
+        let mut first = options::Driven::open(SessionOptions {
+            model: Some("mock-model-b".to_owned()),
+            system_prompt: Some(options::STANDING.to_owned()),
+            ..Default::default()
+        })
+        .await;
+        let opened = first.turn("one", &[], true).await;
+        let thread = opened.thread().unwrap();
+        let (mut mock, mut home) = first.closed().await;
+        let changed = SessionOptions {
+            model: Some("mock-model-c".to_owned()),
+            system_prompt: Some("NEW-PROMPT-456".to_owned()),
+            mcp_servers: vec![options::probe_server()],
+            permission_mode: None,
+        };
+        for native in [Native::Resume(thread.clone()), Native::Fork(thread.clone())] {
+            let fork = matches!(native, Native::Fork(_));
+            let before = mock.bodies.lock().unwrap().len();
+            let mut again = options::Driven::reopen(mock, home, native, changed.clone());
+            let turn = again.turn("MCPCALL probe again", &[], true).await;
+            assert!(
+                turn.text().contains("tool said: probe says: AGAIN"),
+                "fork {fork}: {}",
+                turn.text()
+            );
+            let bodies = again.bodies();
+            for body in &bodies[before..] {
+                assert_eq!(body["model"], "mock-model-c", "fork {fork}");
+                let text = body.to_string();
+                assert_eq!(text.matches(options::STANDING).count(), 1, "fork {fork}");
+                assert_eq!(text.matches("NEW-PROMPT-456").count(), 0, "fork {fork}");
+            }
+            (mock, home) = again.closed().await;
+        }
+    });
+}

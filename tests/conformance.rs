@@ -736,9 +736,12 @@ fn resume_wrong_workspace_rejected(ctx: &mut Ctx) -> Pin<Box<dyn Future<Output =
         check(reply.code != 0, || {
             format!("imported into another workspace: {}", reply.to_line())
         })?;
-        check(reply.data["reason"] == "binding_mismatch", || {
-            reply.to_line()
-        })?;
+        check(
+            reply.code == 3012
+                && reply.data["error"] == "binding_mismatch"
+                && reply.data["reason"] == "native_session_elsewhere",
+            || reply.to_line(),
+        )?;
         // In its own workspace the same import is fine.
         let row = ctx
             .host()

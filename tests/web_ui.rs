@@ -434,6 +434,8 @@ fn big_run(session: &str, cwd: &Path, i: usize) -> Vec<Event> {
                 client_msg_id: None,
                 steer: false,
                 from: None,
+                imported: false,
+                attachments: Vec::new(),
             }),
         ),
         ev(
@@ -457,6 +459,7 @@ fn big_run(session: &str, cwd: &Path, i: usize) -> Vec<Event> {
                 item_id: item(0),
                 text: first,
                 truncated: None,
+                imported: false,
             }),
         ),
         ev(
@@ -499,6 +502,7 @@ fn big_run(session: &str, cwd: &Path, i: usize) -> Vec<Event> {
                 item_id: item(1),
                 text: format!("The {name} call of step {i} went through."),
                 truncated: None,
+                imported: false,
             }),
         ),
         ev(&run, EventBody::TextStart(BlockStart { item_id: item(2) })),
@@ -508,6 +512,7 @@ fn big_run(session: &str, cwd: &Path, i: usize) -> Vec<Event> {
                 item_id: item(2),
                 text: answer,
                 truncated: None,
+                imported: false,
             }),
         ),
         ev(

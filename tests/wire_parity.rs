@@ -182,6 +182,8 @@ fn normalize(value: &Value, cwd: &str) -> Value {
         "updated_at_ms",
         "last_activity_ms",
         "ended_at_ms",
+        // When a session's binding was recorded.
+        "recorded_at_ms",
         "since",
         "since_ms",
         "started_at",
@@ -251,6 +253,7 @@ fn typed(t: Transport, command: &str, reply: &Reply) {
     }
     match command {
         "session.create" | "session.import" => check::<r::SessionCreated>(t, command, reply),
+        "session.discover" => check::<r::SessionsDiscovered>(t, command, reply),
         "session.get" => check::<r::SessionDetail>(t, command, reply),
         "session.list" => check::<r::SessionPage>(t, command, reply),
         "session.rename" => check::<r::SessionRenamed>(t, command, reply),
@@ -259,6 +262,7 @@ fn typed(t: Transport, command: &str, reply: &Reply) {
         "session.send" => check::<r::SendReceipt>(t, command, reply),
         "session.cancel" | "queue.remove" => check::<r::CancelReceipt>(t, command, reply),
         "session.steer" => check::<r::SteerReceipt>(t, command, reply),
+        "session.set_model" => check::<r::ModelSet>(t, command, reply),
         "queue.edit" => check::<r::QueueEdited>(t, command, reply),
         "queue.move" => check::<r::QueueOrder>(t, command, reply),
         "queue.clear" => check::<r::QueueCleared>(t, command, reply),
@@ -372,10 +376,25 @@ async fn script_for(c: &mut Clients, t: Transport, cwd: &Path) -> Vec<(String, V
     assert_eq!(steered.code, 0, "{t:?}: {}", steered.to_line());
     let steered_run = steered.data["run_id"].as_str().unwrap().to_owned();
     assert_eq!(c.run_end(&steered_run).await, c.sender(t), "{t:?}");
+    // The model, between turns (whatever the agent can do with it, alike everywhere), and a
+    // model name that is not one.
+    step!(
+        "session.set_model",
+        json!({"session_id": s, "model": "model-2"})
+    );
+    step!(
+        "session.set_model",
+        json!({"session_id": s, "model": "two words"})
+    );
     let forked = step!("session.fork", json!({"session_id": s}));
     let imported = step!(
         "session.import",
         json!({"agent_type": "fake", "native_session_id": "n-1", "cwd": dir})
+    );
+    // The fake agent keeps no files: the same refusal everywhere.
+    step!(
+        "session.discover",
+        json!({"agent_type": "fake", "cwd": dir})
     );
     // What they made goes, so every transport starts its next step from the same state.
     for made in [forked, imported] {
@@ -490,6 +509,7 @@ async fn every_wire_command_answers_alike_on_every_transport() {
     assert_eq!(code_of("queue.remove", 0), json!("not_queued"));
     assert_eq!(code_of("session.run", 2), json!("run_not_found"));
     assert_eq!(code_of("session.run", 3), json!("invalid_params"));
+    assert_eq!(code_of("session.set_model", 1), json!("invalid_params"));
     assert_eq!(
         code_of("permission.respond", 0),
         json!("permission_not_found")
@@ -605,6 +625,7 @@ async fn a_grant_for_one_session_reaches_nothing_else() {
             ),
             ("session.send", json!({"session_id": b, "text": "hi"})),
             ("session.steer", json!({"session_id": b, "text": "hi"})),
+            ("session.set_model", json!({"session_id": b, "model": "m"})),
             (
                 "queue.edit",
                 json!({"session_id": b, "run_id": "r", "text": "x"}),
@@ -632,6 +653,11 @@ async fn a_grant_for_one_session_reaches_nothing_else() {
             (
                 "session.import",
                 json!({"agent_type": "fake", "native_session_id": "n", "cwd": work.display().to_string()}),
+            ),
+            // Nor list the agents' own sessions (any on the machine) to import from.
+            (
+                "session.discover",
+                json!({"agent_type": "fake", "cwd": work.display().to_string()}),
             ),
             // Even its own session cannot be forked (forking creates one) or deleted.
             ("session.fork", json!({"session_id": a})),
@@ -662,6 +688,7 @@ async fn a_grant_for_one_session_reaches_nothing_else() {
         let no_prompt = [
             ("session.send", json!({"session_id": a, "text": "hi"})),
             ("session.steer", json!({"session_id": a, "text": "hi"})),
+            ("session.set_model", json!({"session_id": a, "model": "m"})),
             (
                 "queue.edit",
                 json!({"session_id": a, "run_id": "r", "text": "x"}),

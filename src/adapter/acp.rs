@@ -1,6 +1,8 @@
-//! The Agent Client Protocol v1 (JSON-RPC 2.0 over stdio): the messages the host sends, and
-//! [`Translator`], a pure, stateful translator from what an ACP agent sends to canonical
-//! events (style 8). The driver that owns the process is `acp_process.rs`.
+//! The Agent Client Protocol v1 (JSON-RPC 2.0 over stdio): the messages the host sends (the
+//! session's options and a prompt's attachments in ACP's own forms: [`SessionSetup`],
+//! [`SessionChoices`], [`attachment_block`]), and [`Translator`], a pure, stateful translator
+//! from what an ACP agent sends to canonical events (style 8). The driver that owns the
+//! process is `acp_process.rs`.
 //!
 //! Translation rules (facts in `../shared/reference/agent-protocols.md` §4):
 //! - The `sessionId` of `session/new` (or `session/fork`) is `session.bound`; only updates of
@@ -38,6 +40,9 @@ use crate::protocol::events::{
     PermissionOptionKind, PermissionRequest, RunEnd, RunState, SessionBound, TextDelta,
     ToolCallEnd, ToolCallStart, ToolExecEnd, ToolExecStart, ToolExecUpdate, Usage,
 };
+use crate::protocol::options::{
+    Attachment, AttachmentKind, McpServer, McpTransport, PermissionMode, SessionOptions,
+};
 
 /// The ACP version this client speaks.
 pub const PROTOCOL_VERSION: u64 = 1;
@@ -63,6 +68,40 @@ pub struct AgentCaps {
     pub auth_methods: Vec<String>,
     pub name: Option<String>,
     pub version: Option<String>,
+    /// `promptCapabilities`: image, audio and embedded resource content in a prompt (text and
+    /// resource links are every agent's baseline).
+    pub image: bool,
+    pub audio: bool,
+    pub embedded_context: bool,
+    /// `mcpCapabilities`: MCP servers over HTTP and SSE (stdio is every agent's baseline).
+    pub mcp_http: bool,
+    pub mcp_sse: bool,
+}
+
+/// The npm package name claude-agent-acp gives as its `agentInfo.name`.
+pub const CLAUDE_AGENT_ACP: &str = "@agentclientprotocol/claude-agent-acp";
+
+/// What an agent carries beyond what `initialize` can declare: a model choice, a standing
+/// prompt and permission modes only show in a session answer, or not at all (a standing prompt
+/// has no ACP field). Known for the agents a test with the real CLI shows
+/// (`tests/acp.rs`); nothing for the others.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Carriers {
+    /// The model is chosen per session (`configOptions` of category `model`) and changed live.
+    pub model: bool,
+    /// A standing prompt appended to the agent's own (claude-agent-acp: `_meta.systemPrompt`
+    /// `{append}` on `session/new`, `load`, `resume` and `fork`).
+    pub system_prompt: bool,
+    /// The permission modes it maps ([`mode_id`]).
+    pub permission_modes: &'static [PermissionMode],
+}
+
+impl Carriers {
+    pub const NONE: Carriers = Carriers {
+        model: false,
+        system_prompt: false,
+        permission_modes: &[PermissionMode::Ask],
+    };
 }
 
 impl AgentCaps {
@@ -93,22 +132,381 @@ impl AgentCaps {
                 .pointer("/agentInfo/version")
                 .and_then(Value::as_str)
                 .map(str::to_owned),
+            image: flag(caps, "/promptCapabilities/image"),
+            audio: flag(caps, "/promptCapabilities/audio"),
+            embedded_context: flag(caps, "/promptCapabilities/embeddedContext"),
+            mcp_http: flag(caps, "/mcpCapabilities/http"),
+            mcp_sse: flag(caps, "/mcpCapabilities/sse"),
+        }
+    }
+
+    /// What this agent carries beyond `initialize` ([`Carriers`]), by its declared name.
+    /// claude-agent-acp (0.49.0, read in its source and shown by `tests/acp.rs`) declares none
+    /// of it: it offers its models and modes in each session answer and takes a standing
+    /// prompt in `_meta.systemPrompt`; `bypassPermissions` only where its Claude Code may
+    /// bypass (not as root without `IS_SANDBOX`), which the open checks.
+    pub fn carriers(&self) -> Carriers {
+        match self.name.as_deref() {
+            Some(CLAUDE_AGENT_ACP) => Carriers {
+                model: true,
+                system_prompt: true,
+                permission_modes: &[
+                    PermissionMode::Ask,
+                    PermissionMode::AcceptEdits,
+                    PermissionMode::Bypass,
+                ],
+            },
+            _ => Carriers::NONE,
         }
     }
 }
 
-/// Params of `session/new`, `session/load`, `session/resume`, `session/fork`.
-pub fn session_params(session_id: Option<&str>, cwd: &str) -> Value {
-    let mut params = json!({"cwd": cwd, "mcpServers": []});
+fn flag(caps: &Value, pointer: &str) -> bool {
+    caps.pointer(pointer).and_then(Value::as_bool) == Some(true)
+}
+
+/// The ACP form of the session's MCP servers (`mcpServers`): stdio `{name, command, args,
+/// env: [{name, value}]}` (no `type`: the baseline form), http / sse `{type, name, url,
+/// headers: [{name, value}]}`. A transport the agent did not declare is refused (never left
+/// out silently).
+pub fn mcp_servers(servers: &[McpServer], caps: &AgentCaps) -> Result<Value, String> {
+    let pairs = |list: Vec<(&str, &str)>| -> Value {
+        list.into_iter()
+            .map(|(name, value)| json!({"name": name, "value": value}))
+            .collect()
+    };
+    servers
+        .iter()
+        .map(|server| match server {
+            McpServer::Stdio {
+                name,
+                command,
+                args,
+                env,
+            } => Ok(json!({
+                "name": name,
+                "command": command,
+                "args": args,
+                "env": pairs(env.iter().map(|e| (e.name.as_str(), e.value.as_str())).collect()),
+            })),
+            McpServer::Http { name, url, headers } | McpServer::Sse { name, url, headers } => {
+                let (kind, declared) = match server.transport() {
+                    McpTransport::Http => ("http", caps.mcp_http),
+                    _ => ("sse", caps.mcp_sse),
+                };
+                if !declared {
+                    return Err(format!(
+                        "the agent does not take {kind} MCP servers (its mcpCapabilities do \
+                         not declare {kind}): {name:?}"
+                    ));
+                }
+                Ok(json!({
+                    "type": kind,
+                    "name": name,
+                    "url": url,
+                    "headers": pairs(headers.iter().map(|h| (h.name.as_str(), h.value.as_str())).collect()),
+                }))
+            }
+        })
+        .collect::<Result<Vec<Value>, String>>()
+        .map(Value::Array)
+}
+
+/// What the session's options put on `session/new`, `load`, `resume` and `fork`: the MCP
+/// servers, and the standing prompt where the agent has a carrier for it
+/// ([`Carriers::system_prompt`]). An option the agent cannot take: `Err`, why.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SessionSetup {
+    pub mcp_servers: Value,
+    pub meta: Option<Value>,
+}
+
+impl Default for SessionSetup {
+    fn default() -> Self {
+        SessionSetup {
+            mcp_servers: json!([]),
+            meta: None,
+        }
+    }
+}
+
+impl SessionSetup {
+    pub fn of(options: &SessionOptions, caps: &AgentCaps) -> Result<SessionSetup, String> {
+        let mcp_servers = mcp_servers(&options.mcp_servers, caps)?;
+        let meta = match options.system_prompt.as_deref() {
+            None => None,
+            Some(prompt) if caps.carriers().system_prompt => {
+                Some(json!({"systemPrompt": {"append": prompt}}))
+            }
+            Some(_) => {
+                return Err(format!(
+                    "the agent {} has no carrier for a standing prompt (ACP declares none)",
+                    caps.name.as_deref().unwrap_or("(unnamed)")
+                ));
+            }
+        };
+        Ok(SessionSetup { mcp_servers, meta })
+    }
+}
+
+/// One single-value choice a session answer offers: its id (a `configOptions` id), the
+/// current value and every value offered.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Choice {
+    pub config_id: Option<String>,
+    pub current: Option<String>,
+    pub values: Vec<String>,
+}
+
+/// What a session answer (`session/new`, `load`, `resume`, `fork`, `set_config_option`) says
+/// can be chosen: the model (a `configOptions` select of category `model`, else the unstable
+/// `models` {availableModels, currentModelId} of `session/set_model`) and the mode (`modes`
+/// {currentModeId, availableModes}, else a `configOptions` select of category `mode`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SessionChoices {
+    pub model: Option<Choice>,
+    pub mode: Option<Choice>,
+}
+
+/// A `configOptions` select of `category`: its values, grouped or not.
+fn config_select(result: &Value, category: &str) -> Option<Choice> {
+    let option = result
+        .get("configOptions")?
+        .as_array()?
+        .iter()
+        .find(|o| str_of(o, "category") == category && str_of(o, "type") == "select")?;
+    let mut values = Vec::new();
+    for entry in option.get("options")?.as_array()? {
+        match entry.get("options").and_then(Value::as_array) {
+            Some(group) => values.extend(
+                group
+                    .iter()
+                    .filter_map(|o| o.get("value").and_then(Value::as_str))
+                    .map(str::to_owned),
+            ),
+            None => values.extend(
+                entry
+                    .get("value")
+                    .and_then(Value::as_str)
+                    .map(str::to_owned),
+            ),
+        }
+    }
+    Some(Choice {
+        config_id: Some(str_of(option, "id").to_owned()).filter(|id| !id.is_empty()),
+        current: option
+            .get("currentValue")
+            .and_then(Value::as_str)
+            .map(str::to_owned),
+        values,
+    })
+}
+
+/// A list of `{<key>: id}` objects' ids.
+fn ids(list: Option<&Value>, key: &str) -> Vec<String> {
+    list.and_then(Value::as_array)
+        .map(|l| {
+            l.iter()
+                .filter_map(|m| m.get(key).and_then(Value::as_str).map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+impl SessionChoices {
+    pub fn of(result: &Value) -> SessionChoices {
+        let model = config_select(result, "model").or_else(|| {
+            let models = result.get("models").filter(|m| m.is_object())?;
+            Some(Choice {
+                config_id: None,
+                current: models
+                    .get("currentModelId")
+                    .and_then(Value::as_str)
+                    .map(str::to_owned),
+                values: ids(models.get("availableModels"), "modelId"),
+            })
+        });
+        let mode = result
+            .get("modes")
+            .filter(|m| m.is_object())
+            .map(|modes| Choice {
+                config_id: None,
+                current: modes
+                    .get("currentModeId")
+                    .and_then(Value::as_str)
+                    .map(str::to_owned),
+                values: ids(modes.get("availableModes"), "id"),
+            })
+            .or_else(|| config_select(result, "mode"));
+        SessionChoices { model, mode }
+    }
+
+    /// Take what a later answer says (a `set_config_option` answer names every option).
+    pub fn update(&mut self, result: &Value) {
+        let later = SessionChoices::of(result);
+        if later.model.is_some() {
+            self.model = later.model;
+        }
+        if later.mode.is_some() {
+            self.mode = later.mode;
+        }
+    }
+}
+
+/// The request choosing `model` for `session`: `session/set_config_option` on the model
+/// select, else the unstable `session/set_model`. The agent resolves the name (claude-agent-acp
+/// takes its aliases and near names, e.g. `opus` for `opus[1m]`), so a name not among the
+/// values still goes to it; `Err`: the agent offers no model choice.
+pub fn model_request(
+    session: &str,
+    choices: &SessionChoices,
+    model: &str,
+) -> Result<(&'static str, Value), String> {
+    match &choices.model {
+        Some(Choice {
+            config_id: Some(id),
+            ..
+        }) => Ok((
+            "session/set_config_option",
+            json!({"sessionId": session, "configId": id, "value": model}),
+        )),
+        Some(_) => Ok((
+            "session/set_model",
+            json!({"sessionId": session, "modelId": model}),
+        )),
+        None => Err("the agent offers no model choice in its session".to_owned()),
+    }
+}
+
+/// Why the agent did not take `model`, naming what it offers.
+pub fn model_refused(model: &str, choices: &SessionChoices, why: &str) -> String {
+    let offered = choices
+        .model
+        .as_ref()
+        .map(|c| c.values.join(", "))
+        .filter(|v| !v.is_empty())
+        .unwrap_or_else(|| "none".to_owned());
+    format!("the agent did not take the model {model:?} ({why}); it offers: {offered}")
+}
+
+/// The ACP mode id of a permission mode (claude-agent-acp's ids, which are Claude Code's
+/// permission modes).
+pub fn mode_id(mode: PermissionMode) -> &'static str {
+    match mode {
+        PermissionMode::Ask => "default",
+        PermissionMode::AcceptEdits => "acceptEdits",
+        PermissionMode::Bypass => "bypassPermissions",
+    }
+}
+
+/// The request putting `session` in `mode`; `Ok(None)`: already in it (or `ask` where the
+/// agent offers no `default` mode: asking is every agent's default). `Err`: the agent does not
+/// offer it.
+pub fn mode_request(
+    session: &str,
+    choices: &SessionChoices,
+    mode: PermissionMode,
+) -> Result<Option<(&'static str, Value)>, String> {
+    let id = mode_id(mode);
+    let Some(choice) = &choices.mode else {
+        return if mode == PermissionMode::Ask {
+            Ok(None)
+        } else {
+            Err(format!(
+                "the agent offers no modes, so not {:?} (mode {id:?})",
+                mode.as_str()
+            ))
+        };
+    };
+    if choice.current.as_deref() == Some(id) {
+        return Ok(None);
+    }
+    if !choice.values.iter().any(|v| v == id) {
+        // Asking is the agent's own default whatever it calls its modes.
+        if mode == PermissionMode::Ask {
+            return Ok(None);
+        }
+        return Err(format!(
+            "the agent does not offer the permission mode {:?} (mode {id:?}) in this session; \
+             it offers: {}",
+            mode.as_str(),
+            choice.values.join(", ")
+        ));
+    }
+    Ok(Some(match &choice.config_id {
+        Some(config) => (
+            "session/set_config_option",
+            json!({"sessionId": session, "configId": config, "value": id}),
+        ),
+        None => (
+            "session/set_mode",
+            json!({"sessionId": session, "modeId": id}),
+        ),
+    }))
+}
+
+/// An attachment in a prompt, in ACP content: an image `{type: "image", mimeType, data}`
+/// (base64) where the agent declared images; a file, where it declared embedded context, as
+/// an embedded `resource` with its text when it is UTF-8 text, else as a `resource_link` to the
+/// host's copy (`file://` + its absolute path, with its name, MIME type and size), which the
+/// agent opens with its own tools: claude-agent-acp drops embedded blobs (its `promptToClaude`
+/// ignores them), so a blob would be lost silently. `Err`: the agent does not take this kind.
+pub fn attachment_block(
+    attachment: &Attachment,
+    bytes: Vec<u8>,
+    caps: &AgentCaps,
+) -> Result<Value, String> {
+    use base64::Engine;
+    let uri = format!("file://{}", attachment.path.display());
+    match attachment.kind {
+        AttachmentKind::Image if caps.image => Ok(json!({
+            "type": "image",
+            "mimeType": attachment.mime,
+            "data": base64::engine::general_purpose::STANDARD.encode(&bytes),
+        })),
+        AttachmentKind::Image => Err(format!(
+            "the agent does not take images (its promptCapabilities do not declare image): {}",
+            attachment.name
+        )),
+        AttachmentKind::File if caps.embedded_context => match String::from_utf8(bytes) {
+            Ok(text) => Ok(json!({
+                "type": "resource",
+                "resource": {"uri": uri, "mimeType": attachment.mime, "text": text},
+            })),
+            Err(_) => Ok(json!({
+                "type": "resource_link",
+                "uri": uri,
+                "name": attachment.name,
+                "mimeType": attachment.mime,
+                "size": attachment.bytes,
+            })),
+        },
+        AttachmentKind::File => Err(format!(
+            "the agent does not take files (its promptCapabilities do not declare \
+             embeddedContext): {}",
+            attachment.name
+        )),
+    }
+}
+
+/// Params of `session/new`, `session/load`, `session/resume`, `session/fork`, with what the
+/// session's options put on each ([`SessionSetup`]).
+pub fn session_params(session_id: Option<&str>, cwd: &str, setup: &SessionSetup) -> Value {
+    let mut params = json!({"cwd": cwd, "mcpServers": setup.mcp_servers});
     if let Some(id) = session_id {
         params["sessionId"] = json!(id);
+    }
+    if let Some(meta) = &setup.meta {
+        params["_meta"] = meta.clone();
     }
     params
 }
 
-/// `session/prompt` params.
-pub fn prompt_params(session_id: &str, text: &str) -> Value {
-    json!({"sessionId": session_id, "prompt": [{"type": "text", "text": text}]})
+/// `session/prompt` params: the text, then the attachments' blocks ([`attachment_block`]).
+pub fn prompt_params(session_id: &str, text: &str, attachments: Vec<Value>) -> Value {
+    let mut prompt = vec![json!({"type": "text", "text": text})];
+    prompt.extend(attachments);
+    json!({"sessionId": session_id, "prompt": prompt})
 }
 
 /// The options of a `session/request_permission`, as the agent words them; an `allow_always`
@@ -353,6 +751,7 @@ impl Translator {
                 truncated: None,
                 item_id: Some(block.item_id),
                 text: block.text,
+                imported: false,
             }));
         }
     }
@@ -363,6 +762,7 @@ impl Translator {
                 truncated: None,
                 item_id: Some(block.item_id),
                 text: block.text,
+                imported: false,
             }));
         }
     }
@@ -762,6 +1162,234 @@ impl Translator {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::protocol::options::{EnvVar, Header};
+
+    /// claude-agent-acp 0.49.0's `initialize` answer (as recorded, less its auth methods).
+    fn claude_agent_acp() -> AgentCaps {
+        AgentCaps::from_initialize(&json!({
+            "protocolVersion": 1,
+            "agentCapabilities": {
+                "_meta": {"claudeCode": {"promptQueueing": true}},
+                "promptCapabilities": {"image": true, "embeddedContext": true},
+                "mcpCapabilities": {"http": true, "sse": true},
+                "loadSession": true,
+                "sessionCapabilities": {"close": {}, "fork": {}, "list": {}, "resume": {}}
+            },
+            "agentInfo": {"name": CLAUDE_AGENT_ACP, "title": "Claude Agent", "version": "0.49.0"}
+        }))
+    }
+
+    #[test]
+    fn initialize_declares_prompt_and_mcp_capabilities_and_carriers_go_by_name() {
+        let caps = claude_agent_acp();
+        assert!(caps.image && caps.embedded_context && !caps.audio);
+        assert!(caps.mcp_http && caps.mcp_sse);
+        assert!(caps.carriers().model && caps.carriers().system_prompt);
+        assert_eq!(caps.carriers().permission_modes.len(), 3);
+        let plain = AgentCaps::from_initialize(&json!({
+            "protocolVersion": 1,
+            "agentCapabilities": {"promptCapabilities": {"image": false}},
+            "agentInfo": {"name": "other-agent"}
+        }));
+        assert!(!plain.image && !plain.embedded_context && !plain.mcp_http && !plain.mcp_sse);
+        assert_eq!(plain.carriers(), Carriers::NONE);
+    }
+
+    #[test]
+    fn session_setup_carries_mcp_servers_and_the_standing_prompt() {
+        let options = SessionOptions {
+            system_prompt: Some("STANDING".to_owned()),
+            mcp_servers: vec![
+                McpServer::Stdio {
+                    name: "probe".to_owned(),
+                    command: "node".to_owned(),
+                    args: vec!["/p.mjs".to_owned()],
+                    env: vec![EnvVar {
+                        name: "K".to_owned(),
+                        value: "v".to_owned(),
+                    }],
+                },
+                McpServer::Http {
+                    name: "web".to_owned(),
+                    url: "http://127.0.0.1:1/mcp".to_owned(),
+                    headers: vec![Header {
+                        name: "Authorization".to_owned(),
+                        value: "Bearer x".to_owned(),
+                    }],
+                },
+            ],
+            ..SessionOptions::default()
+        };
+        let setup = SessionSetup::of(&options, &claude_agent_acp()).unwrap();
+        let params = session_params(Some("s1"), "/w", &setup);
+        assert_eq!(
+            params,
+            json!({
+                "cwd": "/w",
+                "sessionId": "s1",
+                "mcpServers": [
+                    {"name": "probe", "command": "node", "args": ["/p.mjs"],
+                     "env": [{"name": "K", "value": "v"}]},
+                    {"type": "http", "name": "web", "url": "http://127.0.0.1:1/mcp",
+                     "headers": [{"name": "Authorization", "value": "Bearer x"}]}
+                ],
+                "_meta": {"systemPrompt": {"append": "STANDING"}}
+            })
+        );
+        // Another agent: no carrier for the prompt, no http declared: refused, never dropped.
+        let other = AgentCaps::default();
+        let err = SessionSetup::of(&options, &other).unwrap_err();
+        assert!(err.contains("http MCP servers"), "{err}");
+        let prompt_only = SessionOptions {
+            system_prompt: Some("S".to_owned()),
+            ..SessionOptions::default()
+        };
+        let err = SessionSetup::of(&prompt_only, &other).unwrap_err();
+        assert!(err.contains("standing prompt"), "{err}");
+        let plain = SessionSetup::of(&SessionOptions::default(), &other).unwrap();
+        assert_eq!(
+            session_params(None, "/w", &plain),
+            json!({"cwd": "/w", "mcpServers": []})
+        );
+    }
+
+    #[test]
+    fn models_and_modes_are_chosen_among_what_the_session_offers() {
+        // claude-agent-acp's session/new answer: config options, and modes.
+        let answer = json!({
+            "sessionId": "s1",
+            "modes": {"currentModeId": "default", "availableModes": [
+                {"id": "default", "name": "Default"}, {"id": "acceptEdits", "name": "Accept"},
+                {"id": "plan", "name": "Plan"}]},
+            "configOptions": [
+                {"id": "mode", "category": "mode", "type": "select", "currentValue": "default",
+                 "options": [{"value": "default", "name": "Default"}]},
+                {"id": "model", "category": "model", "type": "select", "currentValue": "default",
+                 "options": [{"value": "default", "name": "Default"}, {"value": "haiku", "name": "Haiku"}]}
+            ]
+        });
+        let choices = SessionChoices::of(&answer);
+        let model = choices.model.clone().unwrap();
+        assert_eq!(model.config_id.as_deref(), Some("model"));
+        assert_eq!(model.values, ["default", "haiku"]);
+        assert_eq!(
+            model_request("s1", &choices, "haiku").unwrap(),
+            (
+                "session/set_config_option",
+                json!({"sessionId": "s1", "configId": "model", "value": "haiku"})
+            )
+        );
+        let refused = model_refused("gpt-9", &choices, "Invalid value");
+        assert!(refused.contains("default, haiku"), "{refused}");
+        assert_eq!(
+            mode_request("s1", &choices, PermissionMode::AcceptEdits).unwrap(),
+            Some((
+                "session/set_mode",
+                json!({"sessionId": "s1", "modeId": "acceptEdits"})
+            ))
+        );
+        assert_eq!(
+            mode_request("s1", &choices, PermissionMode::Ask).unwrap(),
+            None
+        );
+        let err = mode_request("s1", &choices, PermissionMode::Bypass).unwrap_err();
+        assert!(
+            err.contains("bypassPermissions") && err.contains("plan"),
+            "{err}"
+        );
+        // The unstable `models` form: session/set_model; grouped config options flattened.
+        let unstable = SessionChoices::of(&json!({
+            "models": {"currentModelId": "a", "availableModels": [{"modelId": "a"}, {"modelId": "b"}]}
+        }));
+        assert_eq!(unstable.model.as_ref().unwrap().values, ["a", "b"]);
+        assert_eq!(
+            model_request("s1", &unstable, "b").unwrap().0,
+            "session/set_model"
+        );
+        assert!(unstable.mode.is_none());
+        assert_eq!(
+            mode_request("s1", &unstable, PermissionMode::Ask).unwrap(),
+            None
+        );
+        assert!(mode_request("s1", &unstable, PermissionMode::AcceptEdits).is_err());
+        let grouped = SessionChoices::of(&json!({"configOptions": [
+            {"id": "m", "category": "model", "type": "select", "currentValue": "x",
+             "options": [{"group": "g", "name": "G", "options": [{"value": "x", "name": "X"}, {"value": "y", "name": "Y"}]}]}
+        ]}));
+        assert_eq!(grouped.model.unwrap().values, ["x", "y"]);
+        assert!(model_request("s1", &SessionChoices::default(), "m").is_err());
+        // A later answer (set_config_option's) updates what is current.
+        let mut later = choices;
+        later.update(&json!({"configOptions": [
+            {"id": "model", "category": "model", "type": "select", "currentValue": "haiku",
+             "options": [{"value": "default", "name": "D"}, {"value": "haiku", "name": "H"}]}
+        ]}));
+        assert_eq!(later.model.unwrap().current.as_deref(), Some("haiku"));
+        assert!(later.mode.is_some());
+    }
+
+    #[test]
+    fn attachments_become_acp_content_where_the_agent_declared_it() {
+        let attachment = |kind, mime: &str| Attachment {
+            name: "a.bin".to_owned(),
+            mime: mime.to_owned(),
+            kind,
+            bytes: 3,
+            sha256: String::new(),
+            path: std::path::PathBuf::from("/home/h/attachments/a.bin"),
+        };
+        let caps = claude_agent_acp();
+        let image = attachment_block(
+            &attachment(AttachmentKind::Image, "image/png"),
+            vec![1, 2, 3],
+            &caps,
+        )
+        .unwrap();
+        assert_eq!(
+            image,
+            json!({"type": "image", "mimeType": "image/png", "data": "AQID"})
+        );
+        let text = attachment_block(
+            &attachment(AttachmentKind::File, "text/plain"),
+            b"hi\n".to_vec(),
+            &caps,
+        )
+        .unwrap();
+        assert_eq!(
+            text,
+            json!({"type": "resource", "resource": {
+                "uri": "file:///home/h/attachments/a.bin", "mimeType": "text/plain", "text": "hi\n"}})
+        );
+        let binary = attachment_block(
+            &attachment(AttachmentKind::File, "application/octet-stream"),
+            vec![0xff, 0xfe, 0],
+            &caps,
+        )
+        .unwrap();
+        assert_eq!(binary["type"], "resource_link");
+        assert_eq!(binary["uri"], "file:///home/h/attachments/a.bin");
+        assert_eq!(binary["name"], "a.bin");
+        let none = AgentCaps::default();
+        assert!(
+            attachment_block(
+                &attachment(AttachmentKind::Image, "image/png"),
+                vec![],
+                &none
+            )
+            .is_err()
+        );
+        assert!(
+            attachment_block(
+                &attachment(AttachmentKind::File, "text/plain"),
+                vec![],
+                &none
+            )
+            .is_err()
+        );
+        let prompt = prompt_params("s1", "look", vec![image]);
+        assert_eq!(prompt["prompt"][0], json!({"type": "text", "text": "look"}));
+        assert_eq!(prompt["prompt"][1]["type"], "image");
+    }
 
     #[test]
     fn fixtures_translate_to_their_expected_events() {

@@ -12,6 +12,15 @@
 //! - fork: `session/fork` if offered, else a new session with a `warning` that the earlier
 //!   turns are not in it.
 //!
+//! The session's options go on every one of those requests (`acp::SessionSetup`: `mcpServers`
+//! of the transports the agent declared, the standing prompt in the agent's own carrier), and
+//! after each answer the driver chooses among what the answer offers (`acp::SessionChoices`):
+//! the model (`session/set_config_option` on the `model` select, else `session/set_model`) and
+//! the permission mode (`session/set_mode`). An option the agent did not take fails every
+//! prompt with the reason (a model: naming the models it offers), never silently dropped;
+//! `session.set_model` is the same request, live. A prompt's attachments follow its text as
+//! ACP content (`acp::attachment_block`).
+//!
 //! `session/prompt` stays open for the whole turn, so it runs as its own task and its answer
 //! comes back to this loop; everything the agent sent before the answer is handled first. A
 //! cancel is the `session/cancel` notification, and pending permission requests are answered
@@ -32,12 +41,13 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use tokio::sync::{mpsc, oneshot};
 
-use super::acp::{self, AgentCaps, Translator};
+use super::acp::{self, AgentCaps, SessionChoices, SessionSetup, Translator};
 use super::jsonrpc::{self, Dialect, Incoming, RpcClient, RpcError, ServerRequest};
 use super::rpc_driver::{self, Closing, Gone, Io, Opening, open_or_close};
 use super::spawn::{SpawnSpec, Spawned, StderrTail, describe_exit, spawn};
-use super::{AdapterError, AgentInput, AgentOutput, AgentSession, Native, OpenSpec};
+use super::{AdapterError, AgentInput, AgentOutput, AgentSession, ModelSwitch, Native, OpenSpec};
 use crate::protocol::events::{ErrorCategory, EventBody, Notice};
+use crate::protocol::options::{Attachment, SessionOptions};
 
 /// How long the handshake and opening a session may take (some agents take seconds).
 const OPEN_TIMEOUT: Duration = Duration::from_secs(90);
@@ -56,9 +66,14 @@ pub fn open(spec: OpenSpec) -> Result<AgentSession, AdapterError> {
         io: started.io,
         translator: Translator::new(),
         caps: AgentCaps::default(),
+        options: spec.options.clone(),
+        setup: SessionSetup::default(),
+        choices: SessionChoices::default(),
         permissions: HashMap::new(),
         prompt: None,
         open_error: None,
+        refused: None,
+        model_refused: None,
         stderr: started.child.stderr(),
     };
     let pid = started.session.pid();
@@ -72,6 +87,7 @@ pub fn open(spec: OpenSpec) -> Result<AgentSession, AdapterError> {
 }
 
 /// Why the session could not be opened; reported on the next prompt.
+#[derive(Debug, Clone)]
 struct OpenError {
     category: ErrorCategory,
     message: String,
@@ -87,10 +103,22 @@ struct Driver {
     io: Io,
     translator: Translator,
     caps: AgentCaps,
+    /// The session's options (the model as last set).
+    options: SessionOptions,
+    /// What the options put on every session request.
+    setup: SessionSetup,
+    /// What the last session answer offered (models, modes).
+    choices: SessionChoices,
     permissions: HashMap<String, Pending>,
     /// The answer of the running `session/prompt`.
     prompt: Option<oneshot::Receiver<Result<Value, RpcError>>>,
     open_error: Option<OpenError>,
+    /// An option the agent did not take (an MCP transport, the standing prompt, the permission
+    /// mode): every prompt fails with it, as the session would not run as configured.
+    refused: Option<OpenError>,
+    /// The model the agent did not take: every prompt fails with it until a model it takes
+    /// is set (`session.set_model`).
+    model_refused: Option<OpenError>,
     /// What the agent wrote to stderr so far (redacted), for failure reports.
     stderr: StderrTail,
 }
@@ -340,16 +368,26 @@ impl Driver {
         }
         self.caps = AgentCaps::from_initialize(&init);
         tracing::info!(caps = ?self.caps, "ACP agent initialized");
+        match SessionSetup::of(&self.options, &self.caps) {
+            Ok(setup) => self.setup = setup,
+            Err(message) => {
+                self.refuse(message);
+                return Ok(());
+            }
+        }
         match native {
             Native::New(_) => self.new_session(cwd, None).await,
             Native::Resume(id) => self.resume(id, cwd).await,
             Native::Fork(id) => {
                 if self.caps.fork {
                     let forked = self
-                        .call("session/fork", acp::session_params(Some(id), cwd))
+                        .call(
+                            "session/fork",
+                            acp::session_params(Some(id), cwd, &self.setup),
+                        )
                         .await;
                     match forked {
-                        Ok(result) => self.bind_from(&result, None).await,
+                        Ok(result) => self.opened(&result, None).await,
                         Err(e) => {
                             self.failed(
                                 ErrorCategory::ResumeRejected,
@@ -371,7 +409,7 @@ impl Driver {
 
     async fn new_session(&mut self, cwd: &str, warning: Option<String>) -> Result<(), Gone> {
         match self
-            .call("session/new", acp::session_params(None, cwd))
+            .call("session/new", acp::session_params(None, cwd, &self.setup))
             .await
         {
             Ok(result) => {
@@ -382,7 +420,7 @@ impl Driver {
                     })])
                     .await?;
                 }
-                self.bind_from(&result, None).await
+                self.opened(&result, None).await
             }
             Err(e) => {
                 let category = match &e {
@@ -393,6 +431,83 @@ impl Driver {
                 self.failed(category, format!("session/new failed: {message}"));
                 Ok(())
             }
+        }
+    }
+
+    /// A session answer: bind the session it names, then apply the options it offers choices
+    /// for ([`Driver::configure`]).
+    async fn opened(&mut self, result: &Value, expected: Option<&str>) -> Result<(), Gone> {
+        self.bind_from(result, expected).await?;
+        if self.translator.session_id().is_some() {
+            self.configure(result).await;
+        }
+        Ok(())
+    }
+
+    /// Every prompt fails with `message` from now on: the agent did not take an option.
+    fn refuse(&mut self, message: String) {
+        tracing::info!(%message, "the agent did not take a session option");
+        self.refused = Some(OpenError {
+            category: ErrorCategory::ProtocolIncompatible,
+            message,
+        });
+    }
+
+    /// After every open (a resumed agent starts on its own defaults again): the model, then the
+    /// permission mode, by what the session answer offers.
+    async fn configure(&mut self, result: &Value) {
+        self.choices = SessionChoices::of(result);
+        let Some(session) = self.translator.session_id().map(str::to_owned) else {
+            return;
+        };
+        if let Some(model) = self.options.model.clone()
+            && let Err(message) = self.apply_model(&session, &model).await
+        {
+            tracing::info!(%message, "the agent did not take the model");
+            self.model_refused = Some(OpenError {
+                category: ErrorCategory::ProtocolIncompatible,
+                message,
+            });
+        }
+        let Some(mode) = self.options.permission_mode else {
+            return;
+        };
+        match acp::mode_request(&session, &self.choices, mode) {
+            Ok(None) => {}
+            Ok(Some((method, params))) => match self.call(method, params).await {
+                Ok(answer) => {
+                    self.choices.update(&answer);
+                    if let Some(choice) = self.choices.mode.as_mut() {
+                        choice.current = Some(acp::mode_id(mode).to_owned());
+                    }
+                }
+                Err(e) => self.refuse(format!(
+                    "the agent did not take the permission mode {:?}: {}",
+                    mode.as_str(),
+                    e.detail()
+                )),
+            },
+            Err(message) => self.refuse(message),
+        }
+    }
+
+    /// Ask the agent to use `model` ([`acp::model_request`]); `Err`: why not, naming the
+    /// models it offers.
+    async fn apply_model(&mut self, session: &str, model: &str) -> Result<(), String> {
+        let (method, params) = acp::model_request(session, &self.choices, model)
+            .map_err(|why| acp::model_refused(model, &self.choices, &why))?;
+        match self.call(method, params).await {
+            Ok(answer) => {
+                self.choices.update(&answer);
+                if method == "session/set_model"
+                    && let Some(choice) = self.choices.model.as_mut()
+                {
+                    choice.current = Some(model.to_owned());
+                }
+                tracing::info!(model, current = ?self.choices.model.as_ref().and_then(|c| c.current.as_deref()), "model set");
+                Ok(())
+            }
+            Err(e) => Err(acp::model_refused(model, &self.choices, &e.detail())),
         }
     }
 
@@ -439,7 +554,9 @@ impl Driver {
             return Ok(());
         };
         let mut method = method;
-        let mut answer = self.call(method, acp::session_params(Some(id), cwd)).await;
+        let mut answer = self
+            .call(method, acp::session_params(Some(id), cwd, &self.setup))
+            .await;
         // An agent may declare `resume` and not serve it (Qwen Code 0.15.10 answers "Method not
         // found"): then `session/load`, if it declared that.
         if method == "session/resume"
@@ -449,7 +566,9 @@ impl Driver {
             tracing::info!("session/resume is not served; loading the session instead");
             self.caps.resume = false;
             method = "session/load";
-            answer = self.call(method, acp::session_params(Some(id), cwd)).await;
+            answer = self
+                .call(method, acp::session_params(Some(id), cwd, &self.setup))
+                .await;
         }
         match answer {
             Ok(result) => {
@@ -461,7 +580,7 @@ impl Driver {
                 } else {
                     json!({})
                 };
-                self.bind_from(&result, Some(id)).await
+                self.opened(&result, Some(id)).await
             }
             Err(e) => {
                 let message = e.detail();
@@ -496,7 +615,9 @@ impl Driver {
 
     async fn on_input(&mut self, input: AgentInput, _cwd: &str) -> Result<(), Gone> {
         match input {
-            AgentInput::Prompt { text, .. } => self.start_turn(&text).await,
+            AgentInput::Prompt {
+                text, attachments, ..
+            } => self.start_turn(&text, &attachments).await,
             AgentInput::Permission {
                 request_id,
                 allow,
@@ -523,11 +644,25 @@ impl Driver {
                 let _unwaited = ack.send(acked);
                 Ok(())
             }
-            AgentInput::SetModel { reply, .. } => {
-                let _unwaited = reply.send(Err(AdapterError::new(
-                    ErrorCategory::ProtocolIncompatible,
-                    "this driver cannot change the model of a live agent",
-                )));
+            AgentInput::SetModel { model, reply } => {
+                let switched = match self.translator.session_id().map(str::to_owned) {
+                    None => Err(AdapterError::new(
+                        ErrorCategory::AgentFailed,
+                        "no session is open to change the model of",
+                    )),
+                    Some(session) => match self.apply_model(&session, &model).await {
+                        Ok(()) => {
+                            self.options.model = Some(model);
+                            self.model_refused = None;
+                            Ok(ModelSwitch::Live)
+                        }
+                        Err(message) => Err(AdapterError::new(
+                            ErrorCategory::ProtocolIncompatible,
+                            message,
+                        )),
+                    },
+                };
+                let _unwaited = reply.send(switched);
                 Ok(())
             }
             AgentInput::Interrupt => {
@@ -559,10 +694,13 @@ impl Driver {
         }
     }
 
-    async fn start_turn(&mut self, text: &str) -> Result<(), Gone> {
+    async fn start_turn(&mut self, text: &str, attachments: &[Attachment]) -> Result<(), Gone> {
         if let Some(error) = self.open_error.take() {
             let message = with_stderr(error.message, &self.stderr.lines());
             return self.fail_turn(error.category, message).await;
+        }
+        if let Some(error) = self.refused.clone().or_else(|| self.model_refused.clone()) {
+            return self.fail_turn(error.category, error.message).await;
         }
         let Some(session) = self.translator.session_id().map(str::to_owned) else {
             return self
@@ -577,12 +715,34 @@ impl Driver {
                 )
                 .await;
         }
+        let mut blocks = Vec::with_capacity(attachments.len());
+        for attachment in attachments {
+            let bytes = match tokio::fs::read(&attachment.path).await {
+                Ok(bytes) => bytes,
+                Err(e) => {
+                    return self
+                        .fail_turn(
+                            ErrorCategory::AgentFailed,
+                            format!("the attachment {} could not be read: {e}", attachment.name),
+                        )
+                        .await;
+                }
+            };
+            match acp::attachment_block(attachment, bytes, &self.caps) {
+                Ok(block) => blocks.push(block),
+                Err(message) => {
+                    return self
+                        .fail_turn(ErrorCategory::ProtocolIncompatible, message)
+                        .await;
+                }
+            }
+        }
         // Whatever the agent sent before this prompt (a load's replay) is not this turn's.
         self.drain_backlog().await?;
         self.translator.start_turn();
         let (tx, rx) = oneshot::channel();
         let rpc = self.io.rpc.clone();
-        let params = acp::prompt_params(&session, text);
+        let params = acp::prompt_params(&session, text, blocks);
         tokio::spawn(async move {
             let answer = rpc.request("session/prompt", params, TURN_TIMEOUT).await;
             let _driver_gone = tx.send(answer);

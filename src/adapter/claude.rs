@@ -34,8 +34,22 @@
 //!   CLI does not know: `error` + `run.end` `failed` / `resume_rejected`, and no `session.bound`.
 //! - Control requests other than `can_use_tool` (hooks, SDK MCP) get an error answer
 //!   ([`Translator::take_replies`]) so the CLI never waits for the host.
+//! - `control_response`s answer the host's own requests (`set_model`, `interrupt`): each is
+//!   kept for the driver by its request id ([`Translator::take_control_responses`]).
 //! - Lines that are not JSON, and frame types this build does not know, are counted and
 //!   skipped, never fatal.
+//!
+//! Session options map to flags, given on every process start (new, resume and fork alike)
+//! ([`option_args`]): `model` → `--model`; `system_prompt` → `--append-system-prompt` (the
+//! CLI puts it in each request's `system`, never in a user turn); `mcp_servers` →
+//! `--mcp-config <json>` (the servers' tools, `mcp__<name>__<tool>`, ask through the
+//! permission prompt like any tool); `permission_mode` → `--permission-mode` `default` /
+//! `acceptEdits` / `bypassPermissions` (as root the CLI takes the last only with `IS_SANDBOX=1`
+//! in its environment, which the host never sets on its own). A model change between turns
+//! is the `set_model` control request ([`set_model_frame`]; the CLI also records it in its
+//! session as a `/model` command). Attachments go in the user frame as content blocks
+//! ([`user_frame_with`], [`attachment_blocks`]): images as `image` blocks, PDFs and text
+//! files as `document` blocks.
 
 use std::collections::HashMap;
 
@@ -46,6 +60,9 @@ use crate::protocol::events::{
     BlockEnd, BlockStart, ErrorCategory, ErrorNotice, EventBody, PermissionOption,
     PermissionOptionKind, PermissionRequest, PermissionResolved, RunEnd, RunState, SessionBound,
     TextDelta, ToolCallDelta, ToolCallEnd, ToolCallStart, ToolExecEnd, ToolExecStart, Usage,
+};
+use crate::protocol::options::{
+    Attachment, AttachmentKind, McpServer, McpTransport, PermissionMode, SessionOptions,
 };
 
 /// The arguments of a long-lived stream-json process; `resume` for a known native session,
@@ -73,6 +90,66 @@ pub fn launch_args(new_session_id: Option<&str>, resume: Option<&str>, fork: boo
         args.push(format!("--session-id={id}"));
     }
     args
+}
+
+/// The flags that give the CLI a session's options (module docs); `[]` for none. Given on
+/// every start: `--model`, `--append-system-prompt` and `--mcp-config` are not kept by the
+/// CLI across `--resume`.
+pub fn option_args(options: &SessionOptions) -> Vec<String> {
+    let mut args = Vec::new();
+    if let Some(model) = &options.model {
+        args.extend(["--model".to_owned(), model.clone()]);
+    }
+    if let Some(prompt) = &options.system_prompt {
+        args.extend(["--append-system-prompt".to_owned(), prompt.clone()]);
+    }
+    if !options.mcp_servers.is_empty() {
+        args.extend(["--mcp-config".to_owned(), mcp_config(&options.mcp_servers)]);
+    }
+    if let Some(mode) = options.permission_mode {
+        let native = match mode {
+            PermissionMode::Ask => "default",
+            PermissionMode::AcceptEdits => "acceptEdits",
+            PermissionMode::Bypass => "bypassPermissions",
+        };
+        args.extend(["--permission-mode".to_owned(), native.to_owned()]);
+    }
+    args
+}
+
+/// `--mcp-config`'s JSON: `{"mcpServers": {name: {type: "stdio", command, args, env} |
+/// {type: "http" | "sse", url, headers}}}`.
+pub fn mcp_config(servers: &[McpServer]) -> String {
+    let pairs =
+        |items: &mut dyn Iterator<Item = (&String, &String)>| -> serde_json::Map<String, Value> {
+            items.map(|(k, v)| (k.clone(), json!(v))).collect()
+        };
+    let mut all = serde_json::Map::new();
+    for server in servers {
+        let entry = match server {
+            McpServer::Stdio {
+                command, args, env, ..
+            } => json!({
+                "type": "stdio",
+                "command": command,
+                "args": args,
+                "env": pairs(&mut env.iter().map(|e| (&e.name, &e.value))),
+            }),
+            McpServer::Http { url, headers, .. } | McpServer::Sse { url, headers, .. } => {
+                let kind = match server.transport() {
+                    McpTransport::Sse => "sse",
+                    _ => "http",
+                };
+                json!({
+                    "type": kind,
+                    "url": url,
+                    "headers": pairs(&mut headers.iter().map(|h| (&h.name, &h.value))),
+                })
+            }
+        };
+        all.insert(server.name().to_owned(), entry);
+    }
+    json!({ "mcpServers": all }).to_string()
 }
 
 /// The project folder name Claude uses for a cwd: every character that is not an ASCII letter
@@ -149,6 +226,328 @@ fn recorded_cwd(file: &std::path::Path) -> Option<String> {
     })
 }
 
+// ---- Its sessions as its files tell them (`session.discover`, the history of an import) ----
+
+/// At most this many of a project folder's session files are read by
+/// [`discover_sessions`] (the newest by mtime).
+const DISCOVER_FILES: usize = 1000;
+/// What [`discover_sessions`] reads of one file while its total budget lasts: the prompts are
+/// counted within it.
+const DISCOVER_FILE_BYTES: u64 = 8 << 20;
+/// What it reads of all files together; past it each file is read only to
+/// [`DISCOVER_FILE_HEAD`] (enough for the cwd and the first prompt).
+const DISCOVER_TOTAL_BYTES: u64 = 64 << 20;
+const DISCOVER_FILE_HEAD: u64 = 256 << 10;
+/// What [`read_session_history`] reads of a session file: its end, when it is longer.
+const HISTORY_FILE_BYTES: u64 = 64 << 20;
+
+/// The text of a `user` entry that is a real prompt (a string, or its text blocks), or `None`
+/// for anything else: a tool result, a meta, compaction or side-chain entry, a slash-command
+/// or local-command wrapper, an interrupt marker, injected context.
+fn prompt_text(entry: &Value) -> Option<String> {
+    let flag = |name: &str| entry.get(name).and_then(Value::as_bool) == Some(true);
+    if entry.get("type").and_then(Value::as_str) != Some("user")
+        || flag("isMeta")
+        || flag("isCompactSummary")
+        || flag("isSidechain")
+        || entry.get("toolUseResult").is_some()
+    {
+        return None;
+    }
+    let content = entry.get("message")?.get("content")?;
+    let text = match content {
+        Value::String(s) => s.clone(),
+        Value::Array(blocks) => {
+            if blocks
+                .iter()
+                .any(|b| b.get("type").and_then(Value::as_str) == Some("tool_result"))
+            {
+                return None;
+            }
+            blocks
+                .iter()
+                .filter(|b| b.get("type").and_then(Value::as_str) == Some("text"))
+                .filter_map(|b| b.get("text").and_then(Value::as_str))
+                .filter(|t| !injected(t))
+                .collect::<Vec<_>>()
+                .join("\n")
+        }
+        _ => return None,
+    };
+    let trimmed = text.trim();
+    (!trimmed.is_empty() && !injected(trimmed) && !trimmed.starts_with("[Request interrupted"))
+        .then(|| trimmed.to_owned())
+}
+
+/// Text the CLI writes into a `user` entry itself: command wrappers and context.
+fn injected(text: &str) -> bool {
+    let t = text.trim_start();
+    [
+        "<command-",
+        "<local-command",
+        "<system-reminder>",
+        "<bash-input>",
+        "<bash-stdout>",
+        "<bash-stderr>",
+        "<ide_",
+        "<user-prompt-submit-hook>",
+    ]
+    .iter()
+    .any(|p| t.starts_with(p))
+}
+
+/// An entry's `timestamp` in ms since the epoch.
+fn entry_time(entry: &Value) -> Option<i64> {
+    let at = humantime::parse_rfc3339_weak(entry.get("timestamp")?.as_str()?).ok()?;
+    let ms = at.duration_since(std::time::UNIX_EPOCH).ok()?.as_millis();
+    i64::try_from(ms).ok()
+}
+
+/// The lines of a file from `start`, at most `limit` bytes (a line cut by the limit, or the
+/// one `start` falls into, is left out).
+fn read_lines(
+    file: &std::path::Path,
+    start: u64,
+    limit: u64,
+) -> std::io::Result<(Vec<Vec<u8>>, bool)> {
+    use std::io::{BufRead, Read, Seek};
+    let mut f = std::fs::File::open(file)?;
+    let len = f.metadata()?.len();
+    if start > 0 {
+        f.seek(std::io::SeekFrom::Start(start))?;
+    }
+    let cut = len.saturating_sub(start) > limit;
+    let mut reader = std::io::BufReader::new(f.take(limit));
+    let mut lines = Vec::new();
+    let mut first = true;
+    loop {
+        let mut line = Vec::new();
+        if reader.read_until(b'\n', &mut line)? == 0 {
+            break;
+        }
+        let whole = line.last() == Some(&b'\n');
+        if (first && start > 0) || (!whole && cut) {
+            first = false;
+            continue;
+        }
+        first = false;
+        lines.push(line);
+    }
+    Ok((lines, cut))
+}
+
+/// The project folders Claude may keep `cwd`'s sessions in: the one named for it, or for a
+/// long cwd every folder starting with its 200-character prefix.
+fn project_dirs(config_dir: &std::path::Path, cwd: &str) -> Vec<std::path::PathBuf> {
+    let projects = config_dir.join("projects");
+    let name = project_dir_name(cwd);
+    if name.chars().count() <= 200 {
+        return vec![projects.join(name)];
+    }
+    let prefix: String = name.chars().take(200).collect();
+    std::fs::read_dir(&projects)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|d| d.file_name().to_string_lossy().starts_with(&prefix))
+        .map(|d| d.path())
+        .collect()
+}
+
+/// Whether a recorded cwd is `cwd` (canonical).
+fn same_cwd(recorded: &str, cwd: &str) -> bool {
+    recorded == cwd
+        || std::fs::canonicalize(recorded)
+            .is_ok_and(|r| std::fs::canonicalize(cwd).is_ok_and(|c| r == c))
+}
+
+/// Claude's own sessions of `cwd` (canonical) under its config dir: every session file of
+/// the cwd's project folder whose entries record this cwd and hold a real prompt, with its
+/// first prompt, its last activity (the last entry's `timestamp`, else the file's mtime) and
+/// how many prompts it holds. Bounded: the newest [`DISCOVER_FILES`] files, each read to
+/// [`DISCOVER_FILE_BYTES`] while [`DISCOVER_TOTAL_BYTES`] last (a longer file's prompts are
+/// counted within that), then to [`DISCOVER_FILE_HEAD`].
+pub fn discover_sessions(
+    config_dir: &std::path::Path,
+    cwd: &str,
+) -> Vec<crate::session::discover::Discovered> {
+    use crate::session::discover::{Discovered, MAX_FIRST_PROMPT};
+    let mut files: Vec<(std::time::SystemTime, std::path::PathBuf)> = project_dirs(config_dir, cwd)
+        .iter()
+        .flat_map(|dir| std::fs::read_dir(dir).into_iter().flatten().flatten())
+        .filter_map(|e| {
+            let path = e.path();
+            if path.extension().is_none_or(|x| x != "jsonl") {
+                return None;
+            }
+            let meta = e.metadata().ok().filter(std::fs::Metadata::is_file)?;
+            Some((meta.modified().unwrap_or(std::time::UNIX_EPOCH), path))
+        })
+        .collect();
+    files.sort_by_key(|f| std::cmp::Reverse(f.0));
+    files.truncate(DISCOVER_FILES);
+    let mut spent = 0u64;
+    let mut found = Vec::new();
+    for (modified, path) in files {
+        let Some(id) = path.file_stem().and_then(|s| s.to_str()) else {
+            continue;
+        };
+        let plain = id
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
+        if !plain || id.starts_with('-') || id.len() > 256 {
+            continue;
+        }
+        let limit = if spent < DISCOVER_TOTAL_BYTES {
+            DISCOVER_FILE_BYTES
+        } else {
+            DISCOVER_FILE_HEAD
+        };
+        let Ok((lines, cut)) = read_lines(&path, 0, limit) else {
+            continue;
+        };
+        spent += lines.iter().map(|l| l.len() as u64).sum::<u64>();
+        let mut recorded: Option<bool> = None;
+        let mut first: Option<String> = None;
+        let mut turns = 0u32;
+        let mut last = None;
+        for line in &lines {
+            let Ok(entry) = serde_json::from_slice::<Value>(line) else {
+                continue;
+            };
+            if recorded.is_none()
+                && let Some(c) = entry.get("cwd").and_then(Value::as_str)
+            {
+                recorded = Some(same_cwd(c, cwd));
+            }
+            if let Some(at) = entry_time(&entry) {
+                last = Some(at);
+            }
+            if let Some(text) = prompt_text(&entry) {
+                turns += 1;
+                if first.is_none() {
+                    first = Some(text.chars().take(MAX_FIRST_PROMPT).collect());
+                }
+            }
+        }
+        // Another cwd's file sharing the folder (`/a/b-c` and `/a/b/c`), or none recorded.
+        if recorded != Some(true) {
+            continue;
+        }
+        let Some(first_prompt) = first else {
+            continue;
+        };
+        if cut {
+            // The last entry's time is at the end.
+            let len = std::fs::metadata(&path).map_or(0, |m| m.len());
+            let tail = read_lines(&path, len.saturating_sub(64 << 10), 64 << 10)
+                .map(|(l, _)| l)
+                .unwrap_or_default();
+            last = tail
+                .iter()
+                .rev()
+                .filter_map(|l| serde_json::from_slice::<Value>(l).ok())
+                .find_map(|e| entry_time(&e));
+        }
+        let mtime = modified
+            .duration_since(std::time::UNIX_EPOCH)
+            .ok()
+            .and_then(|d| i64::try_from(d.as_millis()).ok())
+            .unwrap_or(0);
+        found.push(Discovered {
+            native_session_id: id.to_owned(),
+            first_prompt,
+            last_activity_ms: last.unwrap_or(mtime),
+            turns,
+        });
+    }
+    found
+}
+
+/// The conversation a session file holds, oldest first: real prompts, the assistant's text
+/// blocks, its tool calls and their results (thinking, meta and side-chain entries, the CLI's
+/// `<synthetic>` error wording and command wrappers are left out). A file longer than
+/// [`HISTORY_FILE_BYTES`] is read from that far before its end.
+pub fn read_session_history(
+    file: &std::path::Path,
+) -> std::io::Result<Vec<crate::session::discover::HistoryEntry>> {
+    use crate::session::discover::HistoryEntry;
+    let len = std::fs::metadata(file)?.len();
+    let (lines, _) = read_lines(
+        file,
+        len.saturating_sub(HISTORY_FILE_BYTES),
+        HISTORY_FILE_BYTES,
+    )?;
+    let mut out = Vec::new();
+    for line in lines {
+        let Ok(entry) = serde_json::from_slice::<Value>(&line) else {
+            continue;
+        };
+        if let Some(text) = prompt_text(&entry) {
+            out.push(HistoryEntry::User { text });
+            continue;
+        }
+        let flag = |name: &str| entry.get(name).and_then(Value::as_bool) == Some(true);
+        if flag("isSidechain") || flag("isMeta") {
+            continue;
+        }
+        let message = entry.get("message");
+        let blocks = message
+            .and_then(|m| m.get("content"))
+            .and_then(Value::as_array);
+        match entry.get("type").and_then(Value::as_str) {
+            Some("assistant") => {
+                if message.and_then(|m| m.get("model")).and_then(Value::as_str)
+                    == Some("<synthetic>")
+                {
+                    continue;
+                }
+                for block in blocks.into_iter().flatten() {
+                    match block.get("type").and_then(Value::as_str) {
+                        Some("text") => {
+                            let text = str_of(block, "text");
+                            if !text.trim().is_empty() {
+                                out.push(HistoryEntry::Assistant {
+                                    text: text.to_owned(),
+                                });
+                            }
+                        }
+                        Some("tool_use") => out.push(HistoryEntry::ToolCall {
+                            call_id: str_of(block, "id").to_owned(),
+                            name: str_of(block, "name").to_owned(),
+                            input: block.get("input").cloned().unwrap_or(Value::Null),
+                        }),
+                        _ => {}
+                    }
+                }
+            }
+            Some("user") => {
+                for block in blocks.into_iter().flatten() {
+                    if block.get("type").and_then(Value::as_str) != Some("tool_result") {
+                        continue;
+                    }
+                    let output = match block.get("content") {
+                        Some(Value::String(s)) => s.clone(),
+                        Some(Value::Array(parts)) => parts
+                            .iter()
+                            .filter_map(|p| p.get("text").and_then(Value::as_str))
+                            .collect::<Vec<_>>()
+                            .join("\n"),
+                        _ => String::new(),
+                    };
+                    out.push(HistoryEntry::ToolResult {
+                        call_id: str_of(block, "tool_use_id").to_owned(),
+                        output,
+                        is_error: block.get("is_error").and_then(Value::as_bool) == Some(true),
+                    });
+                }
+            }
+            _ => {}
+        }
+    }
+    Ok(out)
+}
+
 /// The stdin line for a user prompt. `uuid` (the host's run id) becomes the prompt entry's
 /// `uuid` in the session file, which is how the host tells its own prompts from anyone else's.
 pub fn user_frame(text: &str, uuid: &str) -> String {
@@ -158,6 +557,75 @@ pub fn user_frame(text: &str, uuid: &str) -> String {
         "message": {"role": "user", "content": text},
         "parent_tool_use_id": null,
         "session_id": "",
+    })
+    .to_string()
+}
+
+/// The stdin line for a prompt with attachments: the text, then each attachment's content
+/// block ([`attachment_blocks`]). Without attachments, [`user_frame`].
+pub fn user_frame_with(text: &str, uuid: &str, attachments: &[Value]) -> String {
+    if attachments.is_empty() {
+        return user_frame(text, uuid);
+    }
+    let mut content = vec![json!({"type": "text", "text": text})];
+    content.extend(attachments.iter().cloned());
+    json!({
+        "type": "user",
+        "uuid": uuid,
+        "message": {"role": "user", "content": content},
+        "parent_tool_use_id": null,
+        "session_id": "",
+    })
+    .to_string()
+}
+
+/// The Anthropic content blocks of a prompt's attachments, read from the host's copies: an
+/// image is an `image` block (base64); a PDF a `document` block (base64); any other file a
+/// `document` block of its text, titled with its name, when it is UTF-8 text. A file that is
+/// none of these (or cannot be read) is refused with why: the prompt is not sent.
+pub fn attachment_blocks(attachments: &[Attachment]) -> Result<Vec<Value>, String> {
+    use base64::Engine as _;
+    let b64 = |bytes: &[u8]| base64::engine::general_purpose::STANDARD.encode(bytes);
+    attachments
+        .iter()
+        .map(|a| {
+            let bytes = std::fs::read(&a.path)
+                .map_err(|e| format!("reading the attachment {} failed ({e})", a.name))?;
+            Ok(match a.kind {
+                AttachmentKind::Image => json!({
+                    "type": "image",
+                    "source": {"type": "base64", "media_type": a.mime, "data": b64(&bytes)},
+                }),
+                AttachmentKind::File if a.mime == "application/pdf" => json!({
+                    "type": "document",
+                    "source": {"type": "base64", "media_type": "application/pdf", "data": b64(&bytes)},
+                    "title": a.name,
+                }),
+                AttachmentKind::File => {
+                    let text = String::from_utf8(bytes).map_err(|_| {
+                        format!(
+                            "Claude takes images, PDFs and text files; {} ({}) is none of these",
+                            a.name, a.mime
+                        )
+                    })?;
+                    json!({
+                        "type": "document",
+                        "source": {"type": "text", "media_type": "text/plain", "data": text},
+                        "title": a.name,
+                    })
+                }
+            })
+        })
+        .collect()
+}
+
+/// The stdin line asking the CLI to use `model` from its next request on (answered by a
+/// `control_response` with this request id).
+pub fn set_model_frame(request_id: &str, model: &str) -> String {
+    json!({
+        "type": "control_request",
+        "request_id": request_id,
+        "request": {"subtype": "set_model", "model": model},
     })
     .to_string()
 }
@@ -363,6 +831,9 @@ pub struct Translator {
     /// The `updatedPermissions` each pending request's always options stand for, by request
     /// id, then option id.
     suggestions: HashMap<String, HashMap<String, Value>>,
+    /// Answers to the host's own control requests, by request id: `Err` with the CLI's
+    /// error for an error answer.
+    control_responses: Vec<(String, Result<Value, String>)>,
 }
 
 fn str_of<'a>(v: &'a Value, key: &str) -> &'a str {
@@ -406,6 +877,12 @@ impl Translator {
         std::mem::take(&mut self.replies)
     }
 
+    /// The answers to the host's own control requests the last frames brought, by request
+    /// id: the success `response`, or the error's text.
+    pub fn take_control_responses(&mut self) -> Vec<(String, Result<Value, String>)> {
+        std::mem::take(&mut self.control_responses)
+    }
+
     /// Lines skipped: not JSON, or a frame type this build does not know.
     pub fn skipped(&self) -> u64 {
         self.skipped
@@ -436,8 +913,23 @@ impl Translator {
                 })]
             }
             "result" => self.on_result(&frame),
-            // Known, and nothing for a client: answers to our own requests, rate-limit state.
-            "control_response" | "rate_limit_event" => Vec::new(),
+            "control_response" => {
+                let response = frame.get("response").unwrap_or(&Value::Null);
+                let id = str_of(response, "request_id").to_owned();
+                let answer = match str_of(response, "subtype") {
+                    "success" => Ok(response.get("response").cloned().unwrap_or(Value::Null)),
+                    _ => Err(match str_of(response, "error") {
+                        "" => "the agent refused the request".to_owned(),
+                        error => error.to_owned(),
+                    }),
+                };
+                if !id.is_empty() {
+                    self.control_responses.push((id, answer));
+                }
+                Vec::new()
+            }
+            // Known, and nothing for a client: rate-limit state.
+            "rate_limit_event" => Vec::new(),
             _ => {
                 self.skip(line);
                 Vec::new()
@@ -879,6 +1371,7 @@ fn close(block: &mut Block, whole: Option<&Value>) -> EventBody {
             text: whole
                 .and_then(|c| c.get("text").and_then(Value::as_str))
                 .map_or_else(|| block.text.clone(), str::to_owned),
+            imported: false,
         }),
         Kind::Thinking => EventBody::ThinkingEnd(BlockEnd {
             truncated: None,
@@ -886,6 +1379,7 @@ fn close(block: &mut Block, whole: Option<&Value>) -> EventBody {
             text: whole
                 .and_then(|c| c.get("thinking").and_then(Value::as_str))
                 .map_or_else(|| block.text.clone(), str::to_owned),
+            imported: false,
         }),
         Kind::Tool => EventBody::ToolCallEnd(ToolCallEnd {
             truncated: None,
@@ -1244,5 +1738,151 @@ mod tests {
             file_entry(br#"{"type":"user","message":{"content":"no id"}}"#),
             FileEntry::Unreadable
         );
+    }
+
+    #[test]
+    fn session_options_become_flags() {
+        use crate::protocol::options::{EnvVar, Header};
+        assert!(option_args(&SessionOptions::default()).is_empty());
+        let options = SessionOptions {
+            model: Some("claude-x".to_owned()),
+            system_prompt: Some("Be brief.".to_owned()),
+            mcp_servers: vec![
+                McpServer::Stdio {
+                    name: "probe".to_owned(),
+                    command: "node".to_owned(),
+                    args: vec!["/t/probe.mjs".to_owned()],
+                    env: vec![EnvVar {
+                        name: "K".to_owned(),
+                        value: "v".to_owned(),
+                    }],
+                },
+                McpServer::Http {
+                    name: "web".to_owned(),
+                    url: "http://127.0.0.1:1/mcp".to_owned(),
+                    headers: vec![Header {
+                        name: "Authorization".to_owned(),
+                        value: "Bearer t".to_owned(),
+                    }],
+                },
+                McpServer::Sse {
+                    name: "old".to_owned(),
+                    url: "http://127.0.0.1:1/sse".to_owned(),
+                    headers: Vec::new(),
+                },
+            ],
+            permission_mode: Some(PermissionMode::AcceptEdits),
+        };
+        let args = option_args(&options);
+        let value = |flag: &str| {
+            let at = args.iter().position(|a| a == flag).unwrap();
+            args[at + 1].clone()
+        };
+        assert_eq!(value("--model"), "claude-x");
+        assert_eq!(value("--append-system-prompt"), "Be brief.");
+        assert_eq!(value("--permission-mode"), "acceptEdits");
+        let config: Value = serde_json::from_str(&value("--mcp-config")).unwrap();
+        assert_eq!(
+            config,
+            json!({"mcpServers": {
+                "probe": {"type": "stdio", "command": "node", "args": ["/t/probe.mjs"], "env": {"K": "v"}},
+                "web": {"type": "http", "url": "http://127.0.0.1:1/mcp", "headers": {"Authorization": "Bearer t"}},
+                "old": {"type": "sse", "url": "http://127.0.0.1:1/sse", "headers": {}},
+            }})
+        );
+        for (mode, native) in [
+            (PermissionMode::Ask, "default"),
+            (PermissionMode::Bypass, "bypassPermissions"),
+        ] {
+            let args = option_args(&SessionOptions {
+                permission_mode: Some(mode),
+                ..SessionOptions::default()
+            });
+            assert_eq!(args, ["--permission-mode", native]);
+        }
+    }
+
+    #[test]
+    fn attachments_become_content_blocks() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = |name: &str, mime: &str, kind: AttachmentKind, bytes: &[u8]| {
+            let path = dir.path().join(name);
+            std::fs::write(&path, bytes).unwrap();
+            Attachment {
+                name: name.to_owned(),
+                mime: mime.to_owned(),
+                kind,
+                bytes: bytes.len() as u64,
+                sha256: String::new(),
+                path,
+            }
+        };
+        let blocks = attachment_blocks(&[
+            file("a.png", "image/png", AttachmentKind::Image, b"\x89PNG"),
+            file("b.pdf", "application/pdf", AttachmentKind::File, b"%PDF"),
+            file(
+                "c.txt",
+                "text/plain",
+                AttachmentKind::File,
+                "héllo".as_bytes(),
+            ),
+        ])
+        .unwrap();
+        assert_eq!(
+            blocks[0],
+            json!({"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw=="}})
+        );
+        assert_eq!(blocks[1]["type"], "document");
+        assert_eq!(
+            blocks[1]["source"],
+            json!({"type": "base64", "media_type": "application/pdf", "data": "JVBERg=="})
+        );
+        assert_eq!(
+            blocks[2],
+            json!({"type": "document", "title": "c.txt",
+                   "source": {"type": "text", "media_type": "text/plain", "data": "héllo"}})
+        );
+        let frame: Value =
+            serde_json::from_str(&user_frame_with("look", "run-1", &blocks)).unwrap();
+        assert_eq!(frame["uuid"], "run-1");
+        let content = frame["message"]["content"].as_array().unwrap();
+        assert_eq!(content[0], json!({"type": "text", "text": "look"}));
+        assert_eq!(content.len(), 4);
+        // No attachments: the plain frame.
+        assert_eq!(user_frame_with("hi", "r", &[]), user_frame("hi", "r"));
+        // Binary that is not a PDF, and a copy that is gone: refused, saying which.
+        let zip = file(
+            "d.zip",
+            "application/zip",
+            AttachmentKind::File,
+            b"PK\x03\x04\xff",
+        );
+        let why = attachment_blocks(&[zip]).unwrap_err();
+        assert!(why.contains("d.zip"), "{why}");
+        let mut gone = file("e.png", "image/png", AttachmentKind::Image, b"x");
+        gone.path = dir.path().join("missing.png");
+        assert!(attachment_blocks(&[gone]).unwrap_err().contains("e.png"));
+    }
+
+    #[test]
+    fn answers_to_the_hosts_control_requests_are_kept_by_id() {
+        let frame: Value = serde_json::from_str(&set_model_frame("sm-1", "claude-y")).unwrap();
+        assert_eq!(
+            frame,
+            json!({"type": "control_request", "request_id": "sm-1",
+                   "request": {"subtype": "set_model", "model": "claude-y"}})
+        );
+        let mut t = Translator::new();
+        assert!(t.on_stdout_line(r#"{"type":"control_response","response":{"subtype":"success","request_id":"sm-1"}}"#).is_empty());
+        assert!(t.on_stdout_line(r#"{"type":"control_response","response":{"subtype":"error","request_id":"sm-2","error":"no such model"}}"#).is_empty());
+        assert_eq!(
+            t.take_control_responses(),
+            [
+                ("sm-1".to_owned(), Ok(Value::Null)),
+                ("sm-2".to_owned(), Err("no such model".to_owned()))
+            ]
+        );
+        assert!(t.take_control_responses().is_empty());
+        assert_eq!(t.skipped(), 0);
     }
 }

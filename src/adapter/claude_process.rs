@@ -22,9 +22,11 @@ use super::claude::{self, Translator};
 use super::lines::{BoundedLines, Line};
 use super::spawn::{SpawnSpec, Spawned, describe_exit, spawn};
 use super::{
-    AdapterError, AgentInput, AgentOutput, AgentSession, Honoured, Native, OpenSpec, PermissionAck,
+    AdapterError, AgentInput, AgentOutput, AgentSession, Honoured, ModelSwitch, Native, OpenSpec,
+    PermissionAck,
 };
-use crate::protocol::events::EventBody;
+use crate::protocol::events::{ErrorCategory, EventBody};
+use serde_json::Value;
 
 /// The longest stdout line read; a longer one is skipped (and counted), not fatal.
 pub const MAX_LINE: usize = 32 * 1024 * 1024;
@@ -40,9 +42,17 @@ pub fn open(spec: OpenSpec) -> Result<AgentSession, AdapterError> {
         Native::Resume(id) => (None, Some(id.as_str()), false),
         Native::Fork(id) => (None, Some(id.as_str()), true),
     };
+    if let Some(why) = bypass_refused(&spec) {
+        return Err(AdapterError::new(ErrorCategory::PermissionDenied, why));
+    }
     let mut child = spawn(&SpawnSpec {
         program: spec.program,
-        args: [spec.args.clone(), claude::launch_args(new_id, resume, fork)].concat(),
+        args: [
+            spec.args.clone(),
+            claude::launch_args(new_id, resume, fork),
+            claude::option_args(&spec.options),
+        ]
+        .concat(),
         cwd: spec.cwd,
         base_env: spec.base_env,
         extra_env: spec.extra_env,
@@ -64,12 +74,46 @@ pub fn open(spec: OpenSpec) -> Result<AgentSession, AdapterError> {
     Ok(AgentSession::new(input, events, pid))
 }
 
-/// A stdin line for an input: the line, whether it starts a turn, and for a permission
-/// answer where to acknowledge it once written (with whether it carries the always part).
+/// Why the CLI would refuse this spec's `bypass` mode at once: as root, Claude Code takes
+/// `bypassPermissions` only with `IS_SANDBOX=1` in its environment, which the host never sets
+/// on its own (a user's environment or `[agents.claude] env` carries it).
+fn bypass_refused(spec: &OpenSpec) -> Option<String> {
+    let sandboxed = spec
+        .base_env
+        .iter()
+        .chain(&spec.extra_env)
+        .rev()
+        .find(|(name, _)| name == "IS_SANDBOX")
+        .is_some_and(|(_, value)| value == "1");
+    (spec.options.mode() == crate::protocol::options::PermissionMode::Bypass
+        && nix::unistd::geteuid().is_root()
+        && !sandboxed)
+        .then(|| {
+            "Claude Code refuses permission mode bypass when it runs as root unless IS_SANDBOX=1 \
+             is in its environment; set it in the host's environment or in [agents.claude] env"
+                .to_owned()
+        })
+}
+
+/// How long a `set_model` control request waits for the CLI's answer (it answers at once;
+/// shorter than the session's own wait, so the session hears why).
+const SET_MODEL_WAIT: Duration = Duration::from_millis(1500);
+
+/// A `set_model` request written to the CLI, waiting for its `control_response`.
+struct PendingModel {
+    request_id: String,
+    reply: oneshot::Sender<Result<ModelSwitch, AdapterError>>,
+    deadline: tokio::time::Instant,
+}
+
+/// A stdin line for an input: the line, whether it starts a turn, for a permission answer
+/// where to acknowledge it once written (with whether it carries the always part), and for a
+/// model change where to answer once the CLI did.
 struct Frame {
     line: String,
     starts_turn: bool,
     ack: Option<(PermissionAck, Honoured)>,
+    model: Option<PendingModel>,
 }
 
 impl Frame {
@@ -78,16 +122,33 @@ impl Frame {
             line,
             starts_turn,
             ack: None,
+            model: None,
         }
     }
 }
 
+/// What an input comes to: a line to write, nothing, or a prompt that cannot be sent (its
+/// run ends with this error, the prompt never written).
+enum Framed {
+    Line(Frame),
+    Nothing,
+    Unsendable(AdapterError),
+}
+
 /// The stdin line for an input.
-fn frame_of(input: AgentInput, interrupts: &mut u64, translator: &mut Translator) -> Option<Frame> {
+fn frame_of(input: AgentInput, counter: &mut u64, translator: &mut Translator) -> Framed {
     match input {
-        AgentInput::Prompt { text, id, .. } => {
-            Some(Frame::plain(claude::user_frame(&text, &id), true))
-        }
+        AgentInput::Prompt {
+            text,
+            id,
+            attachments,
+        } => match claude::attachment_blocks(&attachments) {
+            Ok(blocks) => Framed::Line(Frame::plain(
+                claude::user_frame_with(&text, &id, &blocks),
+                true,
+            )),
+            Err(why) => Framed::Unsendable(AdapterError::prompt_not_sent(why)),
+        },
         AgentInput::Permission {
             request_id,
             allow,
@@ -103,16 +164,17 @@ fn frame_of(input: AgentInput, interrupts: &mut u64, translator: &mut Translator
                 &input,
                 message.as_deref(),
             );
-            Some(Frame {
+            Framed::Line(Frame {
                 line,
                 starts_turn: false,
                 ack: Some((ack, Honoured { always })),
+                model: None,
             })
         }
         AgentInput::Interrupt => {
-            *interrupts += 1;
-            Some(Frame::plain(
-                claude::interrupt_frame(&format!("interrupt-{interrupts}")),
+            *counter += 1;
+            Framed::Line(Frame::plain(
+                claude::interrupt_frame(&format!("interrupt-{counter}")),
                 false,
             ))
         }
@@ -124,16 +186,54 @@ fn frame_of(input: AgentInput, interrupts: &mut u64, translator: &mut Translator
                 "Claude Code takes a message mid-turn only when the turn makes another model \
                  request; the host does not steer it",
             )));
-            None
+            Framed::Nothing
         }
-        AgentInput::SetModel { reply, .. } => {
-            let _unwaited = reply.send(Err(AdapterError::new(
-                crate::protocol::events::ErrorCategory::ProtocolIncompatible,
-                "this driver cannot change the model of a live agent",
-            )));
-            None
+        AgentInput::SetModel { model, reply } => {
+            *counter += 1;
+            let request_id = format!("set-model-{counter}");
+            Framed::Line(Frame {
+                line: claude::set_model_frame(&request_id, &model),
+                starts_turn: false,
+                ack: None,
+                model: Some(PendingModel {
+                    request_id,
+                    reply,
+                    deadline: tokio::time::Instant::now() + SET_MODEL_WAIT,
+                }),
+            })
         }
-        AgentInput::Close { .. } => None,
+        AgentInput::Close { .. } => Framed::Nothing,
+    }
+}
+
+/// Answer the model changes the CLI answered (`Live` on success, its error otherwise), and
+/// those it left unanswered past their deadline.
+fn settle_models(
+    pending: &mut Vec<PendingModel>,
+    answers: Vec<(String, Result<Value, String>)>,
+    now: tokio::time::Instant,
+) {
+    for (id, answer) in answers {
+        let Some(at) = pending.iter().position(|p| p.request_id == id) else {
+            continue;
+        };
+        let waiting = pending.swap_remove(at);
+        let _unwaited = waiting
+            .reply
+            .send(answer.map(|_| ModelSwitch::Live).map_err(|e| {
+                AdapterError::new(
+                    ErrorCategory::AgentFailed,
+                    format!("the agent refused the model change ({e})"),
+                )
+            }));
+    }
+    let (late, waiting): (Vec<_>, Vec<_>) = pending.drain(..).partition(|p| p.deadline <= now);
+    *pending = waiting;
+    for p in late {
+        let _unwaited = p.reply.send(Err(AdapterError::new(
+            ErrorCategory::ResultDeliveryUnknown,
+            "the agent did not answer the model change in time",
+        )));
     }
 }
 
@@ -186,7 +286,9 @@ async fn run(
     let mut lines = BoundedLines::new(stdout, MAX_LINE);
     let mut translator = Translator::new();
     let mut in_turn = false;
-    let mut interrupts = 0u64;
+    let mut counter = 0u64;
+    // Model changes asked of the CLI and not answered yet.
+    let mut models: Vec<PendingModel> = Vec::new();
     let mut closing: Option<(Duration, oneshot::Sender<()>)> = None;
     // A prompt that never reached the CLI (its stdin closed, or the process ended first).
     let mut unsent = false;
@@ -203,16 +305,40 @@ async fn run(
                 leader_gone = true;
                 break;
             }
+            () = tokio::time::sleep_until(
+                models.iter().map(|p| p.deadline).min().unwrap_or_else(tokio::time::Instant::now)
+            ), if !models.is_empty() => {
+                settle_models(&mut models, Vec::new(), tokio::time::Instant::now());
+            }
             input = inputs.recv() => match input {
                 Some(AgentInput::Close { grace, done }) => {
                     closing = Some((grace, done));
                     break;
                 }
                 Some(input) => {
-                    let Some(Frame { line, starts_turn, ack }) = frame_of(input, &mut interrupts, &mut translator) else {
-                        continue;
+                    let Frame { line, starts_turn, ack, model } = match frame_of(input, &mut counter, &mut translator) {
+                        Framed::Line(frame) => frame,
+                        Framed::Nothing => continue,
+                        Framed::Unsendable(error) => {
+                            if !emit(&events, error.run_failed()).await {
+                                session_gone = true;
+                                break 'process;
+                            }
+                            continue;
+                        }
                     };
                     let written = write_line(&mut stdin, &line).await;
+                    if let Some(pending) = model {
+                        match &written {
+                            Ok(()) => models.push(pending),
+                            Err(e) => {
+                                let _unwaited = pending.reply.send(Err(AdapterError::new(
+                                    ErrorCategory::TransportLost,
+                                    format!("writing the model change failed ({e})"),
+                                )));
+                            }
+                        }
+                    }
                     if let Some((ack, honoured)) = ack {
                         let _unwaited = ack.send(match &written {
                             Ok(()) => Ok(honoured),
@@ -256,6 +382,10 @@ async fn run(
                     for reply in translator.take_replies() {
                         // A CLI whose stdin is gone is going away; its exit says the rest.
                         let _written = write_line(&mut stdin, &reply).await;
+                    }
+                    let answers = translator.take_control_responses();
+                    if !answers.is_empty() {
+                        settle_models(&mut models, answers, tokio::time::Instant::now());
                     }
                     for event in events_of_line {
                         if matches!(event, EventBody::RunEnd(_)) {
@@ -486,5 +616,103 @@ mod tests {
         let err = session.send("hello", "run-1").await.unwrap_err();
         assert_eq!(err.category, ErrorCategory::TransportLost);
         assert!(err.message.contains("not sent"), "{}", err.message);
+    }
+
+    /// A fake CLI that answers each `set_model` request it reads with `answer` (a
+    /// `control_response` body after its request id), keeping what it read in `got`.
+    fn set_model_fake(answer: &str) -> (tempfile::TempDir, OpenSpec) {
+        fake(&format!(
+            "while read line; do\n  printf '%s\\n' \"$line\" >> \"$dir/got\"\n  id=$(printf '%s' \"$line\" | sed 's/.*\"request_id\":\"\\([^\"]*\\)\".*/\\1/')\n  {answer}\ndone"
+        ))
+    }
+
+    #[tokio::test]
+    async fn set_model_is_a_control_request_answered_live_or_refused() {
+        let (dir, spec) = set_model_fake(
+            r#"printf '{"type":"control_response","response":{"subtype":"success","request_id":"%s"}}\n' "$id""#,
+        );
+        let session = open(spec).unwrap();
+        assert_eq!(
+            session.set_model("claude-y").await.unwrap(),
+            ModelSwitch::Live
+        );
+        let got = std::fs::read_to_string(dir.path().join("got")).unwrap();
+        let line: Value = serde_json::from_str(got.lines().next().unwrap()).unwrap();
+        assert_eq!(line["type"], "control_request");
+        assert_eq!(line["request"]["subtype"], "set_model");
+        assert_eq!(line["request"]["model"], "claude-y");
+
+        let (_dir, spec) = set_model_fake(
+            r#"printf '{"type":"control_response","response":{"subtype":"error","request_id":"%s","error":"unknown model"}}\n' "$id""#,
+        );
+        let session = open(spec).unwrap();
+        let err = session.set_model("nope").await.unwrap_err();
+        assert_eq!(err.category, ErrorCategory::AgentFailed);
+        assert!(err.message.contains("unknown model"), "{}", err.message);
+    }
+
+    /// No answer: an error within the driver's own bound, before the session's wait ends.
+    #[tokio::test]
+    async fn a_set_model_left_unanswered_fails_in_time() {
+        let (_dir, spec) = set_model_fake(":");
+        let session = open(spec).unwrap();
+        let started = std::time::Instant::now();
+        let err = session.set_model("claude-y").await.unwrap_err();
+        assert_eq!(err.category, ErrorCategory::ResultDeliveryUnknown);
+        assert!(err.message.contains("did not answer"), "{}", err.message);
+        assert!(started.elapsed() < crate::session::agent::PERMISSION_ACK_WAIT);
+    }
+
+    /// An attachment the CLI cannot take (its copy gone) fails the run before anything is
+    /// written: "not sent".
+    #[tokio::test]
+    async fn a_prompt_whose_attachment_cannot_be_read_is_not_sent() {
+        let (dir, spec) = fake("cat > \"$dir/got\"");
+        let mut session = open(spec).unwrap();
+        let attachment = crate::protocol::options::Attachment {
+            name: "gone.png".to_owned(),
+            mime: "image/png".to_owned(),
+            kind: crate::protocol::options::AttachmentKind::Image,
+            bytes: 1,
+            sha256: String::new(),
+            path: dir.path().join("gone.png"),
+        };
+        session
+            .send_with("look", "run-1", &[attachment])
+            .await
+            .unwrap();
+        let end = loop {
+            let next = tokio::time::timeout(WAIT, session.events.recv())
+                .await
+                .unwrap()
+                .unwrap();
+            if let AgentOutput::Event(EventBody::RunEnd(end)) = next {
+                break end;
+            }
+        };
+        assert_eq!(end.state, RunState::Failed);
+        assert_eq!(end.category, Some(ErrorCategory::TransportLost));
+        let message = end.message.unwrap_or_default();
+        assert!(
+            message.contains("gone.png") && message.contains("not sent"),
+            "{message}"
+        );
+        session.close(Duration::from_secs(2)).await;
+        let got = std::fs::read_to_string(dir.path().join("got")).unwrap_or_default();
+        assert!(got.is_empty(), "{got}");
+    }
+
+    #[test]
+    fn bypass_as_root_needs_is_sandbox() {
+        let (_dir, mut spec) = fake("exit 0");
+        spec.options.permission_mode = Some(crate::protocol::options::PermissionMode::Bypass);
+        let root = nix::unistd::geteuid().is_root();
+        assert_eq!(bypass_refused(&spec).is_some(), root);
+        spec.extra_env
+            .push(("IS_SANDBOX".to_owned(), "1".to_owned()));
+        assert_eq!(bypass_refused(&spec), None);
+        spec.options.permission_mode = None;
+        spec.extra_env.clear();
+        assert_eq!(bypass_refused(&spec), None);
     }
 }

@@ -27,7 +27,11 @@
 //!   ([`approval_options`]: `accept`, `acceptForSession`, an exec-policy amendment, `decline`,
 //!   `cancel`, as the request's `availableDecisions` lists them), keyed by the
 //!   item id; `serverRequest/resolved` → `permission.resolved` `withdrawn` by the agent (the
-//!   session drops it when the request was already answered).
+//!   session drops it when the request was already answered). An MCP tool call's approval
+//!   (`mcpServer/elicitation/request` with `codex_approval_kind: mcp_tool_call`) →
+//!   `permission.request` for `mcp__<server>__<tool>` with the call's arguments, options
+//!   `accept` / `decline`, keyed by the turn and the request's number; any other
+//!   elicitation (a form to fill) is declined.
 //! - `thread/tokenUsage/updated` adds up per turn (`last`), one `usage` at the turn's end.
 //! - `error` with `willRetry` is a `warning`; without, an `error` (the turn ends on its own).
 //! - `turn/completed`: open items are closed (an interrupted message never completes), then
@@ -51,6 +55,9 @@ use crate::protocol::events::{
     RunState, SessionBound, TextDelta, ToolCallEnd, ToolCallStart, ToolExecEnd, ToolExecStart,
     ToolExecUpdate, Usage,
 };
+use crate::protocol::options::{
+    Attachment, AttachmentKind, McpServer, PermissionMode, SessionOptions,
+};
 
 /// The `initialize` params.
 pub fn initialize_params() -> Value {
@@ -60,30 +67,123 @@ pub fn initialize_params() -> Value {
     })
 }
 
-/// `thread/start` params for a session in `cwd`.
-pub fn thread_start_params(cwd: &str) -> Value {
-    json!({"cwd": cwd, "approvalPolicy": "on-request", "sandbox": "workspace-write"})
+/// `thread/start` params for a session in `cwd`, with its options in Codex's own carriers
+/// ([`thread_options`]).
+pub fn thread_start_params(cwd: &str, options: &SessionOptions) -> Value {
+    let mut params = json!({"cwd": cwd});
+    thread_options(&mut params, options);
+    params
 }
 
-/// `thread/resume` params: the session's cwd, approval policy and sandbox win over what the
-/// thread recorded, as on `thread/start`.
-pub fn thread_resume_params(thread_id: &str, cwd: &str) -> Value {
-    let mut params = thread_start_params(cwd);
+/// A session's options as `thread/start`, `thread/resume` and `thread/fork` take them (each
+/// of the three carries all of them, so a resumed or forked thread runs as configured now):
+/// - `model` → `model` (a resumed or forked thread recorded under another model takes it,
+///   and Codex tells the model of the switch);
+/// - `system_prompt` → `developerInstructions`: a developer message the model sees once, ahead
+///   of the conversation, in every request of the thread. Only `thread/start` sets it: at a
+///   resume or a fork Codex keeps the thread's own and takes no other (tests/codex_host.rs,
+///   `codex_resume_applies_a_new_model_and_mcp_servers_but_keeps_the_threads_prompt`);
+/// - `mcp_servers` → the `config` override `mcp_servers.<name>` (stdio `command`, `args`,
+///   `env`; streamable HTTP `url`, `http_headers`), taken at a resume and a fork too. Codex
+///   shows each server's tools to the model as the namespace `mcp__<name>`, and asks before
+///   it calls one (an elicitation, [`MCP_ELICITATION`]);
+/// - `permission_mode`: `ask` → `approvalPolicy: on-request` + `sandbox: workspace-write`
+///   (commands run in the workspace sandbox, an escalation or an MCP tool call is asked);
+///   `bypass` → `never` + `danger-full-access` (nothing is asked, nothing is sandboxed).
+///   `accept_edits` has no Codex equivalent of its own (edits in the workspace already run
+///   unasked under `ask`): the family does not declare it, so it never gets here, and it
+///   maps as `ask` if it does.
+pub fn thread_options(params: &mut Value, options: &SessionOptions) {
+    let (approval, sandbox) = match options.mode() {
+        PermissionMode::Bypass => ("never", "danger-full-access"),
+        PermissionMode::Ask | PermissionMode::AcceptEdits => ("on-request", "workspace-write"),
+    };
+    params["approvalPolicy"] = json!(approval);
+    params["sandbox"] = json!(sandbox);
+    if let Some(model) = &options.model {
+        params["model"] = json!(model);
+    }
+    if let Some(prompt) = &options.system_prompt {
+        params["developerInstructions"] = json!(prompt);
+    }
+    if !options.mcp_servers.is_empty() {
+        params["config"] = json!({"mcp_servers": mcp_servers_config(&options.mcp_servers)});
+    }
+}
+
+/// MCP servers as Codex's `mcp_servers` config table, by name. An SSE server (which Codex
+/// does not take; the family does not declare it) is left out.
+pub fn mcp_servers_config(servers: &[McpServer]) -> Value {
+    let mut table = serde_json::Map::new();
+    for server in servers {
+        let entry = match server {
+            McpServer::Stdio {
+                command, args, env, ..
+            } => {
+                let mut entry = json!({"command": command, "args": args});
+                if !env.is_empty() {
+                    let env: serde_json::Map<String, Value> = env
+                        .iter()
+                        .map(|v| (v.name.clone(), json!(v.value)))
+                        .collect();
+                    entry["env"] = Value::Object(env);
+                }
+                entry
+            }
+            McpServer::Http { url, headers, .. } => {
+                let mut entry = json!({"url": url});
+                if !headers.is_empty() {
+                    let headers: serde_json::Map<String, Value> = headers
+                        .iter()
+                        .map(|h| (h.name.clone(), json!(h.value)))
+                        .collect();
+                    entry["http_headers"] = Value::Object(headers);
+                }
+                entry
+            }
+            McpServer::Sse { .. } => continue,
+        };
+        table.insert(server.name().to_owned(), entry);
+    }
+    Value::Object(table)
+}
+
+/// `thread/resume` params: the session's cwd and options win over what the thread recorded,
+/// as on `thread/start`.
+pub fn thread_resume_params(thread_id: &str, cwd: &str, options: &SessionOptions) -> Value {
+    let mut params = thread_start_params(cwd, options);
     params["threadId"] = json!(thread_id);
     params
 }
 
-/// `thread/fork` params: the fork runs in the session's cwd, like the thread it continues.
-pub fn thread_fork_params(thread_id: &str, cwd: &str) -> Value {
-    thread_resume_params(thread_id, cwd)
+/// `thread/fork` params: the fork runs in the session's cwd and options, like the thread it
+/// continues.
+pub fn thread_fork_params(thread_id: &str, cwd: &str, options: &SessionOptions) -> Value {
+    thread_resume_params(thread_id, cwd, options)
 }
 
-/// `turn/start` params.
-pub fn turn_start_params(thread_id: &str, text: &str) -> Value {
-    json!({
-        "threadId": thread_id,
-        "input": [{"type": "text", "text": text, "text_elements": []}],
-    })
+/// `turn/start` params: the prompt, then each image attachment as a `localImage` input (the
+/// host's copy; Codex reads it and shows the model an `input_image`). `model`: the session's
+/// model since a `session.set_model`, which the turn carries (Codex keeps it for the turns
+/// after too).
+pub fn turn_start_params(
+    thread_id: &str,
+    text: &str,
+    model: Option<&str>,
+    attachments: &[Attachment],
+) -> Value {
+    let mut input = vec![json!({"type": "text", "text": text, "text_elements": []})];
+    input.extend(
+        attachments
+            .iter()
+            .filter(|a| a.kind == AttachmentKind::Image)
+            .map(|a| json!({"type": "localImage", "path": a.path})),
+    );
+    let mut params = json!({"threadId": thread_id, "input": input});
+    if let Some(model) = model {
+        params["model"] = json!(model);
+    }
+    params
 }
 
 /// `turn/steer` params: `text` joins the running turn `turn_id` (its id is the precondition:
@@ -117,6 +217,19 @@ pub fn approval_answer(
             _ => "turn",
         };
         return json!({"permissions": granted, "scope": scope});
+    }
+    if method == MCP_ELICITATION {
+        // An MCP tool call's approval is an elicitation with an empty form: accepted with no
+        // content, or declined.
+        let accept = match option {
+            Some(o) => o.id == "accept",
+            None => allow,
+        };
+        return if accept {
+            json!({"action": "accept", "content": {}})
+        } else {
+            json!({"action": "decline"})
+        };
     }
     let decision = match option {
         Some(o) => offered_decisions(method, params)
@@ -178,6 +291,12 @@ fn decision_id(decision: &Value) -> String {
 
 /// The options an approval request becomes, in Codex's order.
 pub fn approval_options(method: &str, params: &Value) -> Vec<PermissionOption> {
+    if method == MCP_ELICITATION {
+        return vec![
+            PermissionOption::new("accept", "Allow", PermissionOptionKind::AllowOnce),
+            PermissionOption::new("decline", "Deny", PermissionOptionKind::RejectOnce),
+        ];
+    }
     if method == "item/permissions/requestApproval" {
         return vec![
             PermissionOption::new(
@@ -257,12 +376,28 @@ pub fn approval_options(method: &str, params: &Value) -> Vec<PermissionOption> {
         .collect()
 }
 
-/// The approval methods, which become `permission.request`s.
+/// The approval methods, which become `permission.request`s (an MCP elicitation only when it
+/// is Codex's approval of an MCP tool call, [`is_mcp_tool_approval`]; any other is declined).
 pub const APPROVALS: &[&str] = &[
     "item/commandExecution/requestApproval",
     "item/fileChange/requestApproval",
     "item/permissions/requestApproval",
+    MCP_ELICITATION,
 ];
+
+/// How Codex asks before it runs an MCP server's tool (under `approvalPolicy: on-request`):
+/// an elicitation from that server with an empty form, `_meta.codex_approval_kind:
+/// "mcp_tool_call"`, answered `{action: "accept"}` or `{action: "decline"}`.
+pub const MCP_ELICITATION: &str = "mcpServer/elicitation/request";
+
+/// Whether an elicitation is Codex's approval of an MCP tool call (not a form the server
+/// wants filled, which the host cannot show).
+pub fn is_mcp_tool_approval(params: &Value) -> bool {
+    params
+        .pointer("/_meta/codex_approval_kind")
+        .and_then(Value::as_str)
+        == Some("mcp_tool_call")
+}
 
 /// The `permission.request` id of an approval request: its item id (unique in the thread, and
 /// stable across processes, unlike the JSON-RPC id).
@@ -373,6 +508,321 @@ fn path_of_uri(text: &str) -> String {
         }
     }
     String::from_utf8_lossy(&out).into_owned()
+}
+
+// ---- Its threads as its rollouts tell them (`session.discover`, the history of an import) ----
+
+/// At most this many rollout files (the newest by name, which starts with the time) are
+/// looked at by [`discover_rollouts`]; each is read to [`ROLLOUT_DISCOVER_BYTES`].
+const ROLLOUT_DISCOVER_FILES: usize = 1000;
+const ROLLOUT_DISCOVER_BYTES: u64 = 8 << 20;
+/// What it reads of all matching files together; past it only their first lines.
+const ROLLOUT_DISCOVER_TOTAL: u64 = 64 << 20;
+/// What [`rollout_history`] reads of a rollout.
+const ROLLOUT_HISTORY_BYTES: u64 = 64 << 20;
+
+/// The thread id and cwd of a rollout's first line (its `session_meta`).
+fn rollout_meta(path: &Path) -> Option<(String, PathBuf)> {
+    #[derive(Deserialize)]
+    struct Line {
+        #[serde(rename = "type")]
+        kind: String,
+        payload: Meta,
+    }
+    #[derive(Deserialize)]
+    struct Meta {
+        id: Option<String>,
+        cwd: Option<String>,
+    }
+    let file = std::fs::File::open(path).ok()?;
+    let reader = std::io::BufReader::new(file.take(ROLLOUT_META_LIMIT));
+    let first = serde_json::Deserializer::from_reader(reader)
+        .into_iter::<Line>()
+        .next()?
+        .ok()?;
+    if first.kind != "session_meta" {
+        return None;
+    }
+    let cwd = first.payload.cwd.filter(|c| !c.is_empty())?;
+    Some((first.payload.id?, PathBuf::from(path_of_uri(&cwd))))
+}
+
+/// Text the user did not type that Codex puts in user messages of its own: the environment,
+/// the instructions of `AGENTS.md`, skills and permissions.
+fn injected_context(text: &str) -> bool {
+    let t = text.trim_start();
+    t.starts_with('<') && {
+        let tag: String = t[1..]
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_' || *c == '-' || *c == ' ')
+            .collect();
+        [
+            "environment_context",
+            "user_instructions",
+            "skills_instructions",
+            "permissions instructions",
+            "user_shell_command",
+            "turn_aborted",
+            "subagent",
+        ]
+        .iter()
+        .any(|known| tag.starts_with(known))
+    } || t.starts_with("# AGENTS.md instructions")
+}
+
+/// The text parts of a rollout content list (`input_text`, `output_text`, `text`, `Text`).
+fn content_text(content: Option<&Value>) -> String {
+    content
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter(|part| {
+            matches!(
+                part.get("type").and_then(Value::as_str),
+                Some("input_text" | "output_text" | "text" | "Text")
+            )
+        })
+        .filter_map(|part| part.get("text").and_then(Value::as_str))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// A rollout's lines as a conversation, and its last line's time. Codex records a message
+/// more than once (as an item it completed, as a legacy event, as the model input): the
+/// first of those sources the file has is used, in that order; tool calls come from the
+/// model input (`function_call`, `custom_tool_call`, and their outputs).
+fn rollout_entries(
+    lines: &[Vec<u8>],
+) -> (Vec<crate::session::discover::HistoryEntry>, Option<i64>) {
+    use crate::session::discover::HistoryEntry;
+    // (source, entry): 0 an item, 1 a legacy event, 2 the model input; tools in every list.
+    let mut tagged: Vec<(Option<u8>, HistoryEntry)> = Vec::new();
+    let mut last = None;
+    for line in lines {
+        let Ok(v) = serde_json::from_slice::<Value>(line) else {
+            continue;
+        };
+        if let Some(at) = v
+            .get("timestamp")
+            .and_then(Value::as_str)
+            .and_then(|t| humantime::parse_rfc3339_weak(t).ok())
+            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+            .and_then(|d| i64::try_from(d.as_millis()).ok())
+        {
+            last = Some(at);
+        }
+        let payload = &v["payload"];
+        let text_entry = |source: u8, user: bool, text: String| {
+            let text = text.trim().to_owned();
+            if text.is_empty() || (user && injected_context(&text)) {
+                return None;
+            }
+            Some((
+                Some(source),
+                if user {
+                    HistoryEntry::User { text }
+                } else {
+                    HistoryEntry::Assistant { text }
+                },
+            ))
+        };
+        let entry = match (str_of(&v, "type"), str_of(payload, "type")) {
+            ("event_msg", "item_completed") => {
+                let item = &payload["item"];
+                match str_of(item, "type") {
+                    "UserMessage" => text_entry(0, true, content_text(item.get("content"))),
+                    "AgentMessage" => text_entry(0, false, content_text(item.get("content"))),
+                    _ => None,
+                }
+            }
+            ("event_msg", "user_message") => {
+                text_entry(1, true, str_of(payload, "message").to_owned())
+            }
+            ("event_msg", "agent_message") => {
+                text_entry(1, false, str_of(payload, "message").to_owned())
+            }
+            ("response_item", "message") => match str_of(payload, "role") {
+                "user" => text_entry(2, true, content_text(payload.get("content"))),
+                "assistant" => text_entry(2, false, content_text(payload.get("content"))),
+                _ => None,
+            },
+            ("response_item", kind @ ("function_call" | "custom_tool_call")) => {
+                let input = if kind == "function_call" {
+                    let args = str_of(payload, "arguments");
+                    serde_json::from_str(args).unwrap_or_else(|_| Value::String(args.to_owned()))
+                } else {
+                    payload.get("input").cloned().unwrap_or(Value::Null)
+                };
+                Some((
+                    None,
+                    HistoryEntry::ToolCall {
+                        call_id: str_of(payload, "call_id").to_owned(),
+                        name: str_of(payload, "name").to_owned(),
+                        input,
+                    },
+                ))
+            }
+            ("response_item", "function_call_output" | "custom_tool_call_output") => {
+                let output = match payload.get("output") {
+                    Some(Value::String(s)) => s.clone(),
+                    Some(other) => other
+                        .get("content")
+                        .and_then(Value::as_str)
+                        .map_or_else(|| other.to_string(), str::to_owned),
+                    None => String::new(),
+                };
+                let is_error =
+                    payload.pointer("/output/success").and_then(Value::as_bool) == Some(false);
+                Some((
+                    None,
+                    HistoryEntry::ToolResult {
+                        call_id: str_of(payload, "call_id").to_owned(),
+                        output,
+                        is_error,
+                    },
+                ))
+            }
+            _ => None,
+        };
+        tagged.extend(entry);
+    }
+    let source = (0..3).find(|s| tagged.iter().any(|(t, _)| *t == Some(*s)));
+    let entries = tagged
+        .into_iter()
+        .filter(|(t, _)| t.is_none() || *t == source)
+        .map(|(_, e)| e)
+        .collect();
+    (entries, last)
+}
+
+/// The lines of a file from `start`, at most `limit` bytes (a line cut by the limit, or the
+/// one `start` falls into, is left out).
+fn rollout_lines(file: &Path, start: u64, limit: u64) -> std::io::Result<Vec<Vec<u8>>> {
+    use std::io::{BufRead, Seek};
+    let mut f = std::fs::File::open(file)?;
+    let len = f.metadata()?.len();
+    if start > 0 {
+        f.seek(std::io::SeekFrom::Start(start))?;
+    }
+    let cut = len.saturating_sub(start) > limit;
+    let mut reader = std::io::BufReader::new(f.take(limit));
+    let mut lines = Vec::new();
+    let mut first = true;
+    loop {
+        let mut line = Vec::new();
+        if reader.read_until(b'\n', &mut line)? == 0 {
+            break;
+        }
+        let whole = line.last() == Some(&b'\n');
+        let skip = (first && start > 0) || (!whole && cut);
+        first = false;
+        if !skip {
+            lines.push(line);
+        }
+    }
+    Ok(lines)
+}
+
+/// Codex's own threads of `cwd`: the rollouts under `$CODEX_HOME/sessions/YYYY/MM/DD/` whose
+/// `session_meta` records this cwd and that hold a prompt of the user's, with the first one,
+/// the last line's time (else the file's mtime) and how many prompts. Bounded: the newest
+/// [`ROLLOUT_DISCOVER_FILES`] rollouts by name, each read to [`ROLLOUT_DISCOVER_BYTES`] while
+/// [`ROLLOUT_DISCOVER_TOTAL`] lasts.
+pub fn discover_rollouts(
+    codex_home: &Path,
+    cwd: &Path,
+) -> Vec<crate::session::discover::Discovered> {
+    use crate::session::discover::{Discovered, HistoryEntry, MAX_FIRST_PROMPT};
+    let sorted_desc = |dir: &Path| -> Vec<PathBuf> {
+        let mut entries: Vec<PathBuf> = std::fs::read_dir(dir)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.path())
+            .collect();
+        entries.sort_by(|a, b| b.file_name().cmp(&a.file_name()));
+        entries
+    };
+    let mut rollouts = Vec::new();
+    'walk: for year in sorted_desc(&codex_home.join("sessions")) {
+        for month in sorted_desc(&year) {
+            for day in sorted_desc(&month) {
+                for file in sorted_desc(&day) {
+                    let name = file.file_name().map(|n| n.to_string_lossy().into_owned());
+                    if name.is_some_and(|n| n.starts_with("rollout-") && n.ends_with(".jsonl")) {
+                        rollouts.push(file);
+                        if rollouts.len() >= ROLLOUT_DISCOVER_FILES {
+                            break 'walk;
+                        }
+                    }
+                }
+            }
+        }
+    }
+    let canonical = std::fs::canonicalize(cwd).ok();
+    let same = |recorded: &Path| {
+        recorded == cwd
+            || canonical
+                .as_ref()
+                .is_some_and(|c| std::fs::canonicalize(recorded).is_ok_and(|r| r == *c))
+    };
+    let mut spent = 0u64;
+    let mut found = Vec::new();
+    for path in rollouts {
+        let Some((id, recorded)) = rollout_meta(&path) else {
+            continue;
+        };
+        if !same(&recorded) {
+            continue;
+        }
+        let limit = if spent < ROLLOUT_DISCOVER_TOTAL {
+            ROLLOUT_DISCOVER_BYTES
+        } else {
+            ROLLOUT_META_LIMIT
+        };
+        let Ok(lines) = rollout_lines(&path, 0, limit) else {
+            continue;
+        };
+        spent += lines.iter().map(|l| l.len() as u64).sum::<u64>();
+        let (entries, last) = rollout_entries(&lines);
+        let prompts: Vec<&String> = entries
+            .iter()
+            .filter_map(|e| match e {
+                HistoryEntry::User { text } => Some(text),
+                _ => None,
+            })
+            .collect();
+        let Some(first) = prompts.first() else {
+            continue;
+        };
+        let mtime = std::fs::metadata(&path)
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+            .and_then(|d| i64::try_from(d.as_millis()).ok())
+            .unwrap_or(0);
+        found.push(Discovered {
+            native_session_id: id,
+            first_prompt: first.chars().take(MAX_FIRST_PROMPT).collect(),
+            last_activity_ms: last.unwrap_or(mtime),
+            turns: u32::try_from(prompts.len()).unwrap_or(u32::MAX),
+        });
+    }
+    found
+}
+
+/// The conversation a rollout holds, oldest first ([`rollout_entries`]); a rollout longer
+/// than [`ROLLOUT_HISTORY_BYTES`] is read from that far before its end.
+pub fn rollout_history(
+    path: &Path,
+) -> std::io::Result<Vec<crate::session::discover::HistoryEntry>> {
+    let len = std::fs::metadata(path)?.len();
+    let lines = rollout_lines(
+        path,
+        len.saturating_sub(ROLLOUT_HISTORY_BYTES),
+        ROLLOUT_HISTORY_BYTES,
+    )?;
+    Ok(rollout_entries(&lines).0)
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -504,29 +954,48 @@ impl Translator {
         method: &str,
         params: &Value,
     ) -> Vec<EventBody> {
-        if !APPROVALS.contains(&method) || !self.ours(params) {
+        let form = method == MCP_ELICITATION && !is_mcp_tool_approval(params);
+        if !APPROVALS.contains(&method) || form || !self.ours(params) {
             self.skipped += 1;
             return Vec::new();
         }
-        let request_id = permission_id(params, id);
+        let request_id = match method {
+            // No item id: the turn's id and the request's number are unique in the thread.
+            MCP_ELICITATION => format!("mcp-{}-{id}", str_of(params, "turnId")),
+            _ => permission_id(params, id),
+        };
         self.pending.push((id.to_string(), request_id.clone()));
+        let mcp_tool = || {
+            let tool = params
+                .pointer("/_meta/tool_name")
+                .and_then(Value::as_str)
+                .unwrap_or_default();
+            format!("mcp__{}__{tool}", str_of(params, "serverName"))
+        };
         let (tool, input) = match method {
+            MCP_ELICITATION => (
+                mcp_tool(),
+                params
+                    .pointer("/_meta/tool_params")
+                    .cloned()
+                    .unwrap_or(json!({})),
+            ),
             "item/commandExecution/requestApproval" => (
-                "shell",
+                "shell".to_owned(),
                 json!({"command": params.get("command").map(bare_command), "cwd": params.get("cwd"), "reason": params.get("reason")}),
             ),
             "item/fileChange/requestApproval" => (
-                "apply_patch",
+                "apply_patch".to_owned(),
                 json!({"reason": params.get("reason"), "grantRoot": params.get("grantRoot")}),
             ),
             _ => (
-                "permissions",
+                "permissions".to_owned(),
                 json!({"permissions": params.get("permissions"), "reason": params.get("reason")}),
             ),
         };
         vec![EventBody::PermissionRequest(PermissionRequest {
             request_id,
-            tool: tool.to_owned(),
+            tool,
             input,
             options: approval_options(method, params),
         })]
@@ -720,6 +1189,7 @@ impl Translator {
                     .get("text")
                     .and_then(Value::as_str)
                     .map_or(open.text, str::to_owned),
+                imported: false,
             })],
             Kind::Thinking => {
                 let parts = |k: &str| -> Vec<String> {
@@ -743,6 +1213,7 @@ impl Translator {
                     truncated: None,
                     item_id: Some(id),
                     text,
+                    imported: false,
                 })]
             }
             Kind::Tool => {
@@ -888,11 +1359,13 @@ impl Translator {
                     truncated: None,
                     item_id: Some(id),
                     text: open.text,
+                    imported: false,
                 }),
                 Kind::Thinking => EventBody::ThinkingEnd(BlockEnd {
                     truncated: None,
                     item_id: Some(id),
                     text: open.text,
+                    imported: false,
                 }),
                 Kind::Tool => EventBody::ToolExecEnd(ToolExecEnd {
                     truncated: None,
@@ -1710,15 +2183,153 @@ mod tests {
 
     #[test]
     fn resume_and_fork_name_the_sessions_cwd() {
+        let options = SessionOptions::default();
         for params in [
-            thread_resume_params("th", "/w"),
-            thread_fork_params("th", "/w"),
+            thread_resume_params("th", "/w", &options),
+            thread_fork_params("th", "/w", &options),
         ] {
             assert_eq!(params["threadId"], "th");
             assert_eq!(params["cwd"], "/w");
             assert_eq!(params["approvalPolicy"], "on-request");
             assert_eq!(params["sandbox"], "workspace-write");
         }
+    }
+
+    /// A session's options in Codex's carriers, the same on start, resume and fork: `model`,
+    /// `developerInstructions`, MCP servers as the `config` override (stdio with its env, HTTP
+    /// with its headers, SSE left out), and the permission mode's approval policy and sandbox.
+    #[test]
+    fn options_map_to_thread_params() {
+        use crate::protocol::options::{EnvVar, Header};
+        let options = SessionOptions {
+            model: Some("gpt-x".to_owned()),
+            system_prompt: Some("be brief".to_owned()),
+            mcp_servers: vec![
+                McpServer::Stdio {
+                    name: "probe".to_owned(),
+                    command: "node".to_owned(),
+                    args: vec!["/t/probe.mjs".to_owned()],
+                    env: vec![EnvVar {
+                        name: "K".to_owned(),
+                        value: "v".to_owned(),
+                    }],
+                },
+                McpServer::Http {
+                    name: "web".to_owned(),
+                    url: "http://127.0.0.1:9/mcp".to_owned(),
+                    headers: vec![Header {
+                        name: "X-A".to_owned(),
+                        value: "b".to_owned(),
+                    }],
+                },
+                McpServer::Sse {
+                    name: "old".to_owned(),
+                    url: "http://127.0.0.1:9/sse".to_owned(),
+                    headers: Vec::new(),
+                },
+            ],
+            permission_mode: Some(PermissionMode::Bypass),
+        };
+        let start = thread_start_params("/w", &options);
+        assert_eq!(
+            start,
+            json!({
+                "cwd": "/w", "approvalPolicy": "never", "sandbox": "danger-full-access",
+                "model": "gpt-x", "developerInstructions": "be brief",
+                "config": {"mcp_servers": {
+                    "probe": {"command": "node", "args": ["/t/probe.mjs"], "env": {"K": "v"}},
+                    "web": {"url": "http://127.0.0.1:9/mcp", "http_headers": {"X-A": "b"}},
+                }},
+            })
+        );
+        for params in [
+            thread_resume_params("th", "/w", &options),
+            thread_fork_params("th", "/w", &options),
+        ] {
+            let mut expected = start.clone();
+            expected["threadId"] = json!("th");
+            assert_eq!(params, expected);
+        }
+        // No options: the policy the host always ran Codex under, nothing else.
+        assert_eq!(
+            thread_start_params("/w", &SessionOptions::default()),
+            json!({"cwd": "/w", "approvalPolicy": "on-request", "sandbox": "workspace-write"})
+        );
+    }
+
+    /// A turn carries the model a `set_model` chose, and each image attachment as a
+    /// `localImage` of the host's copy; other attachments are not Codex's to take.
+    #[test]
+    fn a_turn_carries_the_model_and_local_images() {
+        let attachment = |kind, path: &str| Attachment {
+            name: "a".to_owned(),
+            mime: "image/png".to_owned(),
+            kind,
+            bytes: 1,
+            sha256: String::new(),
+            path: PathBuf::from(path),
+        };
+        let params = turn_start_params(
+            "th",
+            "look",
+            Some("gpt-y"),
+            &[
+                attachment(AttachmentKind::Image, "/h/a.png"),
+                attachment(AttachmentKind::File, "/h/b.txt"),
+            ],
+        );
+        assert_eq!(
+            params,
+            json!({"threadId": "th", "model": "gpt-y", "input": [
+                {"type": "text", "text": "look", "text_elements": []},
+                {"type": "localImage", "path": "/h/a.png"},
+            ]})
+        );
+        let plain = turn_start_params("th", "hi", None, &[]);
+        assert!(plain.get("model").is_none(), "{plain}");
+    }
+
+    /// Codex's approval of an MCP tool call (an elicitation with `codex_approval_kind:
+    /// mcp_tool_call`, as 0.171.0 sent it) is a `permission.request` for `mcp__<server>__<tool>`
+    /// with its arguments; allowed it is `accept`, denied `decline`. Another elicitation (a
+    /// form) is no request of the client's.
+    #[test]
+    fn an_mcp_tool_approval_is_a_permission_request() {
+        let mut t = Translator::new();
+        turn(&mut t);
+        let params = json!({"threadId": "th", "turnId": "tu", "serverName": "probe",
+            "mode": "form", "message": "Allow the probe MCP server to run tool \"probe\"?",
+            "requestedSchema": {"type": "object", "properties": {}},
+            "_meta": {"codex_approval_kind": "mcp_tool_call", "persist": ["session", "always"],
+                      "tool_name": "probe", "tool_params": {"text": "hello"}}});
+        let events = t.on_server_request(&json!(0), MCP_ELICITATION, &params);
+        let [EventBody::PermissionRequest(request)] = events.as_slice() else {
+            panic!("{events:?}");
+        };
+        assert_eq!(request.tool, "mcp__probe__probe");
+        assert_eq!(request.input, json!({"text": "hello"}));
+        assert_eq!(request.request_id, "mcp-tu-0");
+        let ids: Vec<&str> = request.options.iter().map(|o| o.id.as_str()).collect();
+        assert_eq!(ids, ["accept", "decline"]);
+        assert_eq!(
+            approval_answer(MCP_ELICITATION, &params, true, None),
+            json!({"action": "accept", "content": {}})
+        );
+        assert_eq!(
+            approval_answer(MCP_ELICITATION, &params, false, None),
+            json!({"action": "decline"})
+        );
+        assert_eq!(
+            approval_answer(MCP_ELICITATION, &params, false, Some(&request.options[1])),
+            json!({"action": "decline"})
+        );
+        let mut form = params.clone();
+        form["_meta"] = json!({});
+        assert!(
+            t.on_server_request(&json!(1), MCP_ELICITATION, &form)
+                .is_empty()
+        );
+        assert!(APPROVALS.contains(&MCP_ELICITATION));
     }
 
     /// A real rollout (0.171.0, the sandbox-denied run's, sanitized: its cwd is `/WORK`), one

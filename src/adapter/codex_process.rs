@@ -12,8 +12,11 @@
 //! taking what the app-server sends (buffered, then handled in order), so a full queue can
 //! never stall the answer it waits for.
 //!
-//! `thread/resume` and `thread/fork` pass the session's cwd (and the approval policy and
-//! sandbox `thread/start` sets): a thread runs where its session does, whatever it recorded.
+//! `thread/resume` and `thread/fork` pass the session's cwd and options as `thread/start` does
+//! (model, developer instructions, MCP servers, approval policy and sandbox:
+//! `codex::thread_options`): a thread runs where and as its session does, whatever it
+//! recorded. A `session.set_model` is Codex's per-turn override: every `turn/start` after it
+//! names the model. Image attachments go with the prompt as `localImage` inputs.
 //!
 //! Some tool calls never become items (a command the sandbox denies as it starts, a patch
 //! that fails verification): only the rollout records them. The driver keeps reading the
@@ -46,6 +49,8 @@ use super::rpc_driver::{self, Closing, Gone, Io, Opening, open_or_close};
 use super::spawn::{Spawned, describe_exit};
 use super::{AdapterError, AgentInput, AgentOutput, AgentSession, Native, OpenSpec};
 use crate::protocol::events::{ErrorCategory, EventBody, Notice};
+use crate::protocol::options::{Attachment, SessionOptions};
+use crate::session::agent::ModelSwitch;
 /// How long the handshake and opening a thread may take.
 const OPEN_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long `turn/start` and `turn/interrupt` may take to be answered.
@@ -74,6 +79,8 @@ pub fn open(spec: OpenSpec) -> Result<AgentSession, AdapterError> {
         started_turn: None,
         open_error: None,
         cwd: spec.cwd.display().to_string(),
+        options: spec.options.clone(),
+        model: None,
         rollout: None,
     };
     let pid = started.session.pid();
@@ -236,6 +243,10 @@ struct Driver {
     open_error: Option<OpenError>,
     /// The session's cwd, which every `thread/*` request names.
     cwd: String,
+    /// The session's options, which every `thread/*` request carries (`codex::thread_options`).
+    options: SessionOptions,
+    /// The model a `session.set_model` chose, which every `turn/start` from then on carries.
+    model: Option<String>,
     rollout: Option<RolloutTail>,
 }
 
@@ -455,7 +466,7 @@ impl Driver {
             Native::New(_) => {
                 self.call(
                     "thread/start",
-                    codex::thread_start_params(&cwd),
+                    codex::thread_start_params(&cwd, &self.options),
                     OPEN_TIMEOUT,
                 )
                 .await
@@ -464,7 +475,7 @@ impl Driver {
                 let resumed = self
                     .call(
                         "thread/resume",
-                        codex::thread_resume_params(id, &cwd),
+                        codex::thread_resume_params(id, &cwd, &self.options),
                         OPEN_TIMEOUT,
                     )
                     .await;
@@ -508,7 +519,7 @@ impl Driver {
 
     /// Continue in a fork of the thread; `why`, when the driver decided it, is published.
     async fn fork(&mut self, id: &str, why: Option<String>) -> Result<Value, RpcError> {
-        let params = codex::thread_fork_params(id, &self.cwd);
+        let params = codex::thread_fork_params(id, &self.cwd, &self.options);
         let forked = self.call("thread/fork", params, OPEN_TIMEOUT).await?;
         let new_id = forked
             .pointer("/thread/id")
@@ -528,7 +539,9 @@ impl Driver {
 
     async fn on_input(&mut self, input: AgentInput) -> Result<(), Gone> {
         match input {
-            AgentInput::Prompt { text, .. } => self.start_turn(&text).await,
+            AgentInput::Prompt {
+                text, attachments, ..
+            } => self.start_turn(&text, &attachments).await,
             AgentInput::Permission {
                 request_id,
                 allow,
@@ -559,11 +572,11 @@ impl Driver {
                 let _unwaited = ack.send(acked);
                 Ok(())
             }
-            AgentInput::SetModel { reply, .. } => {
-                let _unwaited = reply.send(Err(AdapterError::new(
-                    ErrorCategory::ProtocolIncompatible,
-                    "this driver cannot change the model of a live agent",
-                )));
+            AgentInput::SetModel { model, reply } => {
+                // Codex's per-turn override: the next `turn/start` carries it (a running turn
+                // keeps its model).
+                self.model = Some(model);
+                let _unwaited = reply.send(Ok(ModelSwitch::NextTurn));
                 Ok(())
             }
             AgentInput::Interrupt => {
@@ -626,7 +639,7 @@ impl Driver {
         }
     }
 
-    async fn start_turn(&mut self, text: &str) -> Result<(), Gone> {
+    async fn start_turn(&mut self, text: &str, attachments: &[Attachment]) -> Result<(), Gone> {
         if let Some(error) = self.open_error.take() {
             return self.fail_turn(error.category, error.message).await;
         }
@@ -639,7 +652,7 @@ impl Driver {
         let started = self
             .call(
                 "turn/start",
-                codex::turn_start_params(&thread, text),
+                codex::turn_start_params(&thread, text, self.model.as_deref(), attachments),
                 CALL_TIMEOUT,
             )
             .await;
@@ -744,7 +757,8 @@ impl Driver {
                         self.approvals.insert(id, request);
                     }
                     None if codex::APPROVALS.contains(&request.method.as_str()) => {
-                        // Another thread's approval: not ours to grant.
+                        // Another thread's approval, not ours to grant, or an MCP server's
+                        // form, which no client is shown: declined.
                         let answer =
                             codex::approval_answer(&request.method, &request.params, false, None);
                         request.respond(answer);

@@ -16,6 +16,7 @@ use futures_util::future::BoxFuture;
 use super::families;
 use super::{AdapterError, AgentSession, Descriptor, OpenSpec};
 use crate::session::agent::NativeFile;
+use crate::session::discover::{Discovered, HistoryEntry};
 
 /// The variables an agent of a session runs with (its `[agents.<type>] env` over the host's
 /// snapshot), for a family that looks up its files.
@@ -99,6 +100,14 @@ pub trait AgentFamily: Send + Sync + 'static {
         })
     }
 
+    /// What the family does with each session option once its agent said what it can do
+    /// (`agent`: an ACP agent's `initialize` answer; `None`: not asked): every `Negotiated`
+    /// entry of the descriptor's [`OptionCaps`](super::OptionCaps) resolved to `Native` or
+    /// `Absent`. By default the descriptor's own.
+    fn negotiated_options(&self, _agent: Option<&super::acp::AgentCaps>) -> super::OptionCaps {
+        self.descriptor().capabilities.options
+    }
+
     /// Where the native session `native_id` of `cwd` lives, and the ownership hooks over it.
     fn native_file(&self, _vars: &Vars<'_>, _cwd: &Path, _native_id: &str) -> NativeFile {
         NativeFile::default()
@@ -108,6 +117,37 @@ pub trait AgentFamily: Send + Sync + 'static {
     /// records say; `Err` says why not (the session is then never resumed or imported there).
     fn check_binding(&self, _vars: &Vars<'_>, _cwd: &Path, _native_id: &str) -> Result<(), String> {
         Ok(())
+    }
+
+    /// The family's own sessions of `cwd`, as its files tell them (`session.discover`), in any
+    /// order and bounded (the files read, and how much of each); `None`: not supported (the
+    /// command answers `option_unsupported`). `cwd` is canonical.
+    fn discover(&self, _vars: &Vars<'_>, _cwd: &Path) -> Option<Result<Vec<Discovered>, String>> {
+        None
+    }
+
+    /// The conversation of the native session `native_id` of `cwd`, oldest first, as the
+    /// family's files tell it (shown at `session.import`, marked imported); `None`: not
+    /// supported. `Err`: the history is there but cannot be read.
+    fn read_history(
+        &self,
+        _vars: &Vars<'_>,
+        _cwd: &Path,
+        _native_id: &str,
+    ) -> Option<Result<Vec<HistoryEntry>, String>> {
+        None
+    }
+
+    /// The model provider its agent talks to with these variables (and the files they name):
+    /// the base URL's host and a hash of the key (`session::binding::provider_identity`), for
+    /// the session's binding. `None`: the family cannot tell.
+    fn provider(&self, _vars: &Vars<'_>) -> Option<crate::protocol::options::ProviderIdentity> {
+        None
+    }
+
+    /// The model its agent runs when the session names none, as its configuration says.
+    fn default_model(&self, _vars: &Vars<'_>) -> Option<String> {
+        None
     }
 }
 

@@ -447,6 +447,7 @@ impl Translator {
                 item_id: Some(open.item_id),
                 text: open.text,
                 truncated: None,
+                imported: false,
             })],
             None => Vec::new(),
         }

@@ -15,11 +15,12 @@ use std::time::Duration;
 use super::family::{AgentFamily, FAMILIES, Vars, family_of_protocol, protocol_names};
 use super::reap::HomeMarker;
 use super::spawn::filter_env;
-use super::{AdapterError, AgentSession, Capabilities, Native, OpenSpec};
+use super::{AdapterError, AgentSession, Capabilities, Native, OpenSpec, OptionCaps, Support};
 use crate::adapter;
 use crate::config::Config;
 use crate::protocol::options::SessionOptions;
 use crate::session::agent::{FileChanges, Launcher, NativeFile};
+use crate::session::discover::{Discovered, HistoryEntry};
 
 /// One agent type the host can run: a built-in family, or a registered agent.
 #[derive(Clone)]
@@ -166,6 +167,23 @@ pub struct AgentSettings {
     agents: BTreeMap<String, AgentDef>,
     /// How long an idle agent process is kept (`None`: for ever).
     pub idle_timeout: Option<Duration>,
+    /// What each agent type of a negotiating family does with the session options, found by
+    /// its probe once (`Launcher::negotiate`) and kept for the host's life.
+    negotiated: std::sync::Arc<std::sync::Mutex<BTreeMap<String, OptionCaps>>>,
+}
+
+/// Whether a family's options wait for what its agent declares.
+fn negotiates(options: &OptionCaps) -> bool {
+    [
+        options.model,
+        options.system_prompt,
+        options.mcp_stdio,
+        options.mcp_http,
+        options.mcp_sse,
+        options.images,
+        options.files,
+    ]
+    .contains(&Support::Negotiated)
 }
 
 impl AgentSettings {
@@ -179,6 +197,7 @@ impl AgentSettings {
             home: Some(HomeMarker::of(&config.home)),
             agents,
             idle_timeout: Some(config.agent_idle_timeout),
+            negotiated: Default::default(),
         }
     }
 
@@ -274,6 +293,50 @@ impl Launcher for AgentSettings {
             .map_or(Capabilities::NONE, |d| d.family.descriptor().capabilities)
     }
 
+    /// The family's probe (an ACP agent's `initialize`), run once per agent type; its
+    /// answer resolves every `Negotiated` option (`AgentFamily::negotiated_options`). A probe
+    /// that fails is not kept: the next create asks again.
+    fn negotiate<'a>(
+        &'a self,
+        agent_type: &'a str,
+    ) -> futures_util::future::BoxFuture<'a, Result<OptionCaps, AdapterError>> {
+        Box::pin(async move {
+            let Some(def) = self.agents.get(agent_type) else {
+                return Ok(OptionCaps::NONE);
+            };
+            let options = def.family.descriptor().capabilities.options;
+            if !negotiates(&options) {
+                return Ok(options);
+            }
+            let known = self
+                .negotiated
+                .lock()
+                .ok()
+                .and_then(|n| n.get(agent_type).copied());
+            if let Some(known) = known {
+                return Ok(known);
+            }
+            let report = adapter::probe(agent_type, def, &self.base_env).await;
+            if !report.usable {
+                return Err(AdapterError::new(
+                    report
+                        .error
+                        .unwrap_or(crate::protocol::events::ErrorCategory::AgentFailed),
+                    format!(
+                        "could not ask {agent_type} what it can do: {}",
+                        report.reason.unwrap_or_default()
+                    ),
+                ));
+            }
+            let resolved = def.family.negotiated_options(report.agent.as_ref());
+            tracing::info!(agent_type, options = ?resolved, "negotiated the session options");
+            if let Ok(mut known) = self.negotiated.lock() {
+                known.insert(agent_type.to_owned(), resolved);
+            }
+            Ok(resolved)
+        })
+    }
+
     fn check_binding(&self, agent_type: &str, cwd: &Path, native_id: &str) -> Result<(), String> {
         let Some(def) = self.agents.get(agent_type) else {
             return Ok(());
@@ -281,6 +344,44 @@ impl Launcher for AgentSettings {
         let lookup = |name: &str| self.var(def, name);
         def.family
             .check_binding(&Vars::new(&lookup), cwd, native_id)
+    }
+
+    /// A registered agent of a family that can be any agent (ACP: it has no foreign
+    /// variables) could talk to anyone: the host cannot tell its provider.
+    fn provider(&self, agent_type: &str) -> Option<crate::protocol::options::ProviderIdentity> {
+        let def = self.agents.get(agent_type)?;
+        if def.registered && def.family.foreign_env().is_empty() {
+            return None;
+        }
+        let lookup = |name: &str| self.var(def, name);
+        def.family.provider(&Vars::new(&lookup))
+    }
+
+    fn default_model(&self, agent_type: &str) -> Option<String> {
+        let def = self.agents.get(agent_type)?;
+        if def.registered && def.family.foreign_env().is_empty() {
+            return None;
+        }
+        let lookup = |name: &str| self.var(def, name);
+        def.family.default_model(&Vars::new(&lookup))
+    }
+
+    fn discover(&self, agent_type: &str, cwd: &Path) -> Option<Result<Vec<Discovered>, String>> {
+        let def = self.agents.get(agent_type)?;
+        // A registered agent speaking a family's own protocol keeps that family's files.
+        let lookup = |name: &str| self.var(def, name);
+        def.family.discover(&Vars::new(&lookup), cwd)
+    }
+
+    fn read_history(
+        &self,
+        agent_type: &str,
+        cwd: &Path,
+        native_id: &str,
+    ) -> Option<Result<Vec<HistoryEntry>, String>> {
+        let def = self.agents.get(agent_type)?;
+        let lookup = |name: &str| self.var(def, name);
+        def.family.read_history(&Vars::new(&lookup), cwd, native_id)
     }
 
     fn idle_timeout(&self) -> Option<Duration> {

@@ -397,6 +397,7 @@ mod tests {
             item_id: Some("i".into()),
             text: "x".into(),
             truncated: None,
+            imported: false,
         });
         assert_eq!(
             BlockOp::of(&end),

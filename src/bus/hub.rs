@@ -720,6 +720,7 @@ mod tests {
             item_id: Some(item.into()),
             text: text.into(),
             truncated: None,
+            imported: false,
         }))
     }
 

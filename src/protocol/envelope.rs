@@ -276,8 +276,8 @@ impl ErrorCode {
                  is the limit in bytes"
             }
             ErrorCode::BindingMismatch => {
-                "the native session is not this workspace's (import under another cwd), or the \
-                 session's workspace changed since it was bound; `data.reason` says which"
+                "the native session is not this workspace's: the agent's own records place it \
+                 under another cwd (`data.reason` `native_session_elsewhere`)"
             }
             ErrorCode::UnknownAgentType => "no adapter family or registered agent of that name",
             ErrorCode::NoAgent => "no adapter in this build can run this session's agent",
@@ -461,8 +461,8 @@ pub const COMMANDS: &[CommandSpec] = &[
     CommandSpec {
         name: "session.create",
         route: Route::Ipc,
-        params: "{agent_type: string, cwd: string, title?: string}",
-        summary: "create a session; returns {session_id}",
+        params: "{agent_type: string, cwd: string, title?: string, model?: string, system_prompt?: string, mcp_servers?: [{type: \"stdio\", name, command, args?, env?: [{name, value}]} | {type: \"http\"|\"sse\", name, url, headers?: [{name, value}]}], permission_mode?: \"ask\"|\"accept_edits\"|\"bypass\"}",
+        summary: "create a session; returns {session_id, session}; an option the agent cannot honour is refused (option_unsupported, naming it), bypass needs allow_bypass = true in config.toml (bypass_not_allowed)",
         wire: true,
     },
     CommandSpec {
@@ -496,15 +496,29 @@ pub const COMMANDS: &[CommandSpec] = &[
     CommandSpec {
         name: "session.import",
         route: Route::Ipc,
-        params: "{agent_type: string, native_session_id: string, cwd: string, title?: string}",
-        summary: "bring a session started outside the host under it; its first prompt continues it in a fork",
+        params: "{agent_type: string, native_session_id: string, cwd: string, title?: string, model?: string, system_prompt?: string, mcp_servers?: [{type: \"stdio\", name, command, args?, env?: [{name, value}]} | {type: \"http\"|\"sse\", name, url, headers?: [{name, value}]}], permission_mode?: \"ask\"|\"accept_edits\"|\"bypass\"}",
+        summary: "bring a session started outside the host under it (`session.discover` lists them): its earlier conversation is published first, marked imported, and its first prompt continues it in a fork; a native session the agent's records place in another cwd: binding_mismatch",
+        wire: true,
+    },
+    CommandSpec {
+        name: "session.discover",
+        route: Route::Ipc,
+        params: "{agent_type: string, cwd: string}",
+        summary: "the agent's own sessions of this cwd (from its files; started in a terminal or elsewhere), to import: {sessions: [{native_session_id, first_prompt, last_activity_ms, turns, imported_as?}]}, newest first, at most 200; imported_as: the host session already made from it; an agent whose sessions cannot be listed: option_unsupported",
         wire: true,
     },
     CommandSpec {
         name: "session.send",
         route: Route::Ipc,
-        params: "{session_id: string, text: string, client_msg_id?: string}",
-        summary: "send a prompt; returns {run_id, queued, duplicate} at once (a busy session queues up to `queue_capacity`, 3 by default, dropping the oldest)",
+        params: "{session_id: string, text: string, client_msg_id?: string, attachments?: [{path: string, mime?: string} or {data_base64: string, mime: string, name?: string}] (at most 8)}",
+        summary: "send a prompt; returns {run_id, queued, duplicate} at once (a busy session queues up to `queue_capacity`, 3 by default, dropping the oldest); attachments are checked and copied first (protocol.md \"Attachments\": attachment_refused, attachment_too_large, option_unsupported)",
+        wire: true,
+    },
+    CommandSpec {
+        name: "session.set_model",
+        route: Route::Ipc,
+        params: "{session_id: string, model: string}",
+        summary: "run the session on another model from now on: {session_id, model, applied: \"live\"|\"next_turn\"|\"restart\"} (live: the running agent took it; next_turn: the next turn carries it; restart: the agent is restarted, resuming its session, once idle); a session.configured says so; option_unsupported where the agent cannot switch",
         wire: true,
     },
     CommandSpec {
@@ -517,7 +531,7 @@ pub const COMMANDS: &[CommandSpec] = &[
     CommandSpec {
         name: "session.steer",
         route: Route::Ipc,
-        params: "{session_id: string, text: string, client_msg_id?: string}",
+        params: "{session_id: string, text: string, client_msg_id?: string} (text only: attachments are refused, send them with session.send)",
         summary: "give the running turn more input: {run_id, steered, queued, duplicate}; an agent that cannot take it mid-turn (`agent.list` capabilities.steer), or refuses it, gets it at the head of the queue (warning steer_unsupported); no answer from the agent: result_delivery_unknown (not queued); another steer still waiting: steer_pending; with no turn running, a plain send",
         wire: true,
     },
@@ -646,6 +660,34 @@ pub struct SessionCreateParams {
     pub cwd: String,
     #[serde(default)]
     pub title: Option<String>,
+    #[serde(default)]
+    pub model: Option<String>,
+    #[serde(default)]
+    pub system_prompt: Option<String>,
+    #[serde(default)]
+    pub mcp_servers: Vec<super::options::McpServer>,
+    #[serde(default)]
+    pub permission_mode: Option<super::options::PermissionMode>,
+}
+
+impl SessionCreateParams {
+    /// The session options given.
+    pub fn options(&self) -> super::options::SessionOptions {
+        super::options::SessionOptions {
+            model: self.model.clone(),
+            system_prompt: self.system_prompt.clone(),
+            mcp_servers: self.mcp_servers.clone(),
+            permission_mode: self.permission_mode,
+        }
+    }
+}
+
+/// `session.set_model`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SessionSetModelParams {
+    pub session_id: String,
+    pub model: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -743,12 +785,39 @@ pub struct SessionForkParams {
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
+pub struct SessionDiscoverParams {
+    pub agent_type: String,
+    pub cwd: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct SessionImportParams {
     pub agent_type: String,
     pub native_session_id: String,
     pub cwd: String,
     #[serde(default)]
     pub title: Option<String>,
+    #[serde(default)]
+    pub model: Option<String>,
+    #[serde(default)]
+    pub system_prompt: Option<String>,
+    #[serde(default)]
+    pub mcp_servers: Vec<super::options::McpServer>,
+    #[serde(default)]
+    pub permission_mode: Option<super::options::PermissionMode>,
+}
+
+impl SessionImportParams {
+    /// The session options given.
+    pub fn options(&self) -> super::options::SessionOptions {
+        super::options::SessionOptions {
+            model: self.model.clone(),
+            system_prompt: self.system_prompt.clone(),
+            mcp_servers: self.mcp_servers.clone(),
+            permission_mode: self.permission_mode,
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -758,6 +827,9 @@ pub struct SessionSendParams {
     pub text: String,
     #[serde(default)]
     pub client_msg_id: Option<String>,
+    /// Files and images the prompt carries (`session.send` only; a steer takes text only).
+    #[serde(default)]
+    pub attachments: Vec<crate::protocol::options::AttachmentParam>,
 }
 
 /// `session.run`: one session and exactly one way to name the run.
@@ -1108,8 +1180,10 @@ pub enum Command {
     SessionHistory(SessionHistoryParams),
     SessionFork(SessionForkParams),
     SessionImport(SessionImportParams),
+    SessionDiscover(SessionDiscoverParams),
     SessionSend(SessionSendParams),
     SessionSteer(SessionSendParams),
+    SessionSetModel(SessionSetModelParams),
     SessionCancel(SessionCancelParams),
     QueueEdit(QueueEditParams),
     QueueMove(QueueMoveParams),
@@ -1221,8 +1295,10 @@ impl Command {
             "session.history" => Command::SessionHistory(typed(name, params)?),
             "session.fork" => Command::SessionFork(typed(name, params)?),
             "session.import" => Command::SessionImport(typed(name, params)?),
+            "session.discover" => Command::SessionDiscover(typed(name, params)?),
             "session.send" => Command::SessionSend(typed(name, params)?),
             "session.steer" => Command::SessionSteer(typed(name, params)?),
+            "session.set_model" => Command::SessionSetModel(typed(name, params)?),
             "queue.edit" => Command::QueueEdit(typed(name, params)?),
             "queue.move" => Command::QueueMove(typed(name, params)?),
             "queue.remove" => Command::QueueRemove(typed(name, params)?),
@@ -1266,8 +1342,10 @@ impl Command {
             Command::SessionHistory(_) => "session.history",
             Command::SessionFork(_) => "session.fork",
             Command::SessionImport(_) => "session.import",
+            Command::SessionDiscover(_) => "session.discover",
             Command::SessionSend(_) => "session.send",
             Command::SessionSteer(_) => "session.steer",
+            Command::SessionSetModel(_) => "session.set_model",
             Command::QueueEdit(_) => "queue.edit",
             Command::QueueMove(_) => "queue.move",
             Command::QueueRemove(_) => "queue.remove",
@@ -1335,6 +1413,7 @@ mod tests {
                     json!({"session_id": "x"})
                 }
                 "session.send" | "session.steer" => json!({"session_id": "x", "text": "hi"}),
+                "session.set_model" => json!({"session_id": "x", "model": "m"}),
                 "queue.edit" => json!({"session_id": "x", "run_id": "r", "text": "hi"}),
                 "queue.move" => json!({"session_id": "x", "run_id": "r", "position": 0}),
                 "queue.remove" => json!({"session_id": "x", "run_id": "r"}),
@@ -1345,6 +1424,7 @@ mod tests {
                 "session.import" => {
                     json!({"agent_type": "claude", "native_session_id": "n", "cwd": "/"})
                 }
+                "session.discover" => json!({"agent_type": "claude", "cwd": "/"}),
                 "permission.respond" => {
                     json!({"session_id": "x", "request_id": "r", "decision": "deny"})
                 }
@@ -1652,8 +1732,8 @@ shell's working directory before it is sent; over IPC a `cwd` must be absolute.
 `subscriber.add` scope: without `session_id` or `sessions` the grant may do everything; with
 them it may read, prompt and answer permissions for those sessions only, and create, import
 and delete none; `prompt`, `permissions` and `create_sessions` given explicitly win over those
-defaults (`create_sessions` covers create, fork and delete; import needs a scope over every
-session).
+defaults (`create_sessions` covers create, fork and delete; import and discover need it and a
+scope over every session).
 
 `subscriber.add` replay modes: `none` — only events from the moment of connecting;
 `since_cursor` — every bracket after the subscriber's stored cursor; `max_count` (default,

@@ -45,6 +45,8 @@ pub enum JsonType {
     /// What a permission option does: `allow_once`, `allow_always`, `reject_once`,
     /// `reject_always`.
     OptionKind,
+    /// A prompt's attachments: `[{name, mime, kind, bytes, sha256}]`.
+    Attachments,
 }
 
 impl JsonType {
@@ -75,6 +77,10 @@ impl JsonType {
             }
             JsonType::OptionKind => {
                 "string: `allow_once`, `allow_always`, `reject_once` or `reject_always`"
+            }
+            JsonType::Attachments => {
+                "array of objects `{name, mime, kind, bytes, sha256}` (`kind` `image` or \
+                 `file`, `bytes` an integer, `sha256` hex; the others strings)"
             }
         }
     }
@@ -186,6 +192,18 @@ pub const PUSH: &[(&str, &str, &str)] = &[
 
 /// The `code`s of `warning` events this build writes, with what each means.
 pub const WARNING_CODES: &[(&str, &str)] = &[
+    (
+        "imported_history_cut",
+        "An imported session's earlier conversation was longer than the host shows: only its \
+         last 500 entries (prompts, answers, tool calls, tool results) were published, after \
+         this warning. The agent still has all of it. No `runId`.",
+    ),
+    (
+        "imported_history_unavailable",
+        "The earlier conversation of an imported session is not shown: the host cannot read \
+         that agent's history (ACP and one-shot agents), or its file could not be read (the \
+         `message` says why). The import stands and the agent still has it. No `runId`.",
+    ),
     (
         "followup_dropped",
         "A queued prompt will never run: more were waiting than the queue holds \
@@ -328,7 +346,9 @@ pub const EVENTS: &[EventDoc] = &[
                store cut short after it is not announced again). A prompt dropped or cancelled \
                while queued has a \
                `warning` instead. A steer the agent took (`session.steer`) is a `user.text` with \
-               `steer` inside the running run.",
+               `steer` inside the running run. At `session.import`, each prompt of the agent's \
+               earlier conversation is a `user.text` with `imported` and no `runId`, before \
+               anything else in the session.",
         fields: &[
             req(
                 "text",
@@ -354,6 +374,21 @@ pub const EVENTS: &[EventDoc] = &[
                  the label it was added with — `web` for the browser page of `agent-host open`, \
                  `follow` for `agent-host follow`, or an app's own) or `relay` (a bot). Kept \
                  with a queued prompt across a host restart; absent in events of older hosts.",
+            ),
+            opt(
+                "attachments",
+                JsonType::Attachments,
+                "The files and images the prompt carried (`session.send` `attachments`), as \
+                 the host checked and copied them: their name, MIME type, kind (`image` or \
+                 `file`), size and SHA-256, never their bytes or where the host keeps them. \
+                 Absent when it had none.",
+            ),
+            opt(
+                "imported",
+                JsonType::Boolean,
+                "`true`: a prompt of the agent's own conversation from before the session was \
+                 imported (`session.import` reads it from the agent's files and publishes it \
+                 first, with no `runId`); absent for a prompt sent through the host.",
             ),
         ],
         example: r#"{"k":"user.text","sessionId":"s1","runId":"r1","text":"Fix the failing test","clientMsgId":"c-42","from":{"via":"ws","subscriberId":"0190a6f2-7c1e-7d3a-9f10-2b4c6d8e0a1f","client":"web"}}"#,
@@ -382,6 +417,13 @@ pub const EVENTS: &[EventDoc] = &[
                  `truncated`).",
             ),
             TRUNCATED,
+            opt(
+                "imported",
+                JsonType::Boolean,
+                "`true`: an answer of the agent's own conversation from before the session was \
+                 imported (read from the agent's files at `session.import`, with no `runId`; its \
+                 `text.start` comes right before it); absent otherwise.",
+            ),
         ],
         example: r#"{"k":"text.end","sessionId":"s1","runId":"r1","itemId":"msg_01:1","text":"The test fails because its fixture is stale."}"#,
     },
@@ -406,6 +448,12 @@ pub const EVENTS: &[EventDoc] = &[
                 "The whole reasoning text of the block (unless `truncated`).",
             ),
             TRUNCATED,
+            opt(
+                "imported",
+                JsonType::Boolean,
+                "Shared with `text.end`; always absent here: an import shows the agent's earlier \
+                 prompts, answers and tool calls, not its reasoning.",
+            ),
         ],
         example: r#"{"k":"thinking.end","sessionId":"s1","runId":"r1","itemId":"msg_01:0","text":"Let me run the test first."}"#,
     },
@@ -645,6 +693,43 @@ pub const EVENTS: &[EventDoc] = &[
             ),
         ],
         example: r#"{"k":"session.forked","sessionId":"s2","parentSessionId":"s1","childSessionId":"s2","fromNativeSessionId":"3f0c2d1e-8a77-4c1a-9a51-7b1e01968f0e","reason":"forked on request"}"#,
+    },
+    EventDoc {
+        kind: "session.configured",
+        class: EventClass::Bracket,
+        when: "The session's configuration changed: after `session.set_model` (outside any run), \
+               or when a resume found the model, standing prompt, options or provider changed \
+               since the session was bound (in the run that found it).",
+        fields: &[
+            req(
+                "reason",
+                JsonType::String,
+                "Why: `set_model`, `reconfigured` (a resume found the model, standing prompt or \
+                 options changed: applied as a new configuration), `provider_changed` (the \
+                 provider account changed: the session continues in a fork) or `created`.",
+            ),
+            req(
+                "changed",
+                JsonType::StringList,
+                "What changed: `model`, `system_prompt`, `mcp_servers`, `permission_mode`, \
+                 `provider` (more may come).",
+            ),
+            opt(
+                "model",
+                JsonType::String,
+                "The model from now on, when known.",
+            ),
+            opt(
+                "applied",
+                JsonType::String,
+                "How the agent takes it: `live` (the running agent took it at once), \
+                 `next_turn` (the next turn, or the next agent opened, carries it) or `restart` \
+                 (the agent is restarted, resuming its session, at once when idle, else right \
+                 after the running turn).",
+            ),
+            req("message", JsonType::String, "A sentence for a person."),
+        ],
+        example: r#"{"k":"session.configured","sessionId":"s1","reason":"set_model","changed":["model"],"model":"claude-opus-4-1","applied":"live","message":"the session runs on claude-opus-4-1 from now on; the agent took it at once"}"#,
     },
     EventDoc {
         kind: "session.state",
@@ -1148,6 +1233,9 @@ mod tests {
             EventBody::Usage(_) => ("usage", serde_names::<Usage>()),
             EventBody::SessionBound(_) => ("session.bound", serde_names::<SessionBound>()),
             EventBody::SessionForked(_) => ("session.forked", serde_names::<SessionForked>()),
+            EventBody::SessionConfigured(_) => {
+                ("session.configured", serde_names::<SessionConfigured>())
+            }
             EventBody::SessionState(_) => ("session.state", serde_names::<SessionStateChange>()),
             EventBody::QueueChanged(_) => ("queue.changed", serde_names::<QueueChange>()),
             EventBody::Warning(_) => ("warning", serde_names::<Notice>()),
@@ -1187,6 +1275,8 @@ mod tests {
                 serde_json::json!([{"id": "allow", "label": "Allow", "kind": "allow_once"}])
             }
             JsonType::OptionKind => "allow_always".into(),
+            JsonType::Attachments => serde_json::json!([{"name": "shot.png", "mime": "image/png",
+                "kind": "image", "bytes": 68, "sha256": "ab"}]),
         }
     }
 
@@ -1213,6 +1303,17 @@ mod tests {
                         && i["text"].is_string()
                         && i.get("from")
                             .is_none_or(|f| has_type(JsonType::PromptFrom, f))
+                })
+            }),
+            JsonType::Attachments => v.as_array().is_some_and(|a| {
+                a.iter().all(|i| {
+                    i["name"].is_string()
+                        && i["mime"].is_string()
+                        && i["kind"]
+                            .as_str()
+                            .is_some_and(|k| k == "image" || k == "file")
+                        && i["bytes"].is_u64()
+                        && i["sha256"].is_string()
                 })
             }),
             JsonType::PromptFrom => v["via"]

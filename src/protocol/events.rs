@@ -121,6 +121,10 @@ pub enum EventBody {
     /// This session was forked from another (design §8).
     #[serde(rename = "session.forked")]
     SessionForked(SessionForked),
+    /// The session's configuration changed (`session.set_model`, or a resume that found the
+    /// model, standing prompt or provider changed): what changed and how the agent takes it.
+    #[serde(rename = "session.configured")]
+    SessionConfigured(SessionConfigured),
     /// The session's state changed (`idle`, `running`, `waiting` for a person), so a client can
     /// badge it without polling.
     #[serde(rename = "session.state")]
@@ -187,6 +191,7 @@ impl EventBody {
                             full_bytes: b.text.len() as u64,
                             kept_bytes: kept.len() as u64,
                         }),
+                        imported: b.imported,
                     };
                     match self {
                         EventBody::TextEnd(_) => EventBody::TextEnd(end),
@@ -247,6 +252,7 @@ impl EventBody {
             | EventBody::Usage(_)
             | EventBody::SessionBound(_)
             | EventBody::SessionForked(_)
+            | EventBody::SessionConfigured(_)
             | EventBody::SessionState(_)
             | EventBody::QueueChanged(_)
             | EventBody::Warning(_)
@@ -278,6 +284,7 @@ impl EventBody {
             EventBody::Usage(_) => "usage",
             EventBody::SessionBound(_) => "session.bound",
             EventBody::SessionForked(_) => "session.forked",
+            EventBody::SessionConfigured(_) => "session.configured",
             EventBody::SessionState(_) => "session.state",
             EventBody::QueueChanged(_) => "queue.changed",
             EventBody::Warning(_) => "warning",
@@ -350,6 +357,15 @@ pub struct UserText {
     /// Absent in events of hosts that did not record it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub from: Option<PromptFrom>,
+    /// A prompt of the agent's own conversation from before the session was imported (read
+    /// from the agent's files at `session.import`), not one sent through the host. Absent
+    /// (false) otherwise.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub imported: bool,
+    /// The prompt's attachments (`session.send` `attachments`), as the host checked and copied
+    /// them: never their bytes or the host's path. Absent when it had none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub attachments: Vec<crate::protocol::options::AttachmentInfo>,
 }
 
 /// Who sent a prompt (`user.text`, a queued prompt of `session.get` and `queue.changed`).
@@ -396,6 +412,10 @@ pub struct BlockEnd {
     /// Present when the block was too large for one event and `text` holds only its start.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub truncated: Option<Truncated>,
+    /// Text of the agent's own conversation from before the session was imported (read from
+    /// the agent's files at `session.import`). Absent (false) otherwise.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub imported: bool,
 }
 
 /// A block end too large for one event (the bus takes at most 4 MiB): its text, output or
@@ -725,6 +745,50 @@ pub struct SessionForked {
     pub reason: Option<String>,
 }
 
+/// A `session.configured`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SessionConfigured {
+    pub reason: ConfigReason,
+    /// What changed: `model`, `system_prompt`, `mcp_servers`, `permission_mode`, `provider`.
+    pub changed: Vec<String>,
+    /// The model from now on, when it is known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    /// How the agent takes the change.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub applied: Option<Applied>,
+    pub message: String,
+}
+
+/// Why a session's configuration changed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ConfigReason {
+    /// As it was created.
+    Created,
+    /// `session.set_model`.
+    SetModel,
+    /// A resume found the model, standing prompt or options changed since the binding was
+    /// recorded: applied as a new configuration.
+    Reconfigured,
+    /// A resume found the provider account changed: the session continues in a fork.
+    ProviderChanged,
+}
+
+/// How an agent takes a configuration change (`session.set_model`'s `applied`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Applied {
+    /// The live agent took it at once.
+    Live,
+    /// The next turn carries it (or the next agent opened for the session).
+    NextTurn,
+    /// The agent is restarted (its session resumed) so that its next turn has it: at once when
+    /// it is idle, else right after the running turn.
+    Restart,
+}
+
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Notice {
@@ -788,6 +852,7 @@ pub const KNOWN_KINDS: &[&str] = &[
     "usage",
     "session.bound",
     "session.forked",
+    "session.configured",
     "session.state",
     "queue.changed",
     "warning",
@@ -840,6 +905,7 @@ mod tests {
                 item_id: Some("i".into()),
                 text: text.clone(),
                 truncated: None,
+                imported: false,
             });
             let size = serde_json::to_string(&body).unwrap().len();
             let EventBody::TextEnd(cut) = body.truncated_to(size, max).unwrap() else {
@@ -880,6 +946,8 @@ mod tests {
             client_msg_id: None,
             steer: false,
             from: None,
+            imported: false,
+            attachments: Vec::new(),
         });
         assert!(user.truncated_to(5 * max, max).is_none());
     }
@@ -909,12 +977,15 @@ mod tests {
                     subscriber_id: Some("sub-1".into()),
                     client: Some("web".into()),
                 }),
+                imported: false,
+                attachments: Vec::new(),
             }),
             EventBody::TextStart(BlockStart::default()),
             EventBody::TextEnd(BlockEnd {
                 truncated: None,
                 item_id: None,
                 text: "hello".into(),
+                imported: false,
             }),
             EventBody::ThinkingStart(BlockStart::default()),
             EventBody::ThinkingEnd(BlockEnd::default()),
@@ -953,6 +1024,13 @@ mod tests {
                 native_session_id: "n".into(),
             }),
             EventBody::SessionForked(SessionForked::default()),
+            EventBody::SessionConfigured(SessionConfigured {
+                reason: ConfigReason::SetModel,
+                changed: vec!["model".into()],
+                model: Some("m2".into()),
+                applied: Some(Applied::NextTurn),
+                message: "the next turn uses m2".into(),
+            }),
             EventBody::SessionState(SessionStateChange {
                 state: crate::protocol::states::SessionState::Waiting,
                 previous: crate::protocol::states::SessionState::Running,

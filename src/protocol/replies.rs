@@ -247,6 +247,14 @@ pub struct SendReceipt {
     pub duplicate: bool,
 }
 
+/// `session.set_model`: the model the session runs from now on, and how the agent takes it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ModelSet {
+    pub session_id: String,
+    pub model: String,
+    pub applied: super::events::Applied,
+}
+
 /// What `session.cancel` did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -313,4 +321,25 @@ pub struct PermissionList {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Deleted {
     pub deleted: String,
+}
+
+/// One session of an agent's own, as `session.discover` lists it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DiscoveredSession {
+    pub native_session_id: String,
+    /// Its first real prompt (at most 500 characters).
+    pub first_prompt: String,
+    /// When it was last written (its last entry's time, else its file's mtime), ms.
+    pub last_activity_ms: i64,
+    /// How many prompts it holds.
+    pub turns: u32,
+    /// The host session already made from it (imported, or the host's own), if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub imported_as: Option<String>,
+}
+
+/// `session.discover`: newest first, at most 200.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionsDiscovered {
+    pub sessions: Vec<DiscoveredSession>,
 }

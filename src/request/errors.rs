@@ -59,16 +59,48 @@ pub fn session_error(e: SessionError) -> Reply {
         SessionError::InvalidParams(_) => {
             Reply::error(ErrorCode::InvalidParams, message, Value::Null)
         }
-        // A request error (the caller named a session of another workspace), told apart by a
-        // stable `reason` until the code table has a code of its own for it.
+        // The caller named a native session the agent's own records place in another
+        // workspace (`reason` tells it from the other binding refusals the code covers).
         SessionError::BindingMismatch {
             native_session_id,
             cwd,
             ..
         } => Reply::error(
-            ErrorCode::InvalidParams,
+            ErrorCode::BindingMismatch,
             message,
-            json!({"reason": "binding_mismatch", "native_session_id": native_session_id, "cwd": cwd}),
+            json!({"reason": "native_session_elsewhere", "native_session_id": native_session_id, "cwd": cwd}),
+        ),
+        SessionError::AttachmentRefused { path, reason, .. } => Reply::error(
+            ErrorCode::AttachmentRefused,
+            message,
+            json!({"path": path, "reason": reason}),
+        ),
+        SessionError::AttachmentTooLarge { bytes, limit } => Reply::error(
+            ErrorCode::AttachmentTooLarge,
+            message,
+            match bytes {
+                Some(bytes) => json!({"bytes": bytes, "limit": limit}),
+                None => json!({"limit": limit}),
+            },
+        ),
+        SessionError::AttachmentUnsupported { option, agent_type } => Reply::error(
+            ErrorCode::OptionUnsupported,
+            message,
+            json!({"option": option, "agent_type": agent_type}),
+        ),
+        SessionError::OptionUnsupported {
+            option,
+            agent_type,
+            reason,
+        } => Reply::error(
+            ErrorCode::OptionUnsupported,
+            message,
+            json!({"option": option, "agent_type": agent_type, "reason": reason}),
+        ),
+        SessionError::BypassNotAllowed => Reply::error(
+            ErrorCode::BypassNotAllowed,
+            message,
+            json!({"option": "permission_mode"}),
         ),
         SessionError::NoAgent(_) => Reply::error(ErrorCode::NoAgent, message, Value::Null),
         SessionError::AgentUnavailable(_) => {

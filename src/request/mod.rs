@@ -235,6 +235,7 @@ impl Handler {
                 let row = self
                     .sessions
                     .create(NewSession {
+                        options: p.options(),
                         agent_type: p.agent_type,
                         cwd: p.cwd,
                         title: p.title,
@@ -336,10 +337,17 @@ impl Handler {
                     session: row,
                 })
             }
+            Command::SessionDiscover(p) => Reply::ok(
+                self.sessions
+                    .discover(p.agent_type, p.cwd)
+                    .await
+                    .map_err(session_error)?,
+            ),
             Command::SessionImport(p) => {
+                let options = p.options();
                 let row = self
                     .sessions
-                    .import(p.agent_type, p.native_session_id, p.cwd, p.title)
+                    .import_with(p.agent_type, p.native_session_id, p.cwd, p.title, options)
                     .await
                     .map_err(session_error)?;
                 self.created(caller, &row.session_id).await;
@@ -350,12 +358,19 @@ impl Handler {
             }
             Command::SessionSend(p) => Reply::ok(
                 self.sessions
-                    .send_from(
+                    .send_with(
                         &p.session_id,
                         p.text,
                         p.client_msg_id,
                         Some(self.sender(caller).await),
+                        p.attachments,
                     )
+                    .await
+                    .map_err(session_error)?,
+            ),
+            Command::SessionSetModel(p) => Reply::ok(
+                self.sessions
+                    .set_model(&p.session_id, p.model)
                     .await
                     .map_err(session_error)?,
             ),
@@ -365,6 +380,11 @@ impl Handler {
                     .await
                     .map_err(session_error)?,
             ),
+            Command::SessionSteer(p) if !p.attachments.is_empty() => {
+                return Err(session_error(crate::session::SessionError::InvalidParams(
+                    "a steer takes text only; send attachments with session.send".to_owned(),
+                )));
+            }
             Command::SessionSteer(p) => Reply::ok(
                 self.sessions
                     .steer_from(
@@ -512,6 +532,15 @@ fn authorize(caller: &Caller, command: &Command) -> Result<(), Reply> {
         Command::SessionCreate(_) => access.allows(scope.create_sessions, "creating sessions"),
         // An import brings any agent session on the machine under the host: only for a scope
         // over every session.
+        // What the agents keep of a cwd (any session on the machine, prompts included), to
+        // import from: as for an import.
+        Command::SessionDiscover(_) => {
+            access.allows(scope.create_sessions, "creating sessions")?;
+            access.allows(
+                scope.sessions.is_none(),
+                "listing agent sessions (a scope limited to some sessions)",
+            )
+        }
         Command::SessionImport(_) => {
             access.allows(scope.create_sessions, "creating sessions")?;
             access.allows(
@@ -540,6 +569,11 @@ fn authorize(caller: &Caller, command: &Command) -> Result<(), Reply> {
             access.allows(scope.prompt, "cancelling runs")
         }
         Command::SessionSteer(p) => {
+            access.session(&p.session_id)?;
+            access.allows(scope.prompt, "prompts")
+        }
+        // The model a session's prompts run on is the prompter's to choose.
+        Command::SessionSetModel(p) => {
             access.session(&p.session_id)?;
             access.allows(scope.prompt, "prompts")
         }
@@ -680,6 +714,8 @@ mod tests {
                         client_msg_id: None,
                         steer: false,
                         from: None,
+                        imported: false,
+                        attachments: Vec::new(),
                     }),
                 );
                 let seq = self
@@ -845,5 +881,125 @@ mod tests {
             )
             .await;
         assert_eq!(unknown.error_code(), Some(ErrorCode::SessionNotFound));
+    }
+
+    /// Attachments on the wire: a refused path is `attachment_refused` with its path and
+    /// reason (checked before anything is taken), an unsupported kind `option_unsupported`,
+    /// and a steer takes none.
+    #[tokio::test]
+    async fn attachments_are_refused_with_their_codes_and_steer_takes_none() {
+        let world = world().await;
+        let (sid, _) = world.session_with(0).await;
+        let send = |attachments: Value| {
+            world.call(
+                "session.send",
+                json!({"session_id": sid, "text": "look", "attachments": attachments}),
+            )
+        };
+        let refused = send(json!([{"path": "../../etc/passwd"}])).await;
+        assert_eq!(refused.error_code(), Some(ErrorCode::AttachmentRefused));
+        assert_eq!(refused.code, 3010);
+        assert_eq!(refused.data["path"], "../../etc/passwd");
+        assert_eq!(refused.data["reason"], "parent_dir");
+        let outside = send(json!([{"path": "/dev/zero"}])).await;
+        assert_eq!(outside.data["reason"], "outside_workspace", "{outside:?}");
+        let bad = send(json!([{"data_base64": "%%%", "mime": "image/png"}])).await;
+        assert_eq!(bad.error_code(), Some(ErrorCode::InvalidParams), "{bad:?}");
+        // This host's agents (none) take no images.
+        let image = send(json!([{"data_base64": "iVBORw0KGgo=", "mime": "image/png"}])).await;
+        assert_eq!(
+            image.error_code(),
+            Some(ErrorCode::OptionUnsupported),
+            "{image:?}"
+        );
+        assert_eq!(image.data["option"], "attachments.image");
+        assert_eq!(image.data["agent_type"], "claude");
+        let unknown = send(json!([{"url": "x"}])).await;
+        assert_eq!(unknown.error_code(), Some(ErrorCode::InvalidParams));
+        let steer = world
+            .call(
+                "session.steer",
+                json!({"session_id": sid, "text": "and", "attachments": [{"path": "a.png"}]}),
+            )
+            .await;
+        assert_eq!(steer.error_code(), Some(ErrorCode::InvalidParams));
+        assert!(
+            steer.message.contains("a steer takes text only"),
+            "{steer:?}"
+        );
+    }
+
+    /// Session options over the request layer: parsed from the wire's params, refused with
+    /// their own codes (`option_unsupported` naming the option, `bypass_not_allowed`,
+    /// `invalid_params` for a bad value), and nothing created.
+    #[tokio::test]
+    async fn session_options_are_refused_with_their_codes() {
+        let w = world().await;
+        let cwd = w.dir.path().display().to_string();
+        let create = |extra: Value| {
+            let mut params = json!({"agent_type": "claude", "cwd": cwd});
+            for (k, v) in extra.as_object().unwrap() {
+                params[k] = v.clone();
+            }
+            w.call("session.create", params)
+        };
+        // No family of this host takes a model (it runs no agents).
+        let refused = create(json!({"model": "claude-sonnet-4-5"})).await;
+        assert_eq!(refused.error_code(), Some(ErrorCode::OptionUnsupported));
+        assert_eq!(refused.data["option"], "model", "{refused:?}");
+        assert_eq!(refused.data["agent_type"], "claude");
+        assert!(refused.data["reason"].is_string());
+        let stdio = json!([{"type": "stdio", "name": "probe", "command": "node"}]);
+        let refused = create(json!({"mcp_servers": stdio})).await;
+        assert_eq!(refused.data["option"], "mcp_servers", "{refused:?}");
+        let bypass = create(json!({"permission_mode": "bypass"})).await;
+        assert_eq!(bypass.error_code(), Some(ErrorCode::BypassNotAllowed));
+        for bad in [
+            json!({"model": "two words"}),
+            json!({"system_prompt": ""}),
+            json!({"permission_mode": "yolo"}),
+            json!({"mcp_servers": [{"type": "ftp", "name": "x", "url": "ftp://h"}]}),
+            json!({"mcp_servers": [{"type": "stdio", "name": "x", "command": "n", "extra": 1}]}),
+            json!({"mcp_servers": [{"type": "http", "name": "x", "url": "h.example"}]}),
+        ] {
+            let reply = create(bad.clone()).await;
+            assert_eq!(
+                reply.error_code(),
+                Some(ErrorCode::InvalidParams),
+                "{bad}: {reply:?}"
+            );
+        }
+        let none: crate::protocol::replies::SessionPage =
+            w.call("session.list", json!({})).await.data_as().unwrap();
+        assert!(none.sessions.is_empty());
+        // `ask` is every family's; the options are on the row.
+        let made = create(json!({"permission_mode": "ask"})).await;
+        let made: SessionCreated = made.data_as().unwrap();
+        assert_eq!(
+            made.session.options.permission_mode,
+            Some(crate::protocol::options::PermissionMode::Ask)
+        );
+        let got = w
+            .call("session.get", json!({"session_id": made.session_id}))
+            .await;
+        assert_eq!(got.data["options"]["permission_mode"], "ask", "{got:?}");
+        let set = w
+            .call(
+                "session.set_model",
+                json!({"session_id": made.session_id, "model": "m2"}),
+            )
+            .await;
+        assert_eq!(
+            set.error_code(),
+            Some(ErrorCode::OptionUnsupported),
+            "{set:?}"
+        );
+        let set = w
+            .call(
+                "session.set_model",
+                json!({"session_id": made.session_id, "model": "-x"}),
+            )
+            .await;
+        assert_eq!(set.error_code(), Some(ErrorCode::InvalidParams), "{set:?}");
     }
 }

@@ -55,8 +55,10 @@
 //! file's ownership (watch, tail, baselines); `stop` the end of the task; `publish` the one way
 //! out to the bus and the session state.
 
+mod binding;
 mod files;
 mod open;
+mod options;
 mod outage;
 mod permissions;
 mod publish;
@@ -114,6 +116,8 @@ pub(super) enum Msg {
         text: String,
         client_msg_id: Option<String>,
         from: Option<PromptFrom>,
+        /// Checked and copied (`session::attachments`).
+        attachments: Vec<crate::protocol::options::Attachment>,
         reply: Reply<SendReceipt>,
     },
     Cancel {
@@ -159,6 +163,13 @@ pub(super) enum Msg {
         by: String,
         reply: Reply<PermissionReceipt>,
     },
+    /// Run on `model` from now on (`session.set_model`, checked against the family already);
+    /// `switch`: how the family declares it takes a new model.
+    SetModel {
+        model: String,
+        switch: super::agent::ModelSwitch,
+        reply: Reply<super::ModelSet>,
+    },
     /// Open the agent now, without a prompt.
     Activate {
         reply: Reply<ActivateReceipt>,
@@ -198,6 +209,9 @@ pub(super) struct Actor {
     link: Link,
     /// The native session the row binds.
     binding: Binding,
+    /// What the session is bound under (workspace, provider, configuration), as recorded and
+    /// as last derived (`binding`).
+    bound: binding::BindingState,
     /// The session's options as stored (`session.create`, `session.set_model` since): every
     /// agent the actor opens gets them.
     options: crate::protocol::options::SessionOptions,
@@ -292,6 +306,7 @@ impl Actor {
             },
             link: Link::Up,
             binding: Binding::of_row(row.native_session_id.clone(), row.fork_of.clone()),
+            bound: binding::BindingState::of_row(row.binding.clone()),
             options: row.options.clone(),
             queue: VecDeque::from(restored),
             pending: HashMap::new(),
@@ -361,8 +376,12 @@ impl Actor {
                 text,
                 client_msg_id,
                 from,
+                attachments,
                 reply,
-            } => self.on_send(text, client_msg_id, from, reply).await,
+            } => {
+                self.on_send(text, client_msg_id, from, attachments, reply)
+                    .await
+            }
             Msg::Cancel { run_id, reply } => {
                 let answer = self.on_cancel(run_id).await;
                 let _caller_gone = reply.send(answer);
@@ -408,6 +427,14 @@ impl Actor {
                 reply,
             } => {
                 let answer = self.on_permission(request_id, answer, message, by).await;
+                let _caller_gone = reply.send(answer);
+            }
+            Msg::SetModel {
+                model,
+                switch,
+                reply,
+            } => {
+                let answer = self.on_set_model(model, switch).await;
                 let _caller_gone = reply.send(answer);
             }
             Msg::Activate { reply } => {

@@ -612,6 +612,42 @@ pub trait Launcher: Send + Sync {
         Ok(())
     }
 
+    /// The model provider an agent of this type would talk to now (its base URL's host and a
+    /// hash of its key, as the family reads them from the agent's variables and files), for
+    /// the session's binding; `None`: the host cannot tell. Reads files: call off the runtime.
+    fn provider(&self, _agent_type: &str) -> Option<crate::protocol::options::ProviderIdentity> {
+        None
+    }
+
+    /// The model an agent of this type runs when the session names none (its configured
+    /// default), if the host can tell. Reads files: call off the runtime.
+    fn default_model(&self, _agent_type: &str) -> Option<String> {
+        None
+    }
+
+    /// The agent's own sessions of `cwd`, as its files tell them (`session.discover`), in any
+    /// order; `None`: this family's sessions cannot be listed. Blocking (files): called off the
+    /// runtime.
+    fn discover(
+        &self,
+        _agent_type: &str,
+        _cwd: &Path,
+    ) -> Option<Result<Vec<super::discover::Discovered>, String>> {
+        None
+    }
+
+    /// The conversation of the agent's own session `native_id` of `cwd`, oldest first, as its
+    /// files tell it (shown at `session.import`); `None`: this family's history cannot be read.
+    /// Blocking (files): called off the runtime.
+    fn read_history(
+        &self,
+        _agent_type: &str,
+        _cwd: &Path,
+        _native_id: &str,
+    ) -> Option<Result<Vec<super::discover::HistoryEntry>, String>> {
+        None
+    }
+
     /// Whether a session of `agent_type` can be created now (a registered agent's binary must
     /// be there).
     fn check(&self, _agent_type: &str) -> Result<(), AdapterError> {

@@ -10,7 +10,11 @@
 
 pub mod actor;
 pub mod agent;
+pub mod attachments;
+pub mod binding;
+pub mod discover;
 mod listing;
+pub mod options;
 pub mod ownership;
 #[cfg(test)]
 mod scripted_tests;
@@ -24,6 +28,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 use tracing::Instrument;
 
+pub use crate::protocol::replies::ModelSet;
 pub use actor::{
     ActivateReceipt, CancelReceipt, Decision, LiveStatus, MAX_PROMPT_BYTES, PermissionReceipt,
     QueueEdited, QueueEntry, SendReceipt, SteerReceipt,
@@ -92,6 +97,20 @@ pub enum SessionError {
     UnknownAgentType(String),
     #[error("invalid params: {0}")]
     InvalidParams(String),
+    /// The agent's family cannot honour an option it was given (`session::options`): nothing
+    /// was created or changed.
+    #[error("{agent_type:?} agents cannot take {option}: {reason}; nothing was changed")]
+    OptionUnsupported {
+        option: String,
+        agent_type: String,
+        reason: String,
+    },
+    /// `permission_mode: "bypass"` without `allow_bypass = true` in `config.toml`.
+    #[error(
+        "permission_mode \"bypass\" runs every tool without asking; this host allows it only \
+         with `allow_bypass = true` in its config.toml"
+    )]
+    BypassNotAllowed,
     /// The agent's own records say the native session is not the workspace's: it is never
     /// resumed or imported there.
     #[error(
@@ -102,6 +121,26 @@ pub enum SessionError {
         native_session_id: String,
         cwd: String,
         reason: String,
+    },
+    /// An attachment of `session.send` that the rules refuse (`session::attachments`).
+    #[error("attachment {path:?} refused ({reason}): {why}")]
+    AttachmentRefused {
+        path: String,
+        reason: &'static str,
+        why: &'static str,
+    },
+    /// An attachment, or a prompt's attachments together, over the limit.
+    #[error(
+        "{}the limit is {limit} bytes (`attachment_max_bytes` in config.toml for one; 4 times \
+         that for a prompt's together)",
+        bytes.map(|b| format!("the attachment is {b} bytes; ")).unwrap_or_else(|| "the attachment is too large; ".to_owned())
+    )]
+    AttachmentTooLarge { bytes: Option<u64>, limit: u64 },
+    /// An attachment of a kind the session's agent does not take.
+    #[error("{agent_type:?} agents do not take {option}")]
+    AttachmentUnsupported {
+        option: &'static str,
+        agent_type: String,
     },
     #[error("no agent can run this session: {0}")]
     NoAgent(String),
@@ -169,11 +208,13 @@ impl From<StoreError> for SessionError {
 }
 
 /// What a `session.create` asks for.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct NewSession {
     pub agent_type: String,
     pub cwd: String,
     pub title: Option<String>,
+    /// Checked ([`options::validate`], [`options::check_supported`]) before anything is made.
+    pub options: crate::protocol::options::SessionOptions,
 }
 
 pub use crate::protocol::replies::PendingPermission;
@@ -206,6 +247,10 @@ pub struct SessionManager {
     health: tokio::sync::watch::Receiver<StoreHealth>,
     /// How many prompts may wait in one session's queue.
     queue_capacity: usize,
+    /// Sessions may run with `permission_mode: "bypass"` (`allow_bypass` in `config.toml`).
+    allow_bypass: bool,
+    /// Where prompts' attachments are copied and which paths they may name.
+    attachments: Arc<attachments::AttachmentSettings>,
     actors: Arc<Mutex<Actors>>,
 }
 
@@ -228,6 +273,8 @@ impl SessionManager {
             launcher,
             health,
             queue_capacity: crate::config::DEFAULT_QUEUE_CAPACITY,
+            allow_bypass: false,
+            attachments: Arc::default(),
             actors: Arc::new(Mutex::new(Actors::default())),
         }
     }
@@ -236,6 +283,21 @@ impl SessionManager {
     /// `config.toml`); past that the oldest is dropped, visibly.
     pub fn with_queue_capacity(mut self, capacity: usize) -> SessionManager {
         self.queue_capacity = capacity.max(1);
+        self
+    }
+
+    /// Whether sessions may be created with `permission_mode: "bypass"` (`allow_bypass` in
+    /// `config.toml`; off unless set).
+    pub fn with_allow_bypass(mut self, allow: bool) -> SessionManager {
+        self.allow_bypass = allow;
+        self
+    }
+
+    /// Where prompts' attachments are copied and what they may name (`attachment_dirs`,
+    /// `attachment_max_bytes` in `config.toml`). Without it a prompt with attachments is
+    /// refused.
+    pub fn with_attachments(mut self, settings: attachments::AttachmentSettings) -> SessionManager {
+        self.attachments = Arc::new(settings);
         self
     }
 
@@ -318,6 +380,7 @@ impl SessionManager {
                 created_at_ms: stored.run.created_at_ms,
                 pos: stored.queue_pos.unwrap_or(0),
                 from: stored.sender,
+                attachments: stored.attachments,
             });
         }
         // An announced prompt (its `user.text` committed by a dispatch cut short) runs first,
@@ -386,15 +449,62 @@ impl SessionManager {
         client_msg_id: Option<String>,
         from: Option<PromptFrom>,
     ) -> Result<SendReceipt, SessionError> {
+        self.send_with(session_id, text, client_msg_id, from, Vec::new())
+            .await
+    }
+
+    /// [`SessionManager::send_from`] with attachments: each is checked and copied
+    /// ([`attachments`]) before the prompt is taken, so a refused one takes nothing and a
+    /// queued prompt keeps its copies.
+    pub async fn send_with(
+        &self,
+        session_id: &str,
+        text: String,
+        client_msg_id: Option<String>,
+        from: Option<PromptFrom>,
+        attachments: Vec<crate::protocol::options::AttachmentParam>,
+    ) -> Result<SendReceipt, SessionError> {
         check_prompt(&text, client_msg_id.as_deref())?;
         self.writable()?;
+        let attachments = self.take_attachments(session_id, attachments).await?;
         self.ask(session_id, |reply| actor::Msg::Send {
             text,
             client_msg_id,
             from,
+            attachments,
             reply,
         })
         .await
+    }
+
+    /// Check a prompt's attachments against the rules and the session's family, then copy
+    /// them into the session's attachment directory.
+    async fn take_attachments(
+        &self,
+        session_id: &str,
+        params: Vec<crate::protocol::options::AttachmentParam>,
+    ) -> Result<Vec<crate::protocol::options::Attachment>, SessionError> {
+        if params.is_empty() {
+            return Ok(Vec::new());
+        }
+        let row = self.get(session_id).await?;
+        let settings = self.attachments.clone();
+        let cwd = std::path::PathBuf::from(&row.cwd);
+        let blocking = |e: tokio::task::JoinError| SessionError::InvalidParams(e.to_string());
+        let loaded = {
+            let settings = settings.clone();
+            tokio::task::spawn_blocking(move || attachments::load_all(&params, &cwd, &settings))
+                .await
+                .map_err(blocking)??
+        };
+        attachments::check_family(&loaded, self.launcher.as_ref(), &row.agent_type).await?;
+        let sid = row.session_id.clone();
+        let stored =
+            tokio::task::spawn_blocking(move || attachments::store_all(loaded, &sid, &settings))
+                .await
+                .map_err(blocking)??;
+        tracing::info!(session_id, count = stored.len(), "attachments taken");
+        Ok(stored)
     }
 
     /// Give the running turn more input (`session.steer`): into the turn where the agent's
@@ -958,6 +1068,10 @@ impl SessionManager {
         if let Some(title) = &new.title {
             title_fits(title)?;
         }
+        // Each option checked, then against what the family can do with it: an option it
+        // cannot honour is refused now, never ignored at the open.
+        options::validate(&new.options, self.allow_bypass)?;
+        options::check_supported(&*self.launcher, &new.agent_type, &new.options).await?;
         let cwd = new.cwd.clone();
         let cwd = tokio::task::spawn_blocking(move || canonical_dir(&cwd))
             .await
@@ -974,8 +1088,21 @@ impl SessionManager {
             created_at_ms: now,
             updated_at_ms: now,
             fork_of: None,
-            options: Default::default(),
+            options: new.options,
             binding: None,
+        };
+        // What the session is bound under (workspace, provider, configuration), compared
+        // before every prompt from now on (`actor::binding`).
+        let (_, recorded) = binding::derive(
+            self.launcher.clone(),
+            &row.agent_type,
+            Path::new(&row.cwd),
+            &row.options,
+        )
+        .await;
+        let row = SessionRow {
+            binding: Some(recorded),
+            ..row
         };
         self.store.insert_session(row.clone()).await?;
         tracing::info!(session_id = %row.session_id, agent_type = %row.agent_type, "session created");
@@ -1002,11 +1129,13 @@ impl SessionManager {
                 parent.agent_type
             )));
         }
+        // The fork runs as its parent does (checked again: the host's config may have changed).
         let mut child = self
             .create(NewSession {
                 agent_type: parent.agent_type.clone(),
                 cwd: parent.cwd.clone(),
                 title: title.or(parent.title.clone()),
+                options: parent.options.clone(),
             })
             .await?;
         child.parent_session_id = Some(parent.session_id.clone());
@@ -1040,7 +1169,28 @@ impl SessionManager {
         cwd: String,
         title: Option<String>,
     ) -> Result<SessionRow, SessionError> {
+        self.import_with(
+            agent_type,
+            native_session_id,
+            cwd,
+            title,
+            Default::default(),
+        )
+        .await
+    }
+
+    /// [`SessionManager::import`] with the session's options (checked as `session.create`
+    /// checks them, before the agent's records are read).
+    pub async fn import_with(
+        &self,
+        agent_type: String,
+        native_session_id: String,
+        cwd: String,
+        title: Option<String>,
+        options: crate::protocol::options::SessionOptions,
+    ) -> Result<SessionRow, SessionError> {
         self.writable()?;
+        options::validate(&options, self.allow_bypass)?;
         if !self.forkable(&agent_type) {
             return Err(SessionError::NoAgent(format!(
                 "{agent_type:?} sessions cannot be imported in this build"
@@ -1091,12 +1241,42 @@ impl SessionManager {
                 agent_type,
                 cwd,
                 title,
+                options,
             })
             .await?;
-        row.fork_of = Some(native_session_id);
+        row.fork_of = Some(native_session_id.clone());
         self.store.replace_session_lineage(row.clone()).await?;
+        // The conversation the agent already had, before anything else in the session.
+        self.publish_imported(
+            &row.session_id,
+            &row.agent_type,
+            &row.cwd,
+            &native_session_id,
+        )
+        .await;
         tracing::info!(session_id = %row.session_id, "session imported");
         Ok(row)
+    }
+
+    /// Run the session on `model` from now on (`session.set_model`): checked as
+    /// `session.create` checks it and against the family's way to switch; saved on the row,
+    /// then taken by the live agent, by its next turn, or by a restart of it (the reply and a
+    /// `session.configured` say which).
+    pub async fn set_model(
+        &self,
+        session_id: &str,
+        model: String,
+    ) -> Result<ModelSet, SessionError> {
+        options::check_model(&model)?;
+        self.writable()?;
+        let row = self.get(session_id).await?;
+        let caps = options::check_set_model(&*self.launcher, &row.agent_type, &model).await?;
+        self.ask(session_id, |reply| actor::Msg::SetModel {
+            model,
+            switch: caps.set_model,
+            reply,
+        })
+        .await
     }
 
     /// Give the session a new title (trimmed; not empty, at most [`MAX_TITLE_BYTES`]).
@@ -1153,6 +1333,19 @@ impl SessionManager {
         // The quiet stop closes no block: the bus forgets the session's open ones.
         self.bus.forget_session(session_id).await;
         let deleted = self.store.delete_session(session_id.to_owned()).await;
+        if matches!(deleted, Ok(true)) {
+            let (settings, sid) = (self.attachments.clone(), session_id.to_owned());
+            let removed =
+                tokio::task::spawn_blocking(move || attachments::remove_session(&settings, &sid))
+                    .await;
+            match removed {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => {
+                    tracing::warn!(error = %e, session_id, "removing the attachments failed")
+                }
+                Err(e) => tracing::warn!(error = %e, "removing the attachments failed"),
+            }
+        }
         self.lock_actors().deleting.remove(session_id);
         if deleted? {
             tracing::info!(session_id, "session deleted");
@@ -1415,6 +1608,7 @@ mod tests {
                 agent_type: "claude".into(),
                 cwd: dir.path().display().to_string(),
                 title: None,
+                ..Default::default()
             })
             .await
             .unwrap();

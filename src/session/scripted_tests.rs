@@ -178,6 +178,7 @@ impl World {
                 agent_type: "acp".into(),
                 cwd: self.dir.path().display().to_string(),
                 title: None,
+                ..Default::default()
             })
             .await
             .unwrap()
@@ -457,6 +458,7 @@ async fn activate_reports_an_agent_that_cannot_start() {
             agent_type: "claude".into(),
             cwd: world.dir.path().display().to_string(),
             title: None,
+            ..Default::default()
         })
         .await
         .unwrap();

@@ -8,6 +8,7 @@ use serde::Serialize;
 use super::{RunRow, Store, StoreResult, now_ms};
 use crate::protocol::envelope::RunRef;
 use crate::protocol::events::{PermissionOption, PromptFrom};
+use crate::protocol::options::Attachment;
 use crate::protocol::replies::PermissionRule;
 use crate::protocol::states::{PermissionState, RunStatus, SessionState};
 
@@ -117,6 +118,9 @@ pub struct QueuedRun {
     pub queue_pos: Option<i64>,
     /// Who sent the prompt (`None` before schema 8, or a sender that does not read).
     pub sender: Option<PromptFrom>,
+    /// The prompt's attachments, as checked and copied when it was taken (none before schema
+    /// 9).
+    pub attachments: Vec<Attachment>,
 }
 
 impl Store {
@@ -144,7 +148,29 @@ impl Store {
         queue_pos: Option<i64>,
         sender: Option<PromptFrom>,
     ) -> StoreResult<RunInsert> {
+        self.insert_attached_run(row, prompt, queue_pos, sender, Vec::new())
+            .await
+    }
+
+    /// [`Store::insert_sent_run`] with the prompt's attachments (kept as JSON in
+    /// `runs.attachments`, none: NULL), so a queued prompt restored after a restart keeps them.
+    pub async fn insert_attached_run(
+        &self,
+        row: RunRow,
+        prompt: Option<String>,
+        queue_pos: Option<i64>,
+        sender: Option<PromptFrom>,
+        attachments: Vec<Attachment>,
+    ) -> StoreResult<RunInsert> {
         let sender = sender.and_then(|s| serde_json::to_string(&s).ok());
+        let attachments = if attachments.is_empty() {
+            None
+        } else {
+            // Only a path that is not UTF-8 fails, and the host makes none.
+            Some(serde_json::to_string(&attachments).map_err(|e| {
+                super::StoreError::CommitFailed(format!("the run's attachments: {e}"))
+            })?)
+        };
         self.write(move |conn| {
             let tx = conn.transaction()?;
             if let Some(key) = &row.client_msg_id {
@@ -160,8 +186,8 @@ impl Store {
             }
             tx.execute(
                 "INSERT INTO runs (id, session_id, state, client_msg_id, error_category, \
-                 created_at, ended_at, message, prompt, queue_pos, sender) \
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
+                 created_at, ended_at, message, prompt, queue_pos, sender, attachments) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
                 params![
                     row.run_id,
                     row.session_id,
@@ -173,7 +199,8 @@ impl Store {
                     row.message,
                     prompt,
                     queue_pos,
-                    sender
+                    sender,
+                    attachments
                 ],
             )?;
             tx.commit()?;
@@ -280,7 +307,7 @@ impl Store {
         self.read(move |conn| {
             let mut stmt = conn.prepare_cached(
                 "SELECT id, session_id, state, client_msg_id, error_category, created_at, \
-                 ended_at, message, prompt, queue_pos, sender FROM runs \
+                 ended_at, message, prompt, queue_pos, sender, attachments FROM runs \
                  WHERE session_id = ?1 AND state = ?2 \
                  ORDER BY queue_pos IS NULL, queue_pos, created_at, id",
             )?;
@@ -293,6 +320,10 @@ impl Store {
                         sender: r
                             .get::<_, Option<String>>(10)?
                             .and_then(|text| serde_json::from_str(&text).ok()),
+                        attachments: r
+                            .get::<_, Option<String>>(11)?
+                            .and_then(|text| serde_json::from_str(&text).ok())
+                            .unwrap_or_default(),
                     })
                 })?
                 .collect::<Result<Vec<_>, _>>()?;
@@ -896,6 +927,73 @@ mod tests {
             senders,
             vec![("r1", Some(from)), ("r2", None), ("r3", None)]
         );
+        drop(store);
+        threads.shutdown().await;
+    }
+
+    /// A queued prompt's attachments are kept with its run (schema 9) and read back, in order,
+    /// after the store reopens: what the restored queue hands the agent. A run without any has
+    /// none, and a value that does not read is none too.
+    #[tokio::test]
+    async fn a_queued_runs_attachments_survive_a_reopen() {
+        use crate::protocol::options::{Attachment, AttachmentKind};
+        let (dir, store, threads) = store_with_session().await;
+        let attached = vec![
+            Attachment {
+                name: "shot.png".into(),
+                mime: "image/png".into(),
+                kind: AttachmentKind::Image,
+                bytes: 68,
+                sha256: "ab".repeat(32),
+                path: "/h/attachments/s/abab.png".into(),
+            },
+            Attachment {
+                name: "notes.md".into(),
+                mime: "text/markdown".into(),
+                kind: AttachmentKind::File,
+                bytes: 5,
+                sha256: "cd".repeat(32),
+                path: "/h/attachments/s/cdcd.md".into(),
+            },
+        ];
+        store
+            .insert_attached_run(
+                run("r1", None),
+                Some("one".into()),
+                Some(0),
+                None,
+                attached.clone(),
+            )
+            .await
+            .unwrap();
+        store
+            .insert_prompt_run(run("r2", None), Some("two".into()), Some(1))
+            .await
+            .unwrap();
+        store
+            .insert_attached_run(run("r3", None), Some("three".into()), Some(2), None, vec![])
+            .await
+            .unwrap();
+        let stored: Option<String> = store
+            .read(|conn| {
+                Ok(
+                    conn.query_row("SELECT attachments FROM runs WHERE id = 'r3'", [], |r| {
+                        r.get(0)
+                    })?,
+                )
+            })
+            .await
+            .unwrap();
+        assert_eq!(stored, None, "no attachments: NULL");
+        drop(store);
+        threads.shutdown().await;
+        let (store, threads) = Store::open(&dir.path().join("t.db")).unwrap();
+        let queued = store.queued_runs("s".into()).await.unwrap();
+        let got: Vec<_> = queued
+            .iter()
+            .map(|q| (q.run.run_id.as_str(), q.attachments.clone()))
+            .collect();
+        assert_eq!(got, vec![("r1", attached), ("r2", vec![]), ("r3", vec![])]);
         drop(store);
         threads.shutdown().await;
     }

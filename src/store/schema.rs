@@ -7,7 +7,7 @@ use rusqlite::Connection;
 use super::{StoreError, StoreResult};
 
 /// The schema version this build writes.
-pub const SCHEMA_VERSION: i64 = 8;
+pub const SCHEMA_VERSION: i64 = 9;
 
 /// Migration `i` takes a database from version `i` to `i + 1`.
 const MIGRATIONS: &[&str] = &[
@@ -19,7 +19,16 @@ const MIGRATIONS: &[&str] = &[
     MIGRATION_6,
     MIGRATION_7,
     MIGRATION_8,
+    MIGRATION_9,
 ];
+
+/// Version 9: a prompt's attachments. `runs.attachments`, the attachments `session.send` took
+/// with the prompt (checked and copied into the host's home) as a JSON array, written with the
+/// row, so a queued prompt that runs after a restart still hands them to the agent. NULL: none
+/// (every row of earlier versions).
+const MIGRATION_9: &str = "
+ALTER TABLE runs ADD COLUMN attachments TEXT;
+";
 
 /// Version 8: who sent a prompt. `subscribers.client`, the label a loopback client registered
 /// with (`subscriber.add` `client`: `web`, `follow`, an app's own); `runs.sender`, a prompt's
@@ -199,6 +208,8 @@ mod tests {
         // Version 8: who sent a prompt.
         conn.prepare("SELECT client FROM subscribers").unwrap();
         conn.prepare("SELECT sender FROM runs").unwrap();
+        // Version 9: a prompt's attachments.
+        conn.prepare("SELECT attachments FROM runs").unwrap();
         conn.pragma_update(None, "user_version", 99).unwrap();
         assert!(matches!(
             migrate(&mut conn),

@@ -17,6 +17,12 @@
 //!   back, `tool said: <result>`;
 //!   ``TOOLCALL ESCALATE `cmd` `` has the Codex call ask for
 //!   `sandbox_permissions: require_escalated` (so app-server asks the client to approve it);
+//! - `MCPCALL <tool> <rest>` → a call of the first tool in the request's tool list whose name
+//!   ends with `<tool>` (Claude names MCP tools `mcp__<server>__<tool>`; Codex offers them as
+//!   the namespace `mcp__<server>`, read here as `mcp__<server>__<tool>` and called by
+//!   `namespace` and `name`), input `{"text": "<rest>"}`, then, once the tool result comes
+//!   back, `tool said: <result>`; no such tool → the text
+//!   `MCPCALL: no tool named *<tool> in [<names>]` (Anthropic Messages and Responses APIs);
 //! - `THINK` → a thinking block (Codex: a reasoning summary; Gemini: a thought part), then the
 //!   echo;
 //! - `SLOW` → 40 text chunks 250 ms apart (something to cancel);
@@ -373,12 +379,52 @@ fn tag_block(text: &str) -> bool {
 enum Block {
     Text(Vec<String>),
     Thinking(String),
-    /// A shell command; `escalate` asks to run it outside the sandbox (Codex only).
+    /// A shell command; `escalate` asks to run it outside the sandbox (Codex only). With
+    /// `call`, a call of that tool instead (`MCPCALL`).
     Tool {
         id: String,
         command: String,
         escalate: bool,
+        call: Option<Call>,
     },
+}
+
+/// A call of a tool the request offered, by its name there, with these arguments.
+#[derive(Debug, Clone)]
+struct Call {
+    name: String,
+    input: Value,
+}
+
+/// The `MCPCALL <tool> <rest>` script, given the names of the tools the request offered: a
+/// call of the first whose name ends with `<tool>`, input `{"text": "<rest>"}`. `None` when
+/// the text is not an MCPCALL.
+fn mcp_call(tools: &[String], text: &str, id: String) -> Option<Reply> {
+    let line = text.lines().rev().find(|l| l.contains("MCPCALL"))?;
+    let after = line.split_once("MCPCALL")?.1.trim();
+    let (tool, rest) = after.split_once(char::is_whitespace).unwrap_or((after, ""));
+    let Some(name) = tools
+        .iter()
+        .find(|name| !tool.is_empty() && name.ends_with(tool))
+    else {
+        let said = format!("MCPCALL: no tool named *{tool} in [{}]", tools.join(", "));
+        return Some(Reply::Blocks(vec![Block::Text(vec![said])], Duration::ZERO));
+    };
+    Some(Reply::Blocks(
+        vec![
+            Block::Text(vec!["Calling it.".into()]),
+            Block::Tool {
+                id,
+                command: String::new(),
+                escalate: false,
+                call: Some(Call {
+                    name: name.clone(),
+                    input: json!({"text": rest.trim()}),
+                }),
+            },
+        ],
+        Duration::ZERO,
+    ))
 }
 
 impl Block {
@@ -388,10 +434,12 @@ impl Block {
             Block::Thinking(text) => {
                 json!({"type": "thinking", "thinking": text, "signature": "mock"})
             }
-            Block::Tool { id, command, .. } => json!({
-                "type": "tool_use", "id": id, "name": "Bash",
-                "input": {"command": command, "description": "run a command"}
-            }),
+            Block::Tool {
+                id, command, call, ..
+            } => {
+                let (name, input) = anthropic_call(command, call.as_ref());
+                json!({"type": "tool_use", "id": id, "name": name, "input": input})
+            }
         }
     }
 }
@@ -403,20 +451,42 @@ enum Reply {
     Cut(String),
 }
 
+/// An Anthropic `tool_use`'s name and input: `Bash` running the command, or the call.
+fn anthropic_call(command: &str, call: Option<&Call>) -> (String, Value) {
+    match call {
+        Some(call) => (call.name.clone(), call.input.clone()),
+        None => (
+            "Bash".to_owned(),
+            json!({"command": command, "description": "run a command"}),
+        ),
+    }
+}
+
 fn model_of(request: &Value) -> String {
     request["model"].as_str().unwrap_or("mock-model").to_owned()
 }
 
 /// The text of a message's content (a string, or the text blocks of an array), skipping the
-/// `<system-reminder>` blocks Claude Code adds.
+/// `<system-reminder>` blocks Claude Code adds, and the record of a `/model` command it adds
+/// after a `set_model` control request (`<local-command-caveat>`, `<command-name>`,
+/// `<local-command-stdout>`).
 fn text_of(content: &Value) -> String {
+    let added = |t: &str| {
+        let t = t.trim_start();
+        ["<system-reminder>", "<local-command-", "<command-name>"]
+            .iter()
+            .any(|tag| t.starts_with(tag))
+    };
     match content {
+        Value::String(s) if added(s) && !s.trim_start().starts_with("<system-reminder>") => {
+            String::new()
+        }
         Value::String(s) => s.clone(),
         Value::Array(blocks) => blocks
             .iter()
             .filter(|b| b["type"] == "text")
             .filter_map(|b| b["text"].as_str())
-            .filter(|t| !t.trim_start().starts_with("<system-reminder>"))
+            .filter(|t| !added(t))
             .collect::<Vec<_>>()
             .join(""),
         _ => String::new(),
@@ -454,6 +524,21 @@ fn script(request: &Value) -> Reply {
             Value::String(s) => s.clone(),
             other => text_of(other),
         });
+    if tool_result.is_none() {
+        let tools: Vec<String> = request["tools"]
+            .as_array()
+            .map(|tools| {
+                tools
+                    .iter()
+                    .filter_map(|t| t["name"].as_str().map(str::to_owned))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let id = format!("toolu_mock_mcp_{}", user_texts.len());
+        if let Some(reply) = mcp_call(&tools, user_texts.last().map_or("", |t| t), id) {
+            return reply;
+        }
+    }
     decide(&user_texts, tool_result)
 }
 
@@ -512,6 +597,7 @@ fn decide(user_texts: &[String], tool_result: Option<String>) -> Reply {
                     id: format!("toolu_mock_{}", user_texts.len()),
                     command,
                     escalate: text.contains("ESCALATE"),
+                    call: None,
                 },
             ],
             Duration::ZERO,
@@ -593,9 +679,12 @@ async fn stream_sse(
                 send("content_block_delta", json!({"type": "content_block_delta", "index": index, "delta": {"type": "thinking_delta", "thinking": text}})).await?;
                 send("content_block_delta", json!({"type": "content_block_delta", "index": index, "delta": {"type": "signature_delta", "signature": "mock"}})).await?;
             }
-            Block::Tool { id, command, .. } => {
-                send("content_block_start", json!({"type": "content_block_start", "index": index, "content_block": {"type": "tool_use", "id": id, "name": "Bash", "input": {}}})).await?;
-                let input = json!({"command": command, "description": "run a command"}).to_string();
+            Block::Tool {
+                id, command, call, ..
+            } => {
+                let (name, input) = anthropic_call(command, call.as_ref());
+                send("content_block_start", json!({"type": "content_block_start", "index": index, "content_block": {"type": "tool_use", "id": id, "name": name, "input": {}}})).await?;
+                let input = input.to_string();
                 let middle = input
                     .char_indices()
                     .nth(input.chars().count() / 2)
@@ -627,7 +716,9 @@ async fn stream_sse(
 /// `function_call_output` items, and the reply streams as `response.*` SSE events whose `type`
 /// is repeated in each data object (Codex reads it from there).
 mod responses {
-    use super::{Block, Reply, cut_off, decide, model_of, respond, respond_error, tag_block};
+    use super::{
+        Block, Call, Reply, cut_off, decide, mcp_call, model_of, respond, respond_error, tag_block,
+    };
     use serde_json::{Value, json};
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::time::Duration;
@@ -651,7 +742,7 @@ mod responses {
             }
             Reply::Cut(text) => {
                 let id = next_id("resp");
-                let item = item(&Block::Text(vec![text.clone()]));
+                let item = item(&Block::Text(vec![text.clone()]), request);
                 let at = json!({"output_index": 0, "item_id": item["id"], "content_index": 0});
                 let empty = json!({"type": "output_text", "text": "", "annotations": []});
                 let created = response(request, &id, "in_progress", Vec::new());
@@ -672,7 +763,7 @@ mod responses {
                 stream_sse(stream, request, &blocks, delay).await
             }
             Reply::Blocks(blocks, _) => {
-                let output: Vec<Value> = blocks.iter().map(item).collect();
+                let output: Vec<Value> = blocks.iter().map(|b| item(b, request)).collect();
                 let body = response(request, &next_id("resp"), "completed", output);
                 respond(stream, 200, "application/json", &body.to_string()).await
             }
@@ -712,10 +803,56 @@ mod responses {
                 }
             }
         }
+        if tool_result.is_none() {
+            let id = format!("call_mock_mcp_{}", user_texts.len());
+            let last = user_texts.last().map_or("", String::as_str);
+            if let Some(reply) = mcp_call(&tool_names(request), last, id) {
+                return reply;
+            }
+        }
         decide(&user_texts, tool_result)
     }
 
-    /// The text a user typed in a user message, skipping the parts Codex adds itself.
+    /// The names of the tools a request offers: a function's name, and each function of a
+    /// namespace as `<namespace>__<name>` (Codex offers an MCP server's tools as the namespace
+    /// `mcp__<server>`, so its tool reads `mcp__<server>__<tool>`, as Claude names it).
+    fn tool_names(request: &Value) -> Vec<String> {
+        let mut names = Vec::new();
+        for tool in request["tools"].as_array().into_iter().flatten() {
+            let name = tool["name"].as_str().unwrap_or_default();
+            if tool["type"] == "namespace" {
+                for inner in tool["tools"].as_array().into_iter().flatten() {
+                    if let Some(inner) = inner["name"].as_str() {
+                        names.push(format!("{name}__{inner}"));
+                    }
+                }
+            } else if !name.is_empty() {
+                names.push(name.to_owned());
+            }
+        }
+        names
+    }
+
+    /// A call's `namespace` and `name` as a `function_call` item names them: a namespace's
+    /// function by both (Codex finds an MCP tool only so), else the name alone.
+    fn call_name(request: &Value, call: &Call) -> (Option<String>, String) {
+        for tool in request["tools"].as_array().into_iter().flatten() {
+            let (Some(space), true) = (tool["name"].as_str(), tool["type"] == "namespace") else {
+                continue;
+            };
+            for inner in tool["tools"].as_array().into_iter().flatten() {
+                if let Some(inner) = inner["name"].as_str()
+                    && call.name == format!("{space}__{inner}")
+                {
+                    return (Some(space.to_owned()), inner.to_owned());
+                }
+            }
+        }
+        (None, call.name.clone())
+    }
+
+    /// The text a user typed in a user message, skipping the parts Codex adds itself (and
+    /// the `<image name=…>` / `</image>` texts it puts around an attached image).
     fn prompt_text(content: &Value) -> String {
         match content {
             Value::String(s) if !codex_context(s) => s.clone(),
@@ -723,7 +860,7 @@ mod responses {
                 .iter()
                 .filter(|p| p["type"] == "input_text")
                 .filter_map(|p| p["text"].as_str())
-                .filter(|t| !codex_context(t))
+                .filter(|t| !codex_context(t) && !image_label(t))
                 .collect::<Vec<_>>()
                 .join(""),
             _ => String::new(),
@@ -737,13 +874,22 @@ mod responses {
         text.trim().starts_with("# AGENTS.md") || tag_block(text)
     }
 
-    /// A `function_call_output`'s output: a string, or content items with text.
+    /// The texts Codex puts around an image input: `<image name=[Image #1] path="…">` and
+    /// `</image>`.
+    fn image_label(text: &str) -> bool {
+        let text = text.trim();
+        text.starts_with("<image ") || text == "</image>"
+    }
+
+    /// A `function_call_output`'s output: a string, or content items with text (an MCP
+    /// tool's, as Codex gives it, starts with a `Wall time: … Output:` part, left out).
     fn output_text(output: &Value) -> String {
         match output {
             Value::String(s) => s.clone(),
             Value::Array(parts) => parts
                 .iter()
                 .filter_map(|p| p["text"].as_str())
+                .filter(|t| !t.starts_with("Wall time:"))
                 .collect::<Vec<_>>()
                 .join(""),
             _ => String::new(),
@@ -761,7 +907,7 @@ mod responses {
     }
 
     /// A block as a finished output item.
-    fn item(block: &Block) -> Value {
+    fn item(block: &Block, request: &Value) -> Value {
         match block {
             Block::Text(chunks) => json!({
                 "type": "message", "id": next_id("msg"), "role": "assistant",
@@ -772,6 +918,19 @@ mod responses {
                 "type": "reasoning", "id": next_id("rs"),
                 "summary": [{"type": "summary_text", "text": text}]
             }),
+            Block::Tool {
+                call: Some(call), ..
+            } => {
+                let (namespace, name) = call_name(request, call);
+                let mut item = json!({
+                    "type": "function_call", "id": next_id("fc"), "call_id": next_id("call"),
+                    "name": name, "status": "completed", "arguments": call.input.to_string()
+                });
+                if let Some(namespace) = namespace {
+                    item["namespace"] = json!(namespace);
+                }
+                item
+            }
             Block::Tool {
                 command, escalate, ..
             } => json!({
@@ -847,7 +1006,7 @@ mod responses {
         emit(stream, "created", &json!({}), "response", created).await?;
         let mut output = Vec::new();
         for (index, block) in blocks.iter().enumerate() {
-            let item = item(block);
+            let item = item(block, request);
             let at = json!({"output_index": index});
             emit(stream, "output_item.added", &at, "item", started(&item)).await?;
             let at = json!({"output_index": index, "item_id": item["id"]});

@@ -171,6 +171,7 @@ pub fn text_end(session: &str, item: &str) -> Event {
             truncated: None,
             item_id: Some(item.into()),
             text: format!("text of {item}"),
+            imported: false,
         }),
     )
 }

@@ -203,8 +203,11 @@ export class Transcript {
     switch (k) {
       case "user.text": {
         // A steer is more input for the running turn, not a prompt of its own.
-        const node = h("div", { class: event.steer ? "user steer" : "user", "data-seq": seq, "data-run": run },
-          h("div", { class: "who", text: [event.steer ? "Steer (into the running turn)" : "Prompt", promptFrom(event.from, this.hooks.own())].filter(Boolean).join(" · ") }),
+        // An imported prompt is the agent's own from before the import (no run of the host's).
+        const cls = event.steer ? "user steer" : event.imported ? "user imported" : "user";
+        const who = event.imported ? "Prompt · imported" : event.steer ? "Steer (into the running turn)" : "Prompt";
+        const node = h("div", { class: cls, "data-seq": seq, "data-run": run },
+          h("div", { class: "who", text: [who, promptFrom(event.from, this.hooks.own())].filter(Boolean).join(" · ") }),
           h("div", { class: "body", text: event.text || "" }));
         this.place(seq, node);
         break;
@@ -221,6 +224,10 @@ export class Transcript {
         if (kind === "text") renderMarkdown(b.content, event.text);
         else b.content.textContent = event.text || "";
         if (event.truncated) b.node.append(h("p", { class: "truncated", text: `cut: ${event.truncated.keptBytes} of ${event.truncated.fullBytes} bytes` }));
+        if (event.imported && !b.node.classList.contains("imported")) {
+          b.node.classList.add("imported");
+          b.node.prepend(h("div", { class: "imported-mark", text: "imported" }));
+        }
         break;
       }
       case "tool.call.start":

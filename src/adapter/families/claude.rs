@@ -10,9 +10,10 @@ use serde_json::Value;
 
 use crate::adapter::family::{AgentFamily, Vars};
 use crate::adapter::{
-    AdapterError, AgentSession, Capabilities, Descriptor, OpenSpec, OptionCaps, ProcessModel,
-    ResumeKind, Support, claude, claude_process,
+    AdapterError, AgentSession, Capabilities, Descriptor, ModelSwitch, OpenSpec, OptionCaps,
+    ProcessModel, ResumeKind, Support, claude, claude_process,
 };
+use crate::protocol::options::PermissionMode;
 use crate::session::agent::NativeFile;
 use crate::session::ownership::{self, OwnedPid};
 
@@ -39,7 +40,28 @@ static DESCRIPTOR: Descriptor = Descriptor {
         usage: true,
         process: ProcessModel::Persistent,
         binding: true,
-        options: OptionCaps::NONE,
+        // Each as tests/claude_host.rs shows the real CLI doing it against the mock: the model
+        // named in every request (`--model`), changed live between turns (the `set_model`
+        // control request), the standing prompt in each request's `system`
+        // (`--append-system-prompt`), stdio, HTTP and SSE MCP servers whose tools the model
+        // calls (`--mcp-config`; the calls ask through the permission prompt like any tool),
+        // the three permission modes (`--permission-mode`), images as image blocks, and PDFs
+        // and text files as document blocks.
+        options: OptionCaps {
+            model: Support::Native,
+            set_model: ModelSwitch::Live,
+            system_prompt: Support::Native,
+            mcp_stdio: Support::Native,
+            mcp_http: Support::Native,
+            mcp_sse: Support::Native,
+            permission_modes: &[
+                PermissionMode::Ask,
+                PermissionMode::AcceptEdits,
+                PermissionMode::Bypass,
+            ],
+            images: Support::Native,
+            files: Support::Native,
+        },
     },
     turns: true,
     permission_policy: None,
@@ -70,6 +92,14 @@ impl AgentFamily for Claude {
         claude_process::open(spec)
     }
 
+    fn provider(&self, vars: &Vars<'_>) -> Option<crate::protocol::options::ProviderIdentity> {
+        anthropic_provider(vars)
+    }
+
+    fn default_model(&self, vars: &Vars<'_>) -> Option<String> {
+        vars.get("ANTHROPIC_MODEL")
+    }
+
     fn native_file(&self, vars: &Vars<'_>, cwd: &Path, native_id: &str) -> NativeFile {
         let config = vars.dir_or_home("CLAUDE_CONFIG_DIR", ".claude");
         let path = config
@@ -83,6 +113,49 @@ impl AgentFamily for Claude {
             }),
             entries: Some(claude::file_entry),
         }
+    }
+
+    /// The session files of the cwd's project folder that record this cwd
+    /// ([`claude::discover_sessions`]).
+    fn discover(
+        &self,
+        vars: &Vars<'_>,
+        cwd: &Path,
+    ) -> Option<Result<Vec<crate::session::discover::Discovered>, String>> {
+        let Some(config) = vars.dir_or_home("CLAUDE_CONFIG_DIR", ".claude") else {
+            return Some(Err(
+                "neither CLAUDE_CONFIG_DIR nor HOME is set for claude".to_owned()
+            ));
+        };
+        Some(Ok(claude::discover_sessions(
+            &config,
+            &cwd.to_string_lossy(),
+        )))
+    }
+
+    /// The conversation of the session's file of this cwd ([`claude::read_session_history`]);
+    /// no file: an empty history (the CLI decides about the id at the first prompt).
+    fn read_history(
+        &self,
+        vars: &Vars<'_>,
+        cwd: &Path,
+        native_id: &str,
+    ) -> Option<Result<Vec<crate::session::discover::HistoryEntry>, String>> {
+        let config = vars.dir_or_home("CLAUDE_CONFIG_DIR", ".claude")?;
+        let cwd_text = cwd.to_string_lossy();
+        let canonical = std::fs::canonicalize(cwd).ok();
+        let file = claude::session_file(&config, &cwd_text, native_id).or_else(|| {
+            canonical
+                .as_ref()
+                .and_then(|c| claude::session_file(&config, &c.to_string_lossy(), native_id))
+        });
+        let Some(file) = file else {
+            return Some(Ok(Vec::new()));
+        };
+        Some(
+            claude::read_session_history(&file)
+                .map_err(|e| format!("cannot read {}: {e}", file.display())),
+        )
     }
 
     /// The session's file must be under this cwd's project folder and record this cwd; a file
@@ -112,6 +185,20 @@ impl AgentFamily for Claude {
             )),
         }
     }
+}
+
+/// The Anthropic API Claude talks to: `ANTHROPIC_BASE_URL` (else the public API) and the key
+/// or token it is given (`ANTHROPIC_API_KEY`, else `ANTHROPIC_AUTH_TOKEN`), by its hash. Also
+/// the provider of the `acp` family (`claude-agent-acp` runs Claude).
+pub fn anthropic_provider(vars: &Vars<'_>) -> Option<crate::protocol::options::ProviderIdentity> {
+    let key = vars
+        .get("ANTHROPIC_API_KEY")
+        .or_else(|| vars.get("ANTHROPIC_AUTH_TOKEN"));
+    crate::session::binding::provider_identity(
+        vars.get("ANTHROPIC_BASE_URL").as_deref(),
+        "https://api.anthropic.com",
+        key.as_deref(),
+    )
 }
 
 /// Live CLIs that Claude's own registry (`<config>/sessions/<pid>.json`, written by each

@@ -9,7 +9,7 @@ use futures_util::future::BoxFuture;
 use super::acp::{ACP_CAPABILITIES, probe_acp};
 use crate::adapter::family::{AgentFamily, ProbeSpec, Probed};
 use crate::adapter::{AdapterError, AgentSession, Descriptor, OpenSpec, acp_process};
-use crate::adapter::{Capabilities, ResumeKind};
+use crate::adapter::{Capabilities, OptionCaps, ResumeKind};
 
 pub struct GeminiAcp;
 
@@ -23,8 +23,10 @@ static DESCRIPTOR: Descriptor = Descriptor {
     // "No previous sessions found for this project", and within the session's creation
     // minute "Invalid session identifier", which also resets the stored session): declared
     // only where the real CLI shows it, so a restart starts a fresh session, saying so.
+    // No session option is shown with the real CLI here: none is declared.
     capabilities: Capabilities {
         resume: ResumeKind::None,
+        options: OptionCaps::NONE,
         ..ACP_CAPABILITIES
     },
     turns: true,

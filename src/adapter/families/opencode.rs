@@ -7,7 +7,9 @@ use futures_util::future::BoxFuture;
 
 use super::acp::{ACP_CAPABILITIES, probe_acp};
 use crate::adapter::family::{AgentFamily, ProbeSpec, Probed};
-use crate::adapter::{AdapterError, AgentSession, Descriptor, OpenSpec, acp_process};
+use crate::adapter::{
+    AdapterError, AgentSession, Capabilities, Descriptor, OpenSpec, OptionCaps, acp_process,
+};
 
 pub struct OpenCode;
 
@@ -17,7 +19,11 @@ static DESCRIPTOR: Descriptor = Descriptor {
     default_binary: "opencode",
     binary_env: "AGENT_HOST_OPENCODE_BIN",
     version_args: &[],
-    capabilities: ACP_CAPABILITIES,
+    // No session option is shown with the real CLI here: none is declared.
+    capabilities: Capabilities {
+        options: OptionCaps::NONE,
+        ..ACP_CAPABILITIES
+    },
     turns: true,
     permission_policy: None,
 };

@@ -461,6 +461,10 @@ impl View {
     /// `follow`: another follower, else the label, or "app" without one). An event of a host
     /// that did not say (no `from`) is guessed from its `client_msg_id`.
     fn who(&self, event: &Value) -> String {
+        // The agent's own conversation from before an import: no one sent it through the host.
+        if event.get("imported").and_then(Value::as_bool) == Some(true) {
+            return "imported".to_owned();
+        }
         let id = field(event, "clientMsgId");
         if let Some(from) = event.get("from").filter(|f| f.is_object()) {
             let mine = !id.is_empty() && self.mine.contains(id);
@@ -1446,12 +1450,14 @@ mod tests {
         }
         // Its own prompt sent over IPC (the wire was down): still "you".
         view.on_event(&json!({"k":"user.text","sessionId":S,"runId":"r","text":"mine by ipc","from":{"via":"ipc"},"clientMsgId":"follow-abc-1"}));
+        // The agent's own prompt from before an import: no run, no sender.
+        view.on_event(&json!({"k":"user.text","sessionId":S,"text":"from before","imported":true}));
         assert_eq!(
             text(&view, 80),
             "you ▸ mine\nterminal ▸ other terminal\nuser ▸ cli\nyou (steer) ▸ nudge\n\
              terminal ▸ from a terminal\nbot ▸ from a bot\nyou ▸ from me\n\
              browser ▸ from a browser\nfollow ▸ from a follower\nmy-app ▸ from an app\n\
-             app ▸ from no label\nyou ▸ mine by ipc"
+             app ▸ from no label\nyou ▸ mine by ipc\nimported ▸ from before"
         );
         let Effect::Request(steer) = view.act(Action::Steer("go left".into())) else {
             panic!()

@@ -12,7 +12,11 @@
 //!   words its own, for an agent that declares no fork);
 //! - `Negotiated` resume or fork: asked of the driver, which degrades visibly itself;
 //! - a native session the family says is not this workspace's ([`Launcher::check_binding`]):
-//!   never opened; the open fails `resume_rejected`, naming why.
+//!   never opened; the open fails `resume_rejected`, naming why;
+//! - the session's recorded binding (`binding`): a moved workspace refuses the prompt before
+//!   anything is opened (`workspace_changed`, `resume_rejected`); another provider forks the
+//!   bound native session instead of resuming it (`provider_changed`); a changed
+//!   configuration is published (`session.configured`) and recorded once the agent opened.
 //!
 //! [`Launcher::check_binding`]: crate::session::agent::Launcher::check_binding
 
@@ -69,6 +73,9 @@ impl Actor {
     /// one (a fork when someone else wrote or holds the session). What a first prompt and
     /// `activate` share.
     pub(super) async fn ready_agent(&mut self) -> Result<(), AdapterError> {
+        // A session whose workspace moved is not resumed or forked there: the prompt is
+        // refused before it reaches any agent (a live one is closed).
+        self.check_workspace().await?;
         // A child whose file someone else wrote is not continued: closed, and a fork.
         if let Some(why) = self.state.drifted().map(str::to_owned) {
             let ours: Vec<OwnedPid> = self
@@ -88,6 +95,9 @@ impl Actor {
             }
             self.state.set_next(NextOpen::Fork(why));
         }
+        // A child opened with options changed since is not given the prompt: the session is
+        // resumed in a new one, opened with them.
+        self.close_if_outdated().await;
         // A live child is not continued if another process has its session open now: it is
         // killed, and the prompt goes on in a fork.
         if self.state.live().is_some()
@@ -150,13 +160,26 @@ impl Actor {
     }
 
     async fn open_native(&mut self, next: NextOpen) -> Result<Live, AdapterError> {
+        // The binding derived for this open, against the record: another provider forks.
+        let at_open = self.binding_at_open().await;
+        let provider = at_open.provider.clone();
         // What the session asks for.
         let (wanted, why, tail, automatic) = match self.binding.clone() {
             Binding::Bound { id, .. } => {
-                let (verdict, tail) = match next {
-                    NextOpen::Fork(why) | NextOpen::Drifted(why) => (Verdict::Fork(why), None),
-                    NextOpen::Decide => self.verdict_cold(&id).await,
+                let (verdict, tail) = match (next, &provider) {
+                    // Never resumed under another account.
+                    (_, Some(change)) => (
+                        Verdict::Fork(format!("the model provider changed ({change})")),
+                        None,
+                    ),
+                    (NextOpen::Fork(why) | NextOpen::Drifted(why), None) => {
+                        (Verdict::Fork(why), None)
+                    }
+                    (NextOpen::Decide, None) => self.verdict_cold(&id).await,
                 };
+                if let Some(change) = &provider {
+                    self.warn_provider_changed(&id, change).await;
+                }
                 match verdict {
                     Verdict::ResumeInPlace => (Native::Resume(id), String::new(), tail, false),
                     Verdict::Fork(why) => (Native::Fork(id), why, None, true),
@@ -182,7 +205,12 @@ impl Actor {
         }
         let run_id = self.state.run_id();
         if automatic && let Native::Fork(from) = &native {
-            self.announce_fork(from, &why).await;
+            if provider.is_some() && matches!(self.binding, Binding::Bound { .. }) {
+                // Its `warning` is `provider_changed`, said already.
+                self.announce_forked(from, &why).await;
+            } else {
+                self.announce_fork(from, &why).await;
+            }
         }
         if let Some((code, message)) = degraded {
             tracing::warn!(code, %message, "the family cannot do what the session asks");
@@ -197,6 +225,7 @@ impl Actor {
             &self.options,
         )?;
         tracing::info!(pid = ?session.pid(), resuming = opened.resuming(), "agent started");
+        self.binding_opened(at_open).await;
         let watch = match tail {
             Some(tail) => {
                 let changes = self.cx.launcher.watch(&tail.seen().path);

@@ -14,6 +14,7 @@ use super::{Actor, CancelOutcome, CancelReceipt, QueueEdited, QueueEntry, Reply,
 use crate::protocol::events::{
     EventBody, PromptFrom, QueueChange, QueueItem, QueueReason, RunStart, UserText,
 };
+use crate::protocol::options::{Attachment, AttachmentInfo};
 use crate::protocol::states::RunStatus;
 use crate::session::SessionError;
 use crate::store::{RunInsert, RunRow, StoreError, now_ms};
@@ -38,6 +39,8 @@ pub(in crate::session) struct Queued {
     pub pos: i64,
     /// Who sent it (its `user.text` says so).
     pub from: Option<PromptFrom>,
+    /// Its attachments, checked and copied when it was taken (kept in its row).
+    pub attachments: Vec<Attachment>,
 }
 
 impl Queued {
@@ -115,9 +118,13 @@ impl Actor {
         text: String,
         client_msg_id: Option<String>,
         from: Option<PromptFrom>,
+        attachments: Vec<Attachment>,
         reply: Reply<SendReceipt>,
     ) {
-        let (item, busy) = match self.take(text, client_msg_id, from, false).await {
+        let taken = self
+            .take_with(text, client_msg_id, from, false, attachments)
+            .await;
+        let (item, busy) = match taken {
             Err(e) => {
                 let _caller_gone = reply.send(Err(e));
                 return;
@@ -159,6 +166,19 @@ impl Actor {
         from: Option<PromptFrom>,
         head: bool,
     ) -> Result<Taken, SessionError> {
+        self.take_with(text, client_msg_id, from, head, Vec::new())
+            .await
+    }
+
+    /// [`Actor::take`] with the prompt's attachments (kept in its row).
+    pub(super) async fn take_with(
+        &mut self,
+        text: String,
+        client_msg_id: Option<String>,
+        from: Option<PromptFrom>,
+        head: bool,
+        attachments: Vec<Attachment>,
+    ) -> Result<Taken, SessionError> {
         let busy = self.state.run().is_some() || !self.queue.is_empty();
         // Every row gets its place, an idle one too (its dispatch may be put back): ahead of
         // the queue with `head`, yet never ahead of an announced prompt (see `push_head`; a tie
@@ -187,7 +207,13 @@ impl Actor {
         match self
             .cx
             .store
-            .insert_sent_run(row, Some(text.clone()), Some(pos), from.clone())
+            .insert_attached_run(
+                row,
+                Some(text.clone()),
+                Some(pos),
+                from.clone(),
+                attachments.clone(),
+            )
             .await?
         {
             RunInsert::Duplicate(existing) => {
@@ -207,6 +233,7 @@ impl Actor {
                     created_at_ms,
                     pos,
                     from,
+                    attachments,
                 },
                 busy,
             }),
@@ -529,6 +556,8 @@ impl Actor {
                         client_msg_id: item.client_msg_id.clone(),
                         steer: false,
                         from: item.from.clone(),
+                        imported: false,
+                        attachments: item.attachments.iter().map(AttachmentInfo::from).collect(),
                     }),
                 )
                 .await
@@ -570,7 +599,9 @@ impl Actor {
             return;
         }
         let run_id = item.run_id.clone();
-        if let Err(run) = self.state.start(Run::new(item.run_id, item.text)) {
+        let mut run = Run::new(item.run_id, item.text);
+        run.attachments = item.attachments;
+        if let Err(run) = self.state.start(run) {
             // Never: a dispatch comes only when no run is in progress.
             tracing::error!(run_id = %run.id, "a run was dispatched over another; it waits");
             self.queue.push_front(Queued {
@@ -581,6 +612,7 @@ impl Actor {
                 created_at_ms: item.created_at_ms,
                 pos: item.pos,
                 from: item.from,
+                attachments: run.attachments,
             });
             return;
         }

@@ -84,6 +84,9 @@ pub(super) struct Child {
     pub opened: Opened,
     /// Someone else wrote the file while this child had it (why, warned): it is not continued.
     pub drifted: Option<String>,
+    /// It was opened with options changed since (a `session.set_model` it could not take
+    /// live): closed once its run ends, and never given another prompt.
+    pub outdated: bool,
     pub watch: Watch,
 }
 
@@ -132,6 +135,8 @@ pub(super) enum Watch {
 pub(super) struct Run {
     pub id: String,
     pub text: String,
+    /// The prompt's attachments, handed to the agent with it.
+    pub attachments: Vec<crate::protocol::options::Attachment>,
     /// A rejected resume already fell back to a fresh session in this run.
     pub retried_fresh: bool,
     pub ending: Ending,
@@ -384,6 +389,7 @@ impl Live {
                 owned,
                 opened,
                 drifted: None,
+                outdated: false,
                 watch,
             },
         }
@@ -522,6 +528,7 @@ impl Run {
         Run {
             id,
             text,
+            attachments: Vec::new(),
             retried_fresh: false,
             ending: Ending::No,
         }

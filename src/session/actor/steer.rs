@@ -181,6 +181,8 @@ impl Actor {
                             client_msg_id,
                             steer: true,
                             from,
+                            imported: false,
+                            attachments: Vec::new(),
                         }),
                     )
                     .await;

@@ -64,6 +64,9 @@ struct Fake {
     /// Every open fails, as a missing binary does.
     broken: Mutex<bool>,
     agents: mpsc::UnboundedSender<Agent>,
+    /// The provider and default model the family reads (the binding's).
+    provider: Mutex<Option<crate::protocol::options::ProviderIdentity>>,
+    default_model: Mutex<Option<String>>,
 }
 
 impl Launcher for Fake {
@@ -90,7 +93,7 @@ impl Launcher for Fake {
         _cwd: &std::path::Path,
         _host_session_id: &str,
         native: Native,
-        _options: &crate::protocol::options::SessionOptions,
+        options: &crate::protocol::options::SessionOptions,
     ) -> Result<AgentSession, AdapterError> {
         if *self.broken.lock().unwrap() {
             return Err(AdapterError::new(
@@ -103,6 +106,7 @@ impl Launcher for Fake {
         let (outputs, events) = mpsc::channel(64);
         let _test_gone = self.agents.send(Agent {
             native,
+            options: options.clone(),
             inputs,
             outputs,
         });
@@ -111,6 +115,14 @@ impl Launcher for Fake {
 
     fn idle_timeout(&self) -> Option<Duration> {
         self.idle
+    }
+
+    fn provider(&self, _agent_type: &str) -> Option<crate::protocol::options::ProviderIdentity> {
+        self.provider.lock().unwrap().clone()
+    }
+
+    fn default_model(&self, _agent_type: &str) -> Option<String> {
+        self.default_model.lock().unwrap().clone()
     }
 
     fn native_file(&self, _agent_type: &str, _cwd: &std::path::Path, _id: &str) -> NativeFile {
@@ -143,6 +155,8 @@ impl Launcher for Fake {
 /// The test's side of one opened agent.
 struct Agent {
     native: Native,
+    /// The session options it was opened with.
+    options: crate::protocol::options::SessionOptions,
     inputs: mpsc::Receiver<AgentInput>,
     outputs: mpsc::Sender<AgentOutput>,
 }
@@ -343,6 +357,8 @@ impl World {
             pid: setup.pid,
             broken: Mutex::new(false),
             agents: agents_tx,
+            provider: Mutex::default(),
+            default_model: Mutex::default(),
         });
         let (health, health_rx) = watch::channel(store.health());
         let sessions = SessionManager::with_health(store.clone(), bus, fake.clone(), health_rx)
@@ -365,6 +381,7 @@ impl World {
                 agent_type: "fake".into(),
                 cwd: self.dir.path().display().to_string(),
                 title: None,
+                ..Default::default()
             })
             .await
             .unwrap()
@@ -1436,8 +1453,9 @@ async fn a_binding_mismatch_is_refused_and_never_opened() {
         panic!("{refused:?}");
     };
     let reply = crate::request::errors::session_error(e);
-    assert_eq!(reply.data["error"], "invalid_params");
-    assert_eq!(reply.data["reason"], "binding_mismatch");
+    assert_eq!(reply.code, 3012);
+    assert_eq!(reply.data["error"], "binding_mismatch");
+    assert_eq!(reply.data["reason"], "native_session_elsewhere");
     assert_eq!(reply.data["native_session_id"], "terminal-1");
     assert_eq!(world.sessions.count().await.unwrap(), before);
     *world.fake.binding.lock().unwrap() = Ok(());
@@ -1478,6 +1496,7 @@ async fn a_store_outage_cuts_the_turn_and_the_queue_waits_for_the_store() {
             item_id: None,
             text: "never seen".into(),
             truncated: None,
+            imported: false,
         }))
         .await;
     agent.end(RunState::Cancelled).await;
@@ -1721,6 +1740,9 @@ async fn a_fork_that_dies_before_its_own_id_forks_again() {
     world.stop().await;
 }
 
+mod attachments;
+mod binding;
+mod options;
 /// The durable, visible, editable queue and `session.steer`.
 mod queue;
 mod sender;

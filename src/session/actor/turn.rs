@@ -21,7 +21,11 @@ impl Actor {
     /// Hand the current run's prompt to the agent, opening it first if needed. A failure ends
     /// the run.
     pub(super) async fn start_turn(&mut self) {
-        let Some((text, run_id)) = self.state.run().map(|r| (r.text.clone(), r.id.clone())) else {
+        let Some((text, run_id, attachments)) = self
+            .state
+            .run()
+            .map(|r| (r.text.clone(), r.id.clone(), r.attachments.clone()))
+        else {
             return;
         };
         for attempt in 0..2 {
@@ -32,7 +36,7 @@ impl Actor {
             let Some(live) = self.state.live() else {
                 return;
             };
-            match live.session.send(&text, &run_id).await {
+            match live.session.send_with(&text, &run_id, &attachments).await {
                 Ok(()) => return,
                 Err(e) if attempt == 0 => {
                     // The process went away while idle and its exit is not seen yet: a new one.
@@ -137,6 +141,8 @@ impl Actor {
         // `idle`, or `running` on (from `waiting`) when a follow-up is next.
         self.sync_state().await;
         self.turn_ended(ended).await;
+        // An agent whose options changed under its run is restarted before the next prompt.
+        self.close_if_outdated().await;
         self.dispatch_next().await;
     }
 

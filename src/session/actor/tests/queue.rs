@@ -776,6 +776,8 @@ async fn a_dispatch_a_crash_cut_short_runs_first_after_the_restart() {
             client_msg_id: None,
             steer: false,
             from: None,
+            imported: false,
+            attachments: Vec::new(),
         }),
     );
     world
