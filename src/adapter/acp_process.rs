@@ -51,6 +51,9 @@ use crate::protocol::options::{Attachment, SessionOptions};
 
 /// How long the handshake and opening a session may take (some agents take seconds).
 const OPEN_TIMEOUT: Duration = Duration::from_secs(90);
+/// How long a `session.set_model` between turns waits for the agent's answer: below the
+/// session's own wait (2 s), so the session hears why, and the input loop is never held long.
+const SET_MODEL_WAIT: Duration = Duration::from_millis(1500);
 /// The longest a turn may run.
 const TURN_TIMEOUT: Duration = Duration::from_secs(6 * 3600);
 /// After `session/load`: the replay is over once nothing came for this long (bounded).
@@ -327,9 +330,19 @@ impl Driver {
     /// would be dropped by the translator anyway: they are not kept, so the backlog stays
     /// small.
     async fn call(&mut self, method: &str, params: Value) -> Result<Value, RpcError> {
+        self.call_within(method, params, OPEN_TIMEOUT).await
+    }
+
+    /// [`Self::call`] with its own bound.
+    async fn call_within(
+        &mut self,
+        method: &str,
+        params: Value,
+        timeout: Duration,
+    ) -> Result<Value, RpcError> {
         let in_turn = self.translator.in_turn();
         self.io
-            .call(method, params, OPEN_TIMEOUT, |msg| {
+            .call(method, params, timeout, |msg| {
                 in_turn || !matches!(msg, Incoming::Notification { .. })
             })
             .await
@@ -461,7 +474,7 @@ impl Driver {
             return;
         };
         if let Some(model) = self.options.model.clone()
-            && let Err(message) = self.apply_model(&session, &model).await
+            && let Err(message) = self.apply_model(&session, &model, OPEN_TIMEOUT).await
         {
             tracing::info!(%message, "the agent did not take the model");
             self.model_refused = Some(OpenError {
@@ -493,10 +506,15 @@ impl Driver {
 
     /// Ask the agent to use `model` ([`acp::model_request`]); `Err`: why not, naming the
     /// models it offers.
-    async fn apply_model(&mut self, session: &str, model: &str) -> Result<(), String> {
+    async fn apply_model(
+        &mut self,
+        session: &str,
+        model: &str,
+        timeout: Duration,
+    ) -> Result<(), String> {
         let (method, params) = acp::model_request(session, &self.choices, model)
             .map_err(|why| acp::model_refused(model, &self.choices, &why))?;
-        match self.call(method, params).await {
+        match self.call_within(method, params, timeout).await {
             Ok(answer) => {
                 self.choices.update(&answer);
                 if method == "session/set_model"
@@ -650,7 +668,8 @@ impl Driver {
                         ErrorCategory::AgentFailed,
                         "no session is open to change the model of",
                     )),
-                    Some(session) => match self.apply_model(&session, &model).await {
+                    Some(session) => match self.apply_model(&session, &model, SET_MODEL_WAIT).await
+                    {
                         Ok(()) => {
                             self.options.model = Some(model);
                             self.model_refused = None;
@@ -870,8 +889,10 @@ mod tests {
     *'"method":"initialize"'*)
       printf '{{"jsonrpc":"2.0","id":%s,"result":{{"protocolVersion":1,"agentCapabilities":{{}}}}}}\n' "$id";;
     *'"method":"session/new"'*)
-      printf '{{"jsonrpc":"2.0","id":%s,"result":{{"sessionId":"s1"}}}}\n' "$id"
+      printf '{{"jsonrpc":"2.0","id":%s,"result":{{"sessionId":"s1","models":{{"currentModelId":"m1","availableModels":[{{"modelId":"m1"}},{{"modelId":"m2"}}]}}}}}}\n' "$id"
       if [ "$mode" = deaf ]; then exec 0<&-; : > "$dir/closed"; read x < "$dir/hold"; exit 0; fi;;
+    *'"method":"session/set_model"'*)
+      : > "$dir/asked";;
     *'"method":"session/prompt"'*)
       printf '%s' "$line" > "$dir/got"
       kill -9 $$;;
@@ -879,6 +900,29 @@ mod tests {
 done"#
         );
         fake(&body, mode)
+    }
+
+    /// An agent that never answers `session/set_model`: the change fails within
+    /// [`SET_MODEL_WAIT`], below the session's own wait, and the driver reads on.
+    #[tokio::test]
+    async fn a_model_change_the_agent_never_answers_fails_in_time() {
+        let (dir, spec) = agent("mute-model");
+        let mut session = open(spec).unwrap();
+        let started = std::time::Instant::now();
+        let err = session.set_model("m2").await.unwrap_err();
+        assert!(
+            started.elapsed() < Duration::from_millis(1900),
+            "{:?}",
+            started.elapsed()
+        );
+        assert!(dir.path().join("asked").exists());
+        assert!(err.message.contains("\"m2\""), "{}", err.message);
+        // The loop is free: a prompt still goes to the agent.
+        session.send("hello there", "run-1").await.unwrap();
+        let outputs = all_outputs(&mut session).await;
+        assert_eq!(run_ends(&outputs).len(), 1, "{outputs:?}");
+        let got = std::fs::read_to_string(dir.path().join("got")).unwrap();
+        assert!(got.contains("hello there"), "{got}");
     }
 
     /// `session/prompt` written, then the agent killed before its answer: unknown.

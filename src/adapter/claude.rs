@@ -42,7 +42,8 @@
 //! Session options map to flags, given on every process start (new, resume and fork alike)
 //! ([`option_args`]): `model` → `--model`; `system_prompt` → `--append-system-prompt` (the
 //! CLI puts it in each request's `system`, never in a user turn); `mcp_servers` →
-//! `--mcp-config <json>` (the servers' tools, `mcp__<name>__<tool>`, ask through the
+//! `--mcp-config <file>` (a 0600 file the driver writes, [`mcp_config`]'s JSON: env and header
+//! values stay out of argv; the servers' tools, `mcp__<name>__<tool>`, ask through the
 //! permission prompt like any tool); `permission_mode` → `--permission-mode` `default` /
 //! `acceptEdits` / `bypassPermissions` (as root the CLI takes the last only with `IS_SANDBOX=1`
 //! in its environment, which the host never sets on its own). A model change between turns
@@ -94,8 +95,12 @@ pub fn launch_args(new_session_id: Option<&str>, resume: Option<&str>, fork: boo
 
 /// The flags that give the CLI a session's options (module docs); `[]` for none. Given on
 /// every start: `--model`, `--append-system-prompt` and `--mcp-config` are not kept by the
-/// CLI across `--resume`.
-pub fn option_args(options: &SessionOptions) -> Vec<String> {
+/// CLI across `--resume`. `mcp_config_file`: the file holding [`mcp_config`] of the options'
+/// servers (the driver writes it; `None` when there are none — then no flag).
+pub fn option_args(
+    options: &SessionOptions,
+    mcp_config_file: Option<&std::path::Path>,
+) -> Vec<String> {
     let mut args = Vec::new();
     if let Some(model) = &options.model {
         args.extend(["--model".to_owned(), model.clone()]);
@@ -103,8 +108,8 @@ pub fn option_args(options: &SessionOptions) -> Vec<String> {
     if let Some(prompt) = &options.system_prompt {
         args.extend(["--append-system-prompt".to_owned(), prompt.clone()]);
     }
-    if !options.mcp_servers.is_empty() {
-        args.extend(["--mcp-config".to_owned(), mcp_config(&options.mcp_servers)]);
+    if let Some(file) = mcp_config_file {
+        args.extend(["--mcp-config".to_owned(), file.display().to_string()]);
     }
     if let Some(mode) = options.permission_mode {
         let native = match mode {
@@ -581,16 +586,22 @@ pub fn user_frame_with(text: &str, uuid: &str, attachments: &[Value]) -> String 
 
 /// The Anthropic content blocks of a prompt's attachments, read from the host's copies: an
 /// image is an `image` block (base64); a PDF a `document` block (base64); any other file a
-/// `document` block of its text, titled with its name, when it is UTF-8 text. A file that is
-/// none of these (or cannot be read) is refused with why: the prompt is not sent.
-pub fn attachment_blocks(attachments: &[Attachment]) -> Result<Vec<Value>, String> {
+/// `document` block of its text, titled with its name, when it is UTF-8 text. The prompt is
+/// not sent when one cannot be read (`transport_lost`, "not sent": the copy is gone) or is
+/// none of these (`protocol_incompatible`: a binary file other than a PDF, which the session
+/// takes for every family that takes files and Claude cannot). Blocking (it reads the copies).
+pub fn attachment_blocks(attachments: &[Attachment]) -> Result<Vec<Value>, AdapterError> {
     use base64::Engine as _;
     let b64 = |bytes: &[u8]| base64::engine::general_purpose::STANDARD.encode(bytes);
     attachments
         .iter()
         .map(|a| {
-            let bytes = std::fs::read(&a.path)
-                .map_err(|e| format!("reading the attachment {} failed ({e})", a.name))?;
+            let bytes = std::fs::read(&a.path).map_err(|e| {
+                AdapterError::prompt_not_sent(format!(
+                    "reading the attachment {} failed ({e})",
+                    a.name
+                ))
+            })?;
             Ok(match a.kind {
                 AttachmentKind::Image => json!({
                     "type": "image",
@@ -603,9 +614,14 @@ pub fn attachment_blocks(attachments: &[Attachment]) -> Result<Vec<Value>, Strin
                 }),
                 AttachmentKind::File => {
                     let text = String::from_utf8(bytes).map_err(|_| {
-                        format!(
-                            "Claude takes images, PDFs and text files; {} ({}) is none of these",
-                            a.name, a.mime
+                        AdapterError::new(
+                            ErrorCategory::ProtocolIncompatible,
+                            format!(
+                                "Claude takes images, PDFs and UTF-8 text files; {} ({}) is \
+                                 none of these, so the prompt was not sent: send it without \
+                                 that file, or as text or a PDF",
+                                a.name, a.mime
+                            ),
                         )
                     })?;
                     json!({
@@ -1743,7 +1759,7 @@ mod tests {
     #[test]
     fn session_options_become_flags() {
         use crate::protocol::options::{EnvVar, Header};
-        assert!(option_args(&SessionOptions::default()).is_empty());
+        assert!(option_args(&SessionOptions::default(), None).is_empty());
         let options = SessionOptions {
             model: Some("claude-x".to_owned()),
             system_prompt: Some("Be brief.".to_owned()),
@@ -1773,7 +1789,8 @@ mod tests {
             ],
             permission_mode: Some(PermissionMode::AcceptEdits),
         };
-        let args = option_args(&options);
+        let file = std::path::Path::new("/h/run/claude-mcp-s1.json");
+        let args = option_args(&options, Some(file));
         let value = |flag: &str| {
             let at = args.iter().position(|a| a == flag).unwrap();
             args[at + 1].clone()
@@ -1781,7 +1798,9 @@ mod tests {
         assert_eq!(value("--model"), "claude-x");
         assert_eq!(value("--append-system-prompt"), "Be brief.");
         assert_eq!(value("--permission-mode"), "acceptEdits");
-        let config: Value = serde_json::from_str(&value("--mcp-config")).unwrap();
+        assert_eq!(value("--mcp-config"), "/h/run/claude-mcp-s1.json");
+        assert!(!args.iter().any(|a| a.contains("Bearer t")), "{args:?}");
+        let config: Value = serde_json::from_str(&mcp_config(&options.mcp_servers)).unwrap();
         assert_eq!(
             config,
             json!({"mcpServers": {
@@ -1794,10 +1813,13 @@ mod tests {
             (PermissionMode::Ask, "default"),
             (PermissionMode::Bypass, "bypassPermissions"),
         ] {
-            let args = option_args(&SessionOptions {
-                permission_mode: Some(mode),
-                ..SessionOptions::default()
-            });
+            let args = option_args(
+                &SessionOptions {
+                    permission_mode: Some(mode),
+                    ..SessionOptions::default()
+                },
+                None,
+            );
             assert_eq!(args, ["--permission-mode", native]);
         }
     }
@@ -1858,10 +1880,17 @@ mod tests {
             b"PK\x03\x04\xff",
         );
         let why = attachment_blocks(&[zip]).unwrap_err();
-        assert!(why.contains("d.zip"), "{why}");
+        assert_eq!(why.category, ErrorCategory::ProtocolIncompatible);
+        assert!(
+            why.message.contains("d.zip") && why.message.contains("not sent"),
+            "{}",
+            why.message
+        );
         let mut gone = file("e.png", "image/png", AttachmentKind::Image, b"x");
         gone.path = dir.path().join("missing.png");
-        assert!(attachment_blocks(&[gone]).unwrap_err().contains("e.png"));
+        let why = attachment_blocks(&[gone]).unwrap_err();
+        assert_eq!(why.category, ErrorCategory::TransportLost);
+        assert!(why.message.contains("e.png"), "{}", why.message);
     }
 
     #[test]

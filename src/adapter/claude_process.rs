@@ -45,12 +45,13 @@ pub fn open(spec: OpenSpec) -> Result<AgentSession, AdapterError> {
     if let Some(why) = bypass_refused(&spec) {
         return Err(AdapterError::new(ErrorCategory::PermissionDenied, why));
     }
+    let mcp_file = McpConfigFile::write(&spec)?;
     let mut child = spawn(&SpawnSpec {
         program: spec.program,
         args: [
             spec.args.clone(),
             claude::launch_args(new_id, resume, fork),
-            claude::option_args(&spec.options),
+            claude::option_args(&spec.options, mcp_file.as_ref().map(McpConfigFile::path)),
         ]
         .concat(),
         cwd: spec.cwd,
@@ -68,10 +69,94 @@ pub fn open(spec: OpenSpec) -> Result<AgentSession, AdapterError> {
     let stdin = child.stdin.take();
     let span = tracing::info_span!("agent", session_id = %spec.host_session_id, pid);
     tokio::spawn(tracing::Instrument::instrument(
-        run(child, stdin, stdout, inputs, events_tx, resuming),
+        async move {
+            // The events end only once the file is gone.
+            let held = events_tx.clone();
+            run(child, stdin, stdout, inputs, events_tx, resuming).await;
+            // The process is gone: its MCP config (secrets included) goes with it.
+            drop(mcp_file);
+            drop(held);
+        },
         span,
     ));
     Ok(AgentSession::new(input, events, pid))
+}
+
+/// The `--mcp-config` file of one process: the servers' JSON (env and header values are
+/// secrets: never in argv, where `/proc/<pid>/cmdline` shows them to every user, and a large
+/// config would pass the kernel's per-argument limit). Written 0600 under the host home's
+/// `run/` (0700; the system temp dir for a spec without a home), a new file per process
+/// (`O_EXCL`: never through a planted symlink), removed when the process is gone.
+struct McpConfigFile(std::path::PathBuf);
+
+impl McpConfigFile {
+    /// `None` when the session has no MCP servers.
+    fn write(spec: &OpenSpec) -> Result<Option<McpConfigFile>, AdapterError> {
+        use std::io::Write;
+        use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+        if spec.options.mcp_servers.is_empty() {
+            return Ok(None);
+        }
+        let failed = |what: &str, e: std::io::Error| {
+            AdapterError::new(
+                ErrorCategory::TransportLost,
+                format!("could not write the MCP config for claude ({what}): {e}"),
+            )
+        };
+        let dir = match &spec.home {
+            Some(home) => {
+                let dir = std::path::Path::new(home.as_str()).join("run");
+                std::fs::DirBuilder::new()
+                    .recursive(true)
+                    .mode(0o700)
+                    .create(&dir)
+                    .map_err(|e| failed(&dir.display().to_string(), e))?;
+                dir
+            }
+            None => std::env::temp_dir(),
+        };
+        let session: String = spec
+            .host_session_id
+            .chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                    c
+                } else {
+                    '_'
+                }
+            })
+            .collect();
+        let path = dir.join(format!(
+            "claude-mcp-{session}-{}.json",
+            super::reap::next_spawn_id()
+        ));
+        let mut file = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&path)
+            .map_err(|e| failed(&path.display().to_string(), e))?;
+        // Owned from here: removed on any failure below.
+        let owned = McpConfigFile(path);
+        file.write_all(claude::mcp_config(&spec.options.mcp_servers).as_bytes())
+            .and_then(|()| file.sync_all())
+            .map_err(|e| failed(&owned.0.display().to_string(), e))?;
+        Ok(Some(owned))
+    }
+
+    fn path(&self) -> &std::path::Path {
+        &self.0
+    }
+}
+
+impl Drop for McpConfigFile {
+    fn drop(&mut self) {
+        if let Err(e) = std::fs::remove_file(&self.0)
+            && e.kind() != std::io::ErrorKind::NotFound
+        {
+            tracing::warn!(path = %self.0.display(), "could not remove an MCP config: {e}");
+        }
+    }
 }
 
 /// Why the CLI would refuse this spec's `bypass` mode at once: as root, Claude Code takes
@@ -135,19 +220,40 @@ enum Framed {
     Unsendable(AdapterError),
 }
 
+/// A prompt's attachment blocks ([`claude::attachment_blocks`]), read off the input loop (it
+/// reads the copies: blocking); none for any other input.
+async fn prompt_blocks(input: &AgentInput) -> Result<Vec<serde_json::Value>, AdapterError> {
+    let AgentInput::Prompt { attachments, .. } = input else {
+        return Ok(Vec::new());
+    };
+    if attachments.is_empty() {
+        return Ok(Vec::new());
+    }
+    let attachments = attachments.clone();
+    tokio::task::spawn_blocking(move || claude::attachment_blocks(&attachments))
+        .await
+        .unwrap_or_else(|e| {
+            Err(AdapterError::prompt_not_sent(format!(
+                "reading the attachments failed ({e})"
+            )))
+        })
+}
+
 /// The stdin line for an input.
-fn frame_of(input: AgentInput, counter: &mut u64, translator: &mut Translator) -> Framed {
+/// `blocks`: a prompt's attachment blocks, [`prompt_blocks`].
+fn frame_of(
+    input: AgentInput,
+    blocks: Result<Vec<serde_json::Value>, AdapterError>,
+    counter: &mut u64,
+    translator: &mut Translator,
+) -> Framed {
     match input {
-        AgentInput::Prompt {
-            text,
-            id,
-            attachments,
-        } => match claude::attachment_blocks(&attachments) {
+        AgentInput::Prompt { text, id, .. } => match blocks {
             Ok(blocks) => Framed::Line(Frame::plain(
                 claude::user_frame_with(&text, &id, &blocks),
                 true,
             )),
-            Err(why) => Framed::Unsendable(AdapterError::prompt_not_sent(why)),
+            Err(error) => Framed::Unsendable(error),
         },
         AgentInput::Permission {
             request_id,
@@ -316,7 +422,8 @@ async fn run(
                     break;
                 }
                 Some(input) => {
-                    let Frame { line, starts_turn, ack, model } = match frame_of(input, &mut counter, &mut translator) {
+                    let blocks = prompt_blocks(&input).await;
+                    let Frame { line, starts_turn, ack, model } = match frame_of(input, blocks, &mut counter, &mut translator) {
                         Framed::Line(frame) => frame,
                         Framed::Nothing => continue,
                         Framed::Unsendable(error) => {
@@ -616,6 +723,51 @@ mod tests {
         let err = session.send("hello", "run-1").await.unwrap_err();
         assert_eq!(err.category, ErrorCategory::TransportLost);
         assert!(err.message.contains("not sent"), "{}", err.message);
+    }
+
+    /// MCP servers reach the CLI as a 0600 file under the host home's `run/`, never in argv,
+    /// and the file is gone once the process is.
+    #[tokio::test]
+    async fn the_mcp_config_is_a_private_file_removed_with_the_process() {
+        use crate::protocol::options::{EnvVar, McpServer};
+        let (dir, mut spec) = fake(
+            "while [ $# -gt 0 ]; do [ \"$1\" = --mcp-config ] && f=\"$2\"; printf '%s\\n' \"$1\" >> \"$dir/args\"; shift; done\n\
+             cp \"$f\" \"$dir/config\"; stat -c %a \"$f\" > \"$dir/mode\"; printf '%s' \"$f\" > \"$dir/path\"\n\
+             : > \"$dir/ready\"\nread line",
+        );
+        let home = dir.path().join("home");
+        std::fs::create_dir(&home).unwrap();
+        spec.home = Some(crate::adapter::reap::HomeMarker::of(&home));
+        spec.options.mcp_servers = vec![McpServer::Stdio {
+            name: "probe".to_owned(),
+            command: "node".to_owned(),
+            args: Vec::new(),
+            env: vec![EnvVar {
+                name: "TOKEN".to_owned(),
+                value: "secret-in-env".to_owned(),
+            }],
+        }];
+        let mut session = open(spec).unwrap();
+        file_appears(dir.path(), "ready").await;
+        let read = |name: &str| std::fs::read_to_string(dir.path().join(name)).unwrap();
+        assert_eq!(read("mode").trim(), "600");
+        assert!(
+            read("config").contains("secret-in-env"),
+            "{}",
+            read("config")
+        );
+        assert!(!read("args").contains("secret-in-env"), "{}", read("args"));
+        let path = std::path::PathBuf::from(read("path"));
+        assert_eq!(
+            path.parent(),
+            Some(std::fs::canonicalize(&home).unwrap().join("run").as_path())
+        );
+        assert!(path.exists());
+        session.send("bye", "run-1").await.unwrap();
+        all_outputs(&mut session).await;
+        let closed = tokio::time::timeout(WAIT, session.events.recv()).await;
+        assert!(matches!(closed, Ok(None)), "{closed:?}");
+        assert!(!path.exists(), "{} is left", path.display());
     }
 
     /// A fake CLI that answers each `set_model` request it reads with `answer` (a

@@ -147,6 +147,50 @@ fn yes(v: &Value, what: &str) -> String {
     }
 }
 
+/// The session options each agent takes (`capabilities.options`): `session.create`'s options,
+/// `session.set_model`, and attachments. An option an agent does not take is refused
+/// `option_unsupported` at create (or send), never ignored.
+fn options_table(all: &[Value]) -> String {
+    let mut out = String::from(
+        "\n## Session options\n\n\
+         What each agent does with `session.create`'s options, `session.set_model` and \
+         `session.send`'s attachments (`docs/protocol.md`, \"Session options\"): *native*: \
+         passed in the agent's own form; *negotiated*: as the agent declares when it starts \
+         (asked before `session.create` answers); *absent*: refused `option_unsupported`.\n\n\
+         | agent | model | set_model | system_prompt | MCP stdio | MCP http | MCP sse | \
+         permission modes | images | files |\n\
+         | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n",
+    );
+    for r in all {
+        let o = &r["agent_list"]["capabilities"]["options"];
+        let text = |v: &Value| v.as_str().unwrap_or("absent").replace('_', " ");
+        let modes = o["permission_modes"]
+            .as_array()
+            .map(|m| {
+                m.iter()
+                    .filter_map(Value::as_str)
+                    .map(|m| format!("`{m}`"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            })
+            .unwrap_or_default();
+        out.push_str(&format!(
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
+            r["agent"].as_str().unwrap_or_default(),
+            text(&o["model"]),
+            text(&o["set_model"]),
+            text(&o["system_prompt"]),
+            text(&o["mcp_stdio"]),
+            text(&o["mcp_http"]),
+            text(&o["mcp_sse"]),
+            modes,
+            text(&o["images"]),
+            text(&o["files"]),
+        ));
+    }
+    out
+}
+
 /// The whole of `docs/agents.md`.
 pub fn agents_markdown() -> String {
     let all = results();
@@ -199,6 +243,7 @@ pub fn agents_markdown() -> String {
             yes(&caps["steer"], ""),
         ));
     }
+    out.push_str(&options_table(&all));
     out.push_str("\n## Conformance\n\nEach case, for each agent: *pass*; *pass (…)* says how; ");
     out.push_str("*n/a* is a case the agent's declared capabilities, or what its real CLI does, ");
     out.push_str("rule out, with the reason below. A case that fails fails the test run, so ");

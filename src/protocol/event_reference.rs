@@ -711,8 +711,8 @@ pub const EVENTS: &[EventDoc] = &[
             req(
                 "changed",
                 JsonType::StringList,
-                "What changed: `model`, `system_prompt`, `mcp_servers`, `permission_mode`, \
-                 `provider` (more may come).",
+                "What changed: `model`, `system_prompt`, `options` (the runtime options, MCP \
+                 servers and permission mode, compared as one), `provider` (more may come).",
             ),
             opt(
                 "model",

@@ -750,7 +750,8 @@ pub struct SessionForked {
 #[serde(rename_all = "camelCase")]
 pub struct SessionConfigured {
     pub reason: ConfigReason,
-    /// What changed: `model`, `system_prompt`, `mcp_servers`, `permission_mode`, `provider`.
+    /// What changed: `model`, `system_prompt`, `options` (MCP servers and permission mode,
+    /// compared as one), `provider`.
     pub changed: Vec<String>,
     /// The model from now on, when it is known.
     #[serde(default, skip_serializing_if = "Option::is_none")]

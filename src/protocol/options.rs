@@ -136,9 +136,11 @@ impl PermissionMode {
 }
 
 /// One attachment of `session.send`, as a client gives it: a file by path (inside the
-/// session's cwd or an allow-listed directory), or the bytes themselves.
+/// session's cwd or an allow-listed directory), or the bytes themselves. Exactly one of the
+/// two shapes: a field of neither (or `name` with `path`), or both `path` and `data_base64`,
+/// is refused (`invalid_params`), never read as one of them.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(untagged)]
+#[serde(try_from = "RawAttachmentParam")]
 pub enum AttachmentParam {
     /// `{path, mime?}`: a regular file; its MIME type from `mime` or its contents and name.
     Path {
@@ -153,6 +155,67 @@ pub enum AttachmentParam {
         #[serde(default)]
         name: Option<String>,
     },
+}
+
+/// [`AttachmentParam`] as it comes, every field of both shapes, nothing else.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawAttachmentParam {
+    #[serde(default)]
+    path: Option<String>,
+    #[serde(default)]
+    data_base64: Option<String>,
+    #[serde(default)]
+    mime: Option<String>,
+    #[serde(default)]
+    name: Option<String>,
+}
+
+impl TryFrom<RawAttachmentParam> for AttachmentParam {
+    type Error = String;
+
+    fn try_from(raw: RawAttachmentParam) -> Result<Self, String> {
+        match raw {
+            RawAttachmentParam {
+                path: Some(_),
+                data_base64: Some(_),
+                ..
+            } => Err(
+                "an attachment is either {path, mime?} or {data_base64, mime, name?}, \
+                      not both"
+                    .to_owned(),
+            ),
+            RawAttachmentParam {
+                path: Some(_),
+                name: Some(_),
+                ..
+            } => Err(
+                "`name` is for an attachment by data_base64; one by path is named by \
+                      its file"
+                    .to_owned(),
+            ),
+            RawAttachmentParam {
+                path: Some(path),
+                mime,
+                ..
+            } => Ok(AttachmentParam::Path { path, mime }),
+            RawAttachmentParam {
+                data_base64: Some(data_base64),
+                mime: Some(mime),
+                name,
+                ..
+            } => Ok(AttachmentParam::Data {
+                data_base64,
+                mime,
+                name,
+            }),
+            RawAttachmentParam {
+                data_base64: Some(_),
+                ..
+            } => Err("an attachment by data_base64 needs its `mime`".to_owned()),
+            _ => Err("an attachment is {path, mime?} or {data_base64, mime, name?}".to_owned()),
+        }
+    }
 }
 
 /// An attachment's kind: what the family must declare to take it.

@@ -63,14 +63,49 @@ pub struct SessionInfo {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fork_of: Option<String>,
     /// What it was created with (`session.create`'s options, `session.set_model` since).
+    /// On the wire its MCP servers' env and header values read [`REDACTED`] (names kept):
+    /// they are secrets of the creator's, and a session is read by every subscriber in scope.
+    /// The store keeps the real values (it writes the options itself, not this form).
     #[serde(
         default,
-        skip_serializing_if = "super::options::SessionOptions::is_empty"
+        skip_serializing_if = "super::options::SessionOptions::is_empty",
+        serialize_with = "redacted_options"
     )]
     pub options: super::options::SessionOptions,
     /// What its native session was bound under, once known; compared before every resume.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub binding: Option<super::options::BindingRecord>,
+}
+
+/// What an MCP server's env or header value reads as in a reply.
+pub const REDACTED: &str = "<redacted>";
+
+/// `options` with every MCP env and header value replaced by [`REDACTED`].
+pub fn redacted(options: &super::options::SessionOptions) -> super::options::SessionOptions {
+    use super::options::McpServer;
+    let mut copy = options.clone();
+    for server in &mut copy.mcp_servers {
+        match server {
+            McpServer::Stdio { env, .. } => {
+                for var in env {
+                    var.value = REDACTED.to_owned();
+                }
+            }
+            McpServer::Http { headers, .. } | McpServer::Sse { headers, .. } => {
+                for header in headers {
+                    header.value = REDACTED.to_owned();
+                }
+            }
+        }
+    }
+    copy
+}
+
+fn redacted_options<S: serde::Serializer>(
+    options: &super::options::SessionOptions,
+    serializer: S,
+) -> Result<S::Ok, S::Error> {
+    redacted(options).serialize(serializer)
 }
 
 /// `session.create`, `session.import`: the new session.

@@ -523,13 +523,45 @@ fn history_entry(e: StoredEvent) -> HistoryEntry {
     }
 }
 
+/// Options that act for whoever answers permissions: a stdio MCP server runs a command of the
+/// creator's choice, and a permission mode other than `ask` approves the agent's edits (or
+/// everything) without asking. Either needs the `permissions` right as well as
+/// `create_sessions`.
+fn options_in_scope(
+    access: &access::Access,
+    mcp_servers: &[crate::protocol::options::McpServer],
+    permission_mode: Option<crate::protocol::options::PermissionMode>,
+) -> Result<(), Reply> {
+    let scope = access.scope();
+    if mcp_servers
+        .iter()
+        .any(|s| s.transport() == crate::protocol::options::McpTransport::Stdio)
+    {
+        access.allows(
+            scope.permissions,
+            "stdio MCP servers (they run commands; it needs the permissions right)",
+        )?;
+    }
+    if permission_mode.is_some_and(|m| m != crate::protocol::options::PermissionMode::Ask) {
+        access.allows(
+            scope.permissions,
+            "a permission mode other than ask (it approves without asking; it needs the \
+             permissions right)",
+        )?;
+    }
+    Ok(())
+}
+
 /// The scope rule, for every command: which session it touches and which right it needs. A
 /// session outside the scope is refused before anyone looks it up (its existence is not told).
 fn authorize(caller: &Caller, command: &Command) -> Result<(), Reply> {
     let access = &caller.access;
     let scope = access.scope();
     match command {
-        Command::SessionCreate(_) => access.allows(scope.create_sessions, "creating sessions"),
+        Command::SessionCreate(p) => {
+            access.allows(scope.create_sessions, "creating sessions")?;
+            options_in_scope(access, &p.mcp_servers, p.permission_mode)
+        }
         // An import brings any agent session on the machine under the host: only for a scope
         // over every session.
         // What the agents keep of a cwd (any session on the machine, prompts included), to
@@ -541,12 +573,13 @@ fn authorize(caller: &Caller, command: &Command) -> Result<(), Reply> {
                 "listing agent sessions (a scope limited to some sessions)",
             )
         }
-        Command::SessionImport(_) => {
+        Command::SessionImport(p) => {
             access.allows(scope.create_sessions, "creating sessions")?;
             access.allows(
                 scope.sessions.is_none(),
                 "importing sessions (a scope limited to some sessions)",
-            )
+            )?;
+            options_in_scope(access, &p.mcp_servers, p.permission_mode)
         }
         Command::SessionFork(p) => {
             access.session(&p.session_id)?;
@@ -644,6 +677,7 @@ mod tests {
     struct World {
         handler: Handler,
         bus: Bus,
+        store: Store,
         dir: tempfile::TempDir,
         _threads: crate::store::StoreThreads,
         _tasks: crate::bus::BusTasks,
@@ -661,7 +695,7 @@ mod tests {
         let grants = Arc::new(crate::subscribers::GrantStore::new(
             crate::clock::Clock::system(),
         ));
-        let subscribers = Subscribers::new(store, bus.clone(), sessions.clone(), grants, 1);
+        let subscribers = Subscribers::new(store.clone(), bus.clone(), sessions.clone(), grants, 1);
         let info = LockInfo {
             pid: 1,
             version: "t".into(),
@@ -680,6 +714,7 @@ mod tests {
         World {
             handler,
             bus,
+            store,
             dir,
             _threads: threads,
             _tasks: tasks,
@@ -1001,5 +1036,145 @@ mod tests {
             )
             .await;
         assert_eq!(set.error_code(), Some(ErrorCode::InvalidParams), "{set:?}");
+    }
+
+    /// A stdio MCP server runs a command and a permission mode other than `ask` approves
+    /// without asking: creating or importing with either needs the permissions right too.
+    #[test]
+    fn options_that_act_for_the_permission_answerer_need_its_right() {
+        let caller = |permissions: bool| Caller {
+            via: Via::Relay,
+            access: access::Access::new(Scope {
+                sessions: None,
+                prompt: true,
+                permissions,
+                create_sessions: true,
+            }),
+        };
+        let create = |extra: Value| {
+            let mut params = json!({"agent_type": "claude", "cwd": "/tmp"});
+            if let (Some(p), Some(e)) = (params.as_object_mut(), extra.as_object()) {
+                p.extend(e.clone());
+            }
+            Command::parse_named("session.create", params.clone()).unwrap()
+        };
+        let import = |extra: Value| {
+            let mut params =
+                json!({"agent_type": "claude", "cwd": "/tmp", "native_session_id": "n"});
+            if let (Some(p), Some(e)) = (params.as_object_mut(), extra.as_object()) {
+                p.extend(e.clone());
+            }
+            Command::parse_named("session.import", params.clone()).unwrap()
+        };
+        let stdio = json!({"mcp_servers": [{"type": "stdio", "name": "p", "command": "node"}]});
+        let http =
+            json!({"mcp_servers": [{"type": "http", "name": "w", "url": "http://127.0.0.1:1/"}]});
+        for (extra, needs) in [
+            (json!({}), false),
+            (json!({"permission_mode": "ask"}), false),
+            (http, false),
+            (json!({"model": "m"}), false),
+            (stdio, true),
+            (json!({"permission_mode": "accept_edits"}), true),
+            (json!({"permission_mode": "bypass"}), true),
+        ] {
+            for command in [create(extra.clone()), import(extra.clone())] {
+                authorize(&caller(true), &command).unwrap();
+                let refused = authorize(&caller(false), &command);
+                if needs {
+                    let reply = refused.unwrap_err();
+                    assert_eq!(reply.error_code(), Some(ErrorCode::OutOfScope), "{extra}");
+                } else {
+                    assert!(refused.is_ok(), "{extra}");
+                }
+            }
+        }
+    }
+
+    /// MCP env and header values are the creator's secrets: a reply names them, never shows
+    /// them; the store keeps them for the agent.
+    #[tokio::test]
+    async fn mcp_secrets_are_redacted_in_replies_and_kept_in_the_store() {
+        use crate::protocol::options::{EnvVar, Header, McpServer, SessionOptions};
+        let world = world().await;
+        let options = SessionOptions {
+            mcp_servers: vec![
+                McpServer::Stdio {
+                    name: "probe".into(),
+                    command: "node".into(),
+                    args: vec!["probe.mjs".into()],
+                    env: vec![EnvVar {
+                        name: "TOKEN".into(),
+                        value: "env-secret-1".into(),
+                    }],
+                },
+                McpServer::Http {
+                    name: "web".into(),
+                    url: "http://127.0.0.1:1/mcp".into(),
+                    headers: vec![Header {
+                        name: "Authorization".into(),
+                        value: "Bearer header-secret-2".into(),
+                    }],
+                },
+            ],
+            ..Default::default()
+        };
+        let now = crate::store::now_ms();
+        world
+            .store
+            .insert_session(crate::store::SessionRow {
+                session_id: "s-secret".into(),
+                agent_type: "claude".into(),
+                native_session_id: None,
+                cwd: "/w".into(),
+                parent_session_id: None,
+                title: None,
+                state: crate::protocol::states::SessionState::Idle,
+                created_at_ms: now,
+                updated_at_ms: now,
+                fork_of: None,
+                options: options.clone(),
+                binding: None,
+            })
+            .await
+            .unwrap();
+        for (command, params) in [
+            ("session.get", json!({"session_id": "s-secret"})),
+            ("session.list", json!({})),
+        ] {
+            let reply = world.call(command, params).await;
+            assert!(reply.is_ok(), "{reply:?}");
+            let text = serde_json::to_string(&reply).unwrap();
+            assert!(!text.contains("env-secret-1"), "{text}");
+            assert!(!text.contains("header-secret-2"), "{text}");
+            assert!(
+                text.contains("TOKEN") && text.contains("Authorization"),
+                "{text}"
+            );
+            assert!(text.contains(crate::protocol::replies::REDACTED), "{text}");
+        }
+        let stored = world
+            .store
+            .get_session("s-secret".into())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(stored.options, options);
+        let updated = SessionOptions {
+            model: Some("m2".into()),
+            ..options.clone()
+        };
+        world
+            .store
+            .set_session_options("s-secret".into(), updated.clone())
+            .await
+            .unwrap();
+        let stored = world
+            .store
+            .get_session("s-secret".into())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(stored.options, updated);
     }
 }

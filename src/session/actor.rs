@@ -199,6 +199,9 @@ pub(super) struct Cx {
     launcher: Arc<dyn Launcher>,
     /// How many prompts may wait in the queue.
     capacity: usize,
+    /// Whether `config.toml` allows `permission_mode: "bypass"` now (`allow_bypass`): a
+    /// bypass session opens no agent without it, whenever it was created.
+    allow_bypass: bool,
 }
 
 pub(super) struct Actor {
@@ -300,6 +303,7 @@ impl Actor {
                 bus,
                 launcher,
                 capacity: capacity.max(1),
+                allow_bypass: false,
             },
             state: State::Cold {
                 next: state::NextOpen::Decide,
@@ -317,6 +321,12 @@ impl Actor {
             steer: None,
             steered: steer::Steered::default(),
         }
+    }
+
+    /// Whether the host allows `bypass` sessions (`allow_bypass`; without it, none opens).
+    pub(super) fn allowing_bypass(mut self, allow: bool) -> Actor {
+        self.cx.allow_bypass = allow;
+        self
     }
 
     pub(super) async fn run(mut self, mut inbox: mpsc::Receiver<Msg>) {

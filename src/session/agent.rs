@@ -205,6 +205,11 @@ pub struct OptionCaps {
     pub images: Support,
     /// Other file attachments.
     pub files: Support,
+    /// Whether a fork of a native session takes a standing prompt of its own (`session.import`
+    /// with `system_prompt`); `false` where the agent keeps the one its session started with.
+    /// Host-internal (not in `agent.list`): an import that needs it is refused by name.
+    #[serde(skip)]
+    pub system_prompt_on_fork: bool,
 }
 
 impl OptionCaps {
@@ -219,6 +224,7 @@ impl OptionCaps {
         permission_modes: &[PermissionMode::Ask],
         images: Support::Absent,
         files: Support::Absent,
+        system_prompt_on_fork: false,
     };
 }
 

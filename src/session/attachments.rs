@@ -9,17 +9,23 @@
 //! For an attachment by `path`:
 //! 1. a `..` component anywhere is refused (`parent_dir`), before anything touches the disk;
 //! 2. a relative path is the session's cwd joined with it; the path is resolved
-//!    (`canonicalize`: every symlink followed) and must then lie inside the session's (canonical)
-//!    cwd or one of `config.toml`'s `attachment_dirs` (canonicalized when the config is read):
-//!    else `outside_workspace` — a symlink inside the cwd that points out of it lands here. A
-//!    path that does not resolve is `not_found` when it names a place inside those directories,
-//!    else `outside_workspace` too (nothing is said about what exists outside them);
+//!    (`canonicalize`: every symlink followed) and must then lie inside the session's cwd (as
+//!    recorded: canonical when the session was created) or one of `config.toml`'s
+//!    `attachment_dirs` (canonicalized when the config is read): else `outside_workspace` — a
+//!    symlink inside the cwd that points out of it lands here. A directory that no longer
+//!    resolves to itself (the cwd replaced by a symlink, moved, gone) is none of these: it is
+//!    never re-rooted at where it points now. A path that does not resolve is `not_found` when
+//!    the longest part of it that does resolves inside those directories and what comes next
+//!    is not a symlink (dangling), else `outside_workspace` too: nothing is said about what
+//!    exists outside them, through a symlinked directory or not;
 //! 3. it must be a regular file (`not_regular_file`: a directory, a fifo, a device). Where it
 //!    lies is checked before what it is, so `/dev/zero` is `outside_workspace`, and
 //!    `not_regular_file` only for a device or fifo inside an allowed directory. The file is opened
 //!    with `O_NOFOLLOW | O_NONBLOCK` and its `fstat` must be the regular file that was checked
-//!    (same device and inode): a file swapped between the check and the open is refused
-//!    (`changed`); one that cannot be opened is `unreadable`.
+//!    (same device and inode), and where the kernel says the open file is
+//!    (`/proc/self/fd/N`) must still be inside: a file, or a directory on its way, swapped
+//!    between the check and the open is refused (`changed`); one that cannot be opened is
+//!    `unreadable`.
 //!
 //! Those are code 3010 `attachment_refused`, data `{path, reason}`.
 //!
@@ -40,9 +46,10 @@
 //! `{option: "attachments.image" | "attachments.file", agent_type}`.
 //!
 //! Each is then copied to `$AGENT_HOST_HOME/attachments/<session_id>/<sha256>[.ext]` (the
-//! directories 0700, the file 0600; `.ext` for a type agents recognise by name, e.g. `.png`),
-//! written to a temporary name and renamed, so a copy is whole or absent. `session.delete`
-//! removes the session's directory. The driver gets [`Attachment`]s (`path` is the copy);
+//! directories 0700 and never a symlink, the file 0600; `.ext` for a type agents recognise by
+//! name, e.g. `.png`), written to a temporary name and renamed, so a copy is whole or absent.
+//! A prompt the session then does not take (refused, or the session is being deleted) takes
+//! back the copies it made. `session.delete` removes the session's directory. The driver gets [`Attachment`]s (`path` is the copy);
 //! [`base64_of`] reads one for an agent that takes the bytes inline.
 
 use std::fs;
@@ -267,6 +274,52 @@ fn has_parent_dir(path: &Path) -> bool {
     path.components().any(|c| c == Component::ParentDir)
 }
 
+/// The directories paths may lie in, as recorded: the session's cwd (canonical when the
+/// session was created) and `attachment_dirs` (canonical when the config was read). One that
+/// no longer resolves to itself (replaced by a symlink, moved, gone) is none: the allow-list is
+/// never re-rooted at wherever it points now.
+fn live_roots(cwd: &Path, settings: &AttachmentSettings) -> Vec<PathBuf> {
+    std::iter::once(cwd.to_path_buf())
+        .chain(settings.allowed_dirs.iter().cloned())
+        .filter(|root| root.canonicalize().is_ok_and(|real| real == *root))
+        .collect()
+}
+
+/// For a path that does not resolve: whether the longest part of it that does resolves
+/// inside (`inside`). A symlink right after that part (dangling, or into a place that does
+/// not resolve) is never followed: not inside, wherever it points, so the answer says nothing
+/// about what exists out there.
+fn existing_part_inside(path: &Path, inside: &dyn Fn(&Path) -> bool) -> bool {
+    let components: Vec<Component> = path.components().collect();
+    for n in (1..=components.len()).rev() {
+        let prefix: PathBuf = components[..n].iter().collect();
+        let Ok(real) = prefix.canonicalize() else {
+            continue;
+        };
+        if let Some(next) = components.get(n) {
+            let next = real.join(next);
+            if fs::symlink_metadata(&next).is_ok_and(|m| m.file_type().is_symlink()) {
+                return false;
+            }
+        }
+        return inside(&real);
+    }
+    false
+}
+
+/// Whether an open file is still inside (`inside`), by where the kernel says it is
+/// (`/proc/self/fd/N`): else `changed` (it was inside when checked). Unknown: `unreadable`.
+fn opened_inside(file: &fs::File, inside: &dyn Fn(&Path) -> bool) -> Result<(), Refusal> {
+    use std::os::fd::AsRawFd as _;
+    let real = fs::read_link(format!("/proc/self/fd/{}", file.as_raw_fd()))
+        .map_err(|_| Refusal::Unreadable)?;
+    if inside(&real) {
+        Ok(())
+    } else {
+        Err(Refusal::Changed)
+    }
+}
+
 /// Read the file at `given` (relative: to `cwd`) as the rules say (module docs). `cwd` is the
 /// session's canonical cwd. Blocking.
 pub fn load_path(
@@ -290,15 +343,15 @@ pub fn load_path(
     } else {
         cwd.join(path)
     };
-    // The canonical cwd is where the session was created; it may have moved since.
-    let roots: Vec<PathBuf> = std::iter::once(cwd.canonicalize().unwrap_or_else(|_| cwd.into()))
-        .chain(settings.allowed_dirs.iter().cloned())
-        .collect();
+    let roots = live_roots(cwd, settings);
     let inside = |p: &Path| roots.iter().any(|root| p.starts_with(root));
     let canonical = match joined.canonicalize() {
         Ok(canonical) => canonical,
-        // Nothing is said about what does or does not exist outside the workspace.
-        Err(_) if !inside(&joined) => return Err(refused(given, Refusal::OutsideWorkspace)),
+        // Nothing is said about what does or does not exist outside the workspace: the part
+        // of the path that exists must resolve inside, else it is outside whatever follows.
+        Err(_) if !existing_part_inside(&joined, &inside) => {
+            return Err(refused(given, Refusal::OutsideWorkspace));
+        }
         Err(e) if e.kind() == io::ErrorKind::PermissionDenied => {
             return Err(refused(given, Refusal::Unreadable));
         }
@@ -336,6 +389,9 @@ pub fn load_path(
     if (opened.dev(), opened.ino()) != (checked.dev(), checked.ino()) {
         return Err(refused(given, Refusal::Changed));
     }
+    // A directory on the way swapped for a symlink between the check and the open: where the
+    // open file really is must still be inside.
+    opened_inside(&file, &inside).map_err(|reason| refused(given, reason))?;
     let mut data = Vec::with_capacity(usize::try_from(opened.len()).unwrap_or(0).min(1 << 20));
     file.take(settings.max_bytes.saturating_add(1))
         .read_to_end(&mut data)
@@ -491,25 +547,29 @@ pub async fn check_family(
     Ok(())
 }
 
+/// Make `dir` (and its parents) if it is not there, then hold it to what the host's copies
+/// need: a real directory (not a symlink to one), 0700.
 fn private_dir(dir: &Path) -> io::Result<()> {
     match fs::DirBuilder::new()
         .recursive(true)
         .mode(0o700)
         .create(dir)
     {
-        Ok(()) => Ok(()),
-        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
-            let meta = fs::symlink_metadata(dir)?;
-            if !meta.is_dir() {
-                return Err(io::Error::other("exists and is not a directory"));
-            }
-            if meta.permissions().mode() & 0o777 != 0o700 {
-                fs::set_permissions(dir, fs::Permissions::from_mode(0o700))?;
-            }
-            Ok(())
-        }
-        Err(e) => Err(e),
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(e),
     }
+    let meta = fs::symlink_metadata(dir)?;
+    if meta.file_type().is_symlink() || !meta.is_dir() {
+        return Err(io::Error::other(format!(
+            "{} is a symlink or not a directory",
+            dir.display()
+        )));
+    }
+    if meta.permissions().mode() & 0o777 != 0o700 {
+        fs::set_permissions(dir, fs::Permissions::from_mode(0o700))?;
+    }
+    Ok(())
 }
 
 fn hex(bytes: &[u8]) -> String {
@@ -534,14 +594,29 @@ fn write_copy(temp: &Path, path: &Path, data: &[u8]) -> io::Result<()> {
     fs::rename(temp, path)
 }
 
-/// Copy checked attachments into the session's directory (module docs). Blocking.
+/// Checked attachments copied into the session's directory ([`store_all`]).
+#[derive(Debug)]
+pub struct Stored {
+    /// What the driver gets.
+    pub attachments: Vec<Attachment>,
+    /// The copies this call made (not there before): what [`remove_copies`] takes back when
+    /// the prompt is not taken after all. A copy already there (the same bytes attached
+    /// before) is left alone.
+    pub created: Vec<PathBuf>,
+}
+
+/// Copy checked attachments into the session's directory (module docs). Blocking. On an
+/// error the copies made so far are removed.
 pub fn store_all(
     loaded: Vec<Loaded>,
     session_id: &str,
     settings: &AttachmentSettings,
-) -> Result<Vec<Attachment>, SessionError> {
+) -> Result<Stored, SessionError> {
     if loaded.is_empty() {
-        return Ok(Vec::new());
+        return Ok(Stored {
+            attachments: Vec::new(),
+            created: Vec::new(),
+        });
     }
     let (Some(root), Some(dir)) = (&settings.store_dir, settings.session_dir(session_id)) else {
         return Err(SessionError::InvalidParams(
@@ -555,6 +630,8 @@ pub fn store_all(
     private_dir(root).map_err(failed)?;
     private_dir(&dir).map_err(failed)?;
     let mut stored = Vec::with_capacity(loaded.len());
+    let mut created = Vec::new();
+    let undo = |created: &[PathBuf]| remove_copies(settings, session_id, created);
     for one in loaded {
         let sha256 = hex(&Sha256::digest(&one.data));
         let file_name = match extension_of(&one.mime) {
@@ -563,12 +640,18 @@ pub fn store_all(
         };
         let path = dir.join(&file_name);
         if path.to_str().is_none() {
+            undo(&created);
             return Err(failed(io::Error::other("the home's path is not UTF-8")));
         }
+        let new = fs::symlink_metadata(&path).is_err();
         let temp = dir.join(format!(".{file_name}.{}", uuid::Uuid::new_v4().simple()));
         if let Err(e) = write_copy(&temp, &path, &one.data) {
             let _gone = fs::remove_file(&temp);
+            undo(&created);
             return Err(failed(e));
+        }
+        if new && !created.contains(&path) {
+            created.push(path.clone());
         }
         stored.push(Attachment {
             name: one.name,
@@ -579,7 +662,30 @@ pub fn store_all(
             path,
         });
     }
-    Ok(stored)
+    Ok(Stored {
+        attachments: stored,
+        created,
+    })
+}
+
+/// Take back copies [`store_all`] made for a prompt that was not taken (the session refused
+/// it, or is being deleted), and the session's directory if that leaves it empty. Blocking;
+/// best effort (a copy already gone is fine). Two prompts racing with the same bytes, the
+/// first refused: the second's copy may go with the first's (its run then fails "not sent").
+pub fn remove_copies(settings: &AttachmentSettings, session_id: &str, created: &[PathBuf]) {
+    for path in created {
+        if let Err(e) = fs::remove_file(path)
+            && e.kind() != io::ErrorKind::NotFound
+        {
+            tracing::warn!(error = %e, path = %path.display(), "removing an attachment copy failed");
+        }
+    }
+    if !created.is_empty()
+        && let Some(dir) = settings.session_dir(session_id)
+    {
+        // Fails while other copies are there: kept.
+        let _kept = fs::remove_dir(dir);
+    }
 }
 
 /// Remove a session's copies (`session.delete`). Blocking; a directory that is not there is
@@ -882,8 +988,12 @@ mod tests {
             load_data("aGk=", "text/plain", Some("hi.txt"), &s).unwrap(),
             load_data("AAEC", "application/x-thing", None, &s).unwrap(),
         ];
-        let stored = store_all(loaded, "sess-1", &s).unwrap();
+        let Stored {
+            attachments: stored,
+            created,
+        } = store_all(loaded, "sess-1", &s).unwrap();
         let dir = home.join("attachments").join("sess-1");
+        assert_eq!(created.len(), 2);
         let mode = |p: &Path| fs::metadata(p).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode(&home.join("attachments")), 0o700);
         assert_eq!(mode(&dir), 0o700);
@@ -905,17 +1015,51 @@ mod tests {
         assert_eq!(fs::read_dir(&dir).unwrap().count(), 2);
         // The same bytes again: the same copy.
         let again = store_all(
+            vec![
+                load_data("aGk=", "text/plain", None, &s).unwrap(),
+                load_data("aGV5", "text/plain", None, &s).unwrap(),
+            ],
+            "sess-1",
+            &s,
+        )
+        .unwrap();
+        assert_eq!(again.attachments[0].path, stored[0].path);
+        assert_eq!(fs::read_dir(&dir).unwrap().count(), 3);
+        // A prompt not taken after all takes back only the copy it made.
+        assert_eq!(again.created, vec![again.attachments[1].path.clone()]);
+        remove_copies(&s, "sess-1", &again.created);
+        assert_eq!(fs::read_dir(&dir).unwrap().count(), 2);
+        assert!(stored[0].path.exists());
+        // The last copy taken back takes the session's directory with it.
+        remove_copies(&s, "sess-1", &created);
+        assert!(!dir.exists());
+        store_all(
             vec![load_data("aGk=", "text/plain", None, &s).unwrap()],
             "sess-1",
             &s,
         )
         .unwrap();
-        assert_eq!(again[0].path, stored[0].path);
-        assert_eq!(fs::read_dir(&dir).unwrap().count(), 2);
         remove_session(&s, "sess-1").unwrap();
         assert!(!dir.exists());
         remove_session(&s, "sess-1").unwrap();
         assert!(base64_of(&stored[0]).is_err());
+        // A session directory that is a symlink (to anywhere) is never written through.
+        let elsewhere = home.join("elsewhere");
+        fs::create_dir(&elsewhere).unwrap();
+        symlink(&elsewhere, &dir).unwrap();
+        let one = vec![load_data("aGk=", "text/plain", None, &s).unwrap()];
+        assert!(matches!(
+            store_all(one, "sess-1", &s),
+            Err(SessionError::AgentUnavailable(_))
+        ));
+        assert_eq!(fs::read_dir(&elsewhere).unwrap().count(), 0);
+        // A directory left looser than 0700 is tightened.
+        fs::remove_file(&dir).unwrap();
+        fs::create_dir(&dir).unwrap();
+        fs::set_permissions(&dir, fs::Permissions::from_mode(0o755)).unwrap();
+        let one = vec![load_data("aGk=", "text/plain", None, &s).unwrap()];
+        store_all(one, "sess-1", &s).unwrap();
+        assert_eq!(mode(&dir), 0o700);
         // A host without a home for them takes none.
         let none = AttachmentSettings::default();
         let one = vec![load_data("aGk=", "text/plain", None, &none).unwrap()];
@@ -923,6 +1067,152 @@ mod tests {
             store_all(one, "s", &none),
             Err(SessionError::InvalidParams(_))
         ));
+    }
+
+    /// A symlinked directory out of the cwd is outside whether or not the file exists out
+    /// there, and a dangling symlink is outside wherever it points: no existence oracle.
+    #[test]
+    fn a_missing_file_through_a_symlink_out_is_outside_not_missing() {
+        let (dir, cwd, home) = dirs();
+        let s = settings(&home);
+        let out = dir.path().canonicalize().unwrap().join("out");
+        fs::create_dir(&out).unwrap();
+        fs::write(out.join("there.txt"), "x").unwrap();
+        symlink(&out, cwd.join("linkdir")).unwrap();
+        for path in [
+            "linkdir/there.txt",
+            "linkdir/missing.txt",
+            "linkdir/missing/deeper.txt",
+        ] {
+            assert_eq!(
+                reason(load_path(path, None, &cwd, &s)),
+                "outside_workspace",
+                "{path}"
+            );
+        }
+        symlink(out.join("missing.txt"), cwd.join("dangling-out")).unwrap();
+        symlink(cwd.join("missing.txt"), cwd.join("dangling-in")).unwrap();
+        for path in ["dangling-out", "dangling-in", "dangling-out/x"] {
+            assert_eq!(
+                reason(load_path(path, None, &cwd, &s)),
+                "outside_workspace",
+                "{path}"
+            );
+        }
+        // Missing inside the cwd, at any depth: not found.
+        fs::create_dir(cwd.join("sub")).unwrap();
+        for path in ["missing.txt", "sub/missing.txt", "nodir/missing.txt"] {
+            assert_eq!(
+                reason(load_path(path, None, &cwd, &s)),
+                "not_found",
+                "{path}"
+            );
+        }
+    }
+
+    /// The cwd replaced by a symlink after the session was created: its recorded place is
+    /// no root any more, and the allow-list never follows it to the new target.
+    #[test]
+    fn a_cwd_replaced_by_a_symlink_is_no_root() {
+        let (dir, cwd, home) = dirs();
+        let s = settings(&home);
+        fs::write(cwd.join("a.txt"), "a").unwrap();
+        load_path("a.txt", None, &cwd, &s).unwrap();
+        let other = dir.path().canonicalize().unwrap().join("other");
+        fs::create_dir(&other).unwrap();
+        fs::write(other.join("a.txt"), "secret").unwrap();
+        fs::rename(&cwd, dir.path().join("ws-moved")).unwrap();
+        symlink(&other, &cwd).unwrap();
+        for path in ["a.txt".to_owned(), cwd.join("a.txt").display().to_string()] {
+            assert_eq!(
+                reason(load_path(&path, None, &cwd, &s)),
+                "outside_workspace",
+                "{path}"
+            );
+        }
+        // An allowed directory replaced the same way: no root either.
+        let shared = dir.path().canonicalize().unwrap().join("shared");
+        fs::create_dir(&shared).unwrap();
+        fs::write(shared.join("b.txt"), "b").unwrap();
+        let mut s = s;
+        s.allowed_dirs = vec![shared.clone()];
+        let b = shared.join("b.txt").display().to_string();
+        load_path(&b, None, &cwd, &s).unwrap();
+        fs::rename(&shared, dir.path().join("shared-moved")).unwrap();
+        symlink(&other, &shared).unwrap();
+        fs::write(other.join("b.txt"), "secret").unwrap();
+        assert_eq!(reason(load_path(&b, None, &cwd, &s)), "outside_workspace");
+    }
+
+    /// The re-check after the open: where the kernel says the open file is must be inside,
+    /// so a directory on the way swapped for a symlink out between the check and the open
+    /// is `changed` (the swap itself cannot be timed in a test; the check is tested here).
+    #[test]
+    fn an_open_file_outside_the_roots_is_changed() {
+        let (dir, cwd, home) = dirs();
+        let s = settings(&home);
+        let roots = live_roots(&cwd, &s);
+        let inside = |p: &Path| roots.iter().any(|root| p.starts_with(root));
+        fs::create_dir(cwd.join("d")).unwrap();
+        fs::write(cwd.join("d/f.txt"), "in").unwrap();
+        let out = dir.path().canonicalize().unwrap().join("out");
+        fs::create_dir(&out).unwrap();
+        fs::write(out.join("f.txt"), "out").unwrap();
+        let file = fs::File::open(cwd.join("d/f.txt")).unwrap();
+        assert_eq!(opened_inside(&file, &inside), Ok(()));
+        // What an open through `d` swapped for a symlink to `out` would have opened.
+        fs::rename(cwd.join("d"), cwd.join("d-old")).unwrap();
+        symlink(&out, cwd.join("d")).unwrap();
+        let swapped = fs::File::open(cwd.join("d/f.txt")).unwrap();
+        assert_eq!(opened_inside(&swapped, &inside), Err(Refusal::Changed));
+        // The file first opened moved with its directory, still inside: still fine.
+        assert_eq!(opened_inside(&file, &inside), Ok(()));
+    }
+
+    /// An attachment is one shape or the other: fields of both, or of neither, are refused.
+    #[test]
+    fn an_attachment_of_both_shapes_or_neither_is_refused() {
+        let parse = |v: serde_json::Value| {
+            serde_json::from_value::<AttachmentParam>(v).map_err(|e| e.to_string())
+        };
+        assert_eq!(
+            parse(serde_json::json!({"path": "a.png"})).unwrap(),
+            AttachmentParam::Path {
+                path: "a.png".into(),
+                mime: None
+            }
+        );
+        assert_eq!(
+            parse(serde_json::json!({"path": "a", "mime": "image/png"})).unwrap(),
+            AttachmentParam::Path {
+                path: "a".into(),
+                mime: Some("image/png".into())
+            }
+        );
+        assert_eq!(
+            parse(serde_json::json!({"data_base64": "aGk=", "mime": "text/plain", "name": "x"}))
+                .unwrap(),
+            AttachmentParam::Data {
+                data_base64: "aGk=".into(),
+                mime: "text/plain".into(),
+                name: Some("x".into())
+            }
+        );
+        for bad in [
+            serde_json::json!({"path": "a", "data_base64": "aGk=", "mime": "text/plain"}),
+            serde_json::json!({"path": "a", "name": "b"}),
+            serde_json::json!({"path": "a", "size": 3}),
+            serde_json::json!({"data_base64": "aGk="}),
+            serde_json::json!({"data_base64": "aGk=", "mime": "text/plain", "path2": "x"}),
+            serde_json::json!({"mime": "text/plain"}),
+            serde_json::json!({}),
+            serde_json::json!("a.png"),
+        ] {
+            assert!(parse(bad.clone()).is_err(), "{bad}");
+        }
+        let why = parse(serde_json::json!({"path": "a", "data_base64": "aGk=", "mime": "x/y"}))
+            .unwrap_err();
+        assert!(why.contains("not both"), "{why}");
     }
 
     struct Caps {

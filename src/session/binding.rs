@@ -4,7 +4,9 @@
 //!
 //! - the workspace: the git top-level of the cwd and its `origin` remote (credentials
 //!   stripped), read with `git` itself (`git -C <cwd> rev-parse --show-toplevel`, `git -C <cwd>
-//!   config --get remote.origin.url`); no git, or not a repository: none;
+//!   config --get remote.origin.url`); git's "not a git repository": none; any other failure
+//!   (no git, a repository git refuses to read, a broken `.git`): unknown, not compared;
+//!   remotes are compared in one `host/path` form ([`remote_key`]);
 //! - the provider: the host of the base URL the agent talks to and a hash of its key (the first
 //!   16 hex digits of its SHA-256: never the key), as its family reads them from the agent's
 //!   variables and files (`AgentFamily::provider`);
@@ -110,12 +112,66 @@ pub fn strip_credentials(url: &str) -> String {
     }
 }
 
+/// A remote as it is compared: `host/path`, whatever the form git was given it in —
+/// `https://host/path`, `ssh://[user@]host[:port]/path`, scp-like `[user@]host:path` — the
+/// host lowercased, its port and any user left out, the path without a trailing `/` or `.git`.
+/// A local path (or `file://`) is its path so trimmed. The record keeps the URL as git has it
+/// (credentials stripped) for messages; only this form is compared.
+pub fn remote_key(url: &str) -> String {
+    let url = url.trim();
+    let (host, path) = if let Some((scheme, rest)) = url.split_once("://") {
+        if scheme.eq_ignore_ascii_case("file") {
+            (String::new(), rest)
+        } else {
+            let end = rest.find('/').unwrap_or(rest.len());
+            let (authority, path) = rest.split_at(end);
+            (host_without_port(authority), path)
+        }
+    } else {
+        match url.split_once(':') {
+            // scp-like: a `:` before any `/`.
+            Some((authority, path)) if !authority.is_empty() && !authority.contains('/') => {
+                let host = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+                (host.to_ascii_lowercase(), path)
+            }
+            _ => (String::new(), url),
+        }
+    };
+    let path = path.trim_end_matches('/');
+    let path = path
+        .strip_suffix(".git")
+        .unwrap_or(path)
+        .trim_end_matches('/');
+    if host.is_empty() {
+        path.to_owned()
+    } else {
+        format!("{host}/{}", path.trim_start_matches('/'))
+    }
+}
+
+/// The lowercased host of a URL's authority, without user or port.
+fn host_without_port(authority: &str) -> String {
+    let hostport = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+    let host = if let Some(v6) = hostport.strip_prefix('[') {
+        // `[::1]:22`: the literal with its brackets.
+        v6.split_once(']')
+            .map_or(hostport.to_owned(), |(ip, _)| format!("[{ip}]"))
+    } else {
+        match hostport.rsplit_once(':') {
+            Some((host, port)) if port.chars().all(|c| c.is_ascii_digit()) => host.to_owned(),
+            _ => hostport.to_owned(),
+        }
+    };
+    host.to_ascii_lowercase()
+}
+
 /// What git says of a directory.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Workspace {
     /// It is (`Some`) or is not (`None`) in a repository.
     Known(Option<WorkspaceIdentity>),
-    /// Git could not say (not installed, timed out): nothing is compared.
+    /// Git could not say (not installed, timed out, a repository it refuses to read or cannot
+    /// open): nothing is compared.
     Unknown(String),
 }
 
@@ -129,9 +185,27 @@ impl Workspace {
     }
 }
 
-/// One `git -C <cwd> <args>`: its trimmed stdout on success, `Ok(None)` when git ran and said
-/// no, `Err` when it could not be run or did not answer in time.
-async fn git(cwd: &Path, args: &[&str]) -> Result<Option<String>, String> {
+/// What one `git` call answered.
+#[derive(Debug)]
+enum GitSaid {
+    /// It succeeded: its trimmed stdout (`None` when empty).
+    Out(Option<String>),
+    /// It failed: its exit code and the first line of its stderr.
+    Failed { code: Option<i32>, stderr: String },
+}
+
+/// Whether git's `stderr` is its answer that the directory is in no repository (and not a
+/// repository it refuses to read, such as one of another owner, or one it cannot open). Read
+/// from git run under `LC_ALL=C`.
+fn not_a_repository(stderr: &str) -> bool {
+    // "fatal: not a git repository (or any of the parent directories): .git", or "(or any
+    // parent up to mount point /x)". A `.git` naming a missing directory says "not a git
+    // repository: /x" instead: a broken repository, not none.
+    stderr.contains("not a git repository (or any")
+}
+
+/// One `git -C <cwd> <args>`; `Err` when it could not be run or did not answer in time.
+async fn git(cwd: &Path, args: &[&str]) -> Result<GitSaid, String> {
     let mut command = tokio::process::Command::new("git");
     command
         .arg("-C")
@@ -139,7 +213,10 @@ async fn git(cwd: &Path, args: &[&str]) -> Result<Option<String>, String> {
         .args(args)
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        // Its messages in English: `not_a_repository` reads them.
+        .env("LC_ALL", "C")
+        .env_remove("LANGUAGE")
         .kill_on_drop(true);
     // The host's own git context must not decide what the session's cwd is.
     for var in [
@@ -163,22 +240,40 @@ async fn git(cwd: &Path, args: &[&str]) -> Result<Option<String>, String> {
         }
     };
     if !output.status.success() {
-        return Ok(None);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        return Ok(GitSaid::Failed {
+            code: output.status.code(),
+            stderr: stderr.lines().next().unwrap_or_default().trim().to_owned(),
+        });
     }
     let text = String::from_utf8_lossy(&output.stdout).trim().to_owned();
-    Ok((!text.is_empty()).then_some(text))
+    Ok(GitSaid::Out((!text.is_empty()).then_some(text)))
 }
 
 /// The workspace of `cwd` as git knows it: its top-level and `origin` remote (credentials
-/// stripped).
+/// stripped). Only git's own "not a git repository" is no repository; any other failure (a
+/// repository of another owner git refuses, a broken `.git`, a cwd gone) is unknown, and
+/// nothing is compared.
 pub async fn workspace(cwd: &Path) -> Workspace {
     let root = match git(cwd, &["rev-parse", "--show-toplevel"]).await {
-        Ok(Some(root)) => root,
-        Ok(None) => return Workspace::Known(None),
+        Ok(GitSaid::Out(Some(root))) => root,
+        // Success without a top-level: a bare repository, no work tree.
+        Ok(GitSaid::Out(None)) => return Workspace::Known(None),
+        Ok(GitSaid::Failed { stderr, .. }) if not_a_repository(&stderr) => {
+            return Workspace::Known(None);
+        }
+        Ok(GitSaid::Failed { code, stderr }) => {
+            return Workspace::Unknown(format!("git rev-parse failed ({code:?}): {stderr}"));
+        }
         Err(why) => return Workspace::Unknown(why),
     };
     let remote = match git(cwd, &["config", "--get", "remote.origin.url"]).await {
-        Ok(remote) => remote.map(|r| strip_credentials(&r)),
+        Ok(GitSaid::Out(remote)) => remote.map(|r| strip_credentials(&r)),
+        // `git config --get` exits 1 for a key that is not set.
+        Ok(GitSaid::Failed { code: Some(1), .. }) => None,
+        Ok(GitSaid::Failed { code, stderr }) => {
+            return Workspace::Unknown(format!("git config failed ({code:?}): {stderr}"));
+        }
         Err(why) => return Workspace::Unknown(why),
     };
     Workspace::Known(Some(WorkspaceIdentity { root, remote }))
@@ -271,7 +366,7 @@ pub fn describe_provider(p: Option<&ProviderIdentity>) -> String {
 }
 
 /// Whether the workspace `now` is another than the one `recorded`: the recorded root or remote
-/// differs, or the cwd left its repository. A workspace where none was recorded (the cwd became
+/// differs (remotes compared as [`remote_key`] gives them), or the cwd left its repository. A workspace where none was recorded (the cwd became
 /// a repository), or a remote where none was, contradicts nothing: it is recorded.
 pub fn workspace_moved(
     recorded: Option<&WorkspaceIdentity>,
@@ -281,7 +376,10 @@ pub fn workspace_moved(
         (None, _) => false,
         (Some(_), None) => true,
         (Some(old), Some(new)) => {
-            old.root != new.root || (old.remote.is_some() && old.remote != new.remote)
+            old.root != new.root
+                || (old.remote.is_some()
+                    && old.remote.as_deref().map(remote_key)
+                        != new.remote.as_deref().map(remote_key))
         }
     }
 }
@@ -532,5 +630,97 @@ mod tests {
         };
         assert_eq!(reconfigured(&a, &c), ["model", "options"]);
         assert!(!same(&a, &c));
+    }
+
+    #[test]
+    fn only_gits_not_a_repository_is_no_repository() {
+        assert!(not_a_repository(
+            "fatal: not a git repository (or any of the parent directories): .git"
+        ));
+        assert!(not_a_repository(
+            "fatal: not a git repository (or any parent up to mount point /tmp)"
+        ));
+        for other in [
+            "fatal: detected dubious ownership in repository at '/srv/r'",
+            "fatal: not a git repository: /nowhere",
+            "fatal: cannot change to '/gone': No such file or directory",
+            "error: could not lock config file .git/config",
+            "",
+        ] {
+            assert!(!not_a_repository(other), "{other}");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_repository_git_cannot_read_is_unknown_not_none() {
+        have_git();
+        let dir = tempfile::tempdir().unwrap();
+        let root = std::fs::canonicalize(dir.path()).unwrap();
+        // A `.git` file naming a directory that is not there: a broken repository.
+        let broken = root.join("broken");
+        std::fs::create_dir(&broken).unwrap();
+        std::fs::write(broken.join(".git"), "gitdir: /nowhere/at/all\n").unwrap();
+        let w = workspace(&broken).await;
+        assert!(matches!(w, Workspace::Unknown(_)), "{w:?}");
+        // A cwd that is gone: unknown too (its agent says what is wrong).
+        let w = workspace(&root.join("gone")).await;
+        assert!(matches!(w, Workspace::Unknown(_)), "{w:?}");
+        // A repository of another owner (git refuses it: dubious ownership) is never "no
+        // repository"; only root can make one here.
+        let theirs = root.join("theirs");
+        std::fs::create_dir(&theirs).unwrap();
+        git_here(&theirs, &["init", "-q"]);
+        let chown = |p: &Path| std::os::unix::fs::chown(p, Some(54_321), Some(54_321)).is_ok();
+        if chown(&theirs.join(".git")) && chown(&theirs) {
+            let w = workspace(&theirs).await;
+            assert_ne!(w, Workspace::Known(None));
+        }
+    }
+
+    #[test]
+    fn remotes_are_compared_as_host_and_path_whatever_their_form() {
+        let forms = [
+            "https://github.com/team/a.git",
+            "https://GitHub.com/team/a",
+            "https://github.com/team/a/",
+            "https://github.com:443/team/a.git/",
+            "http://github.com/team/a",
+            "ssh://git@github.com/team/a.git",
+            "ssh://git@github.com:22/team/a",
+            "git+ssh://github.com/team/a.git",
+            "git@github.com:team/a.git",
+            "git@GITHUB.COM:/team/a",
+            "github.com:team/a",
+        ];
+        for form in forms {
+            assert_eq!(remote_key(form), "github.com/team/a", "{form}");
+        }
+        for other in [
+            "https://github.com/team/b.git",
+            "git@github.com:team/b.git",
+            "https://gitlab.com/team/a.git",
+            "git@github.com:other/a.git",
+            "/srv/repos/a.git",
+        ] {
+            assert_ne!(remote_key(other), "github.com/team/a", "{other}");
+        }
+        assert_eq!(remote_key("/srv/repos/a.git"), "/srv/repos/a");
+        assert_eq!(remote_key("file:///srv/repos/a.git/"), "/srv/repos/a");
+        assert_eq!(remote_key("ssh://git@[::1]:2222/a.git"), "[::1]/a");
+        // As the binding compares them: one repository in another form is not a move.
+        let recorded = WorkspaceIdentity {
+            root: "/w".into(),
+            remote: Some("https://github.com/team/a.git".into()),
+        };
+        let ssh = WorkspaceIdentity {
+            remote: Some("git@github.com:team/a.git".into()),
+            ..recorded.clone()
+        };
+        let other = WorkspaceIdentity {
+            remote: Some("git@github.com:team/b.git".into()),
+            ..recorded.clone()
+        };
+        assert!(!workspace_moved(Some(&recorded), Some(&ssh)));
+        assert!(workspace_moved(Some(&recorded), Some(&other)));
     }
 }

@@ -244,9 +244,10 @@ impl SessionManager {
         Ok(SessionsDiscovered { sessions })
     }
 
-    /// Publish the agent's own conversation of `native_id` in the freshly imported session
-    /// `session_id`, before anything else happens in it: read from the family's files
-    /// (off the runtime) and shown as brackets marked `imported`. A history that cannot be
+    /// Publish the agent's own conversation of `native_id` in the session `session_id` being
+    /// imported, before anything else happens in it (the import calls it before the row is
+    /// inserted, and waits for the events to commit): read from the family's files (off the
+    /// runtime) and shown as brackets marked `imported`. A history that cannot be
     /// read is a `warning` (`imported_history_unavailable`); the import stands either way.
     pub(super) async fn publish_imported(
         &self,

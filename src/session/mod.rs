@@ -347,7 +347,8 @@ impl SessionManager {
             self.health.clone(),
             self.queue_capacity,
             restored,
-        );
+        )
+        .allowing_bypass(self.allow_bypass);
         let span = tracing::info_span!("session", session_id = %row.session_id);
         let task = tokio::spawn(actor.run(messages).instrument(span));
         actors.by_session.insert(
@@ -466,15 +467,35 @@ impl SessionManager {
     ) -> Result<SendReceipt, SessionError> {
         check_prompt(&text, client_msg_id.as_deref())?;
         self.writable()?;
-        let attachments = self.take_attachments(session_id, attachments).await?;
-        self.ask(session_id, |reply| actor::Msg::Send {
-            text,
-            client_msg_id,
-            from,
-            attachments,
-            reply,
-        })
-        .await
+        let stored = self.take_attachments(session_id, attachments).await?;
+        let taken = self
+            .ask(session_id, |reply| actor::Msg::Send {
+                text,
+                client_msg_id,
+                from,
+                attachments: stored.attachments,
+                reply,
+            })
+            .await;
+        let not_taken = matches!(
+            &taken,
+            Err(_)
+                | Ok(SendReceipt {
+                    duplicate: true,
+                    ..
+                })
+        );
+        if not_taken && !stored.created.is_empty() {
+            // Refused, or a duplicate (the first prompt's attachments are the run's): the
+            // copies made for it go (a copy an earlier prompt has stays).
+            let (settings, sid) = (self.attachments.clone(), session_id.to_owned());
+            let created = stored.created;
+            let _removed = tokio::task::spawn_blocking(move || {
+                attachments::remove_copies(&settings, &sid, &created)
+            })
+            .await;
+        }
+        taken
     }
 
     /// Check a prompt's attachments against the rules and the session's family, then copy
@@ -483,9 +504,12 @@ impl SessionManager {
         &self,
         session_id: &str,
         params: Vec<crate::protocol::options::AttachmentParam>,
-    ) -> Result<Vec<crate::protocol::options::Attachment>, SessionError> {
+    ) -> Result<attachments::Stored, SessionError> {
         if params.is_empty() {
-            return Ok(Vec::new());
+            return Ok(attachments::Stored {
+                attachments: Vec::new(),
+                created: Vec::new(),
+            });
         }
         let row = self.get(session_id).await?;
         let settings = self.attachments.clone();
@@ -498,12 +522,20 @@ impl SessionManager {
                 .map_err(blocking)??
         };
         attachments::check_family(&loaded, self.launcher.as_ref(), &row.agent_type).await?;
+        // Nothing is copied for a session being deleted (its directory is going).
+        if self.lock_actors().deleting.contains(session_id) {
+            return Err(SessionError::NotFound(session_id.to_owned()));
+        }
         let sid = row.session_id.clone();
         let stored =
             tokio::task::spawn_blocking(move || attachments::store_all(loaded, &sid, &settings))
                 .await
                 .map_err(blocking)??;
-        tracing::info!(session_id, count = stored.len(), "attachments taken");
+        tracing::info!(
+            session_id,
+            count = stored.attachments.len(),
+            "attachments taken"
+        );
         Ok(stored)
     }
 
@@ -1055,6 +1087,15 @@ impl SessionManager {
     }
 
     pub async fn create(&self, new: NewSession) -> Result<SessionRow, SessionError> {
+        let row = self.new_row(new).await?;
+        self.store.insert_session(row.clone()).await?;
+        tracing::info!(session_id = %row.session_id, agent_type = %row.agent_type, "session created");
+        Ok(row)
+    }
+
+    /// The row [`SessionManager::create`] inserts: everything checked, the binding derived,
+    /// nothing stored yet.
+    async fn new_row(&self, new: NewSession) -> Result<SessionRow, SessionError> {
         self.writable()?;
         if !self.launcher.knows(&new.agent_type) {
             return Err(SessionError::UnknownAgentType(new.agent_type));
@@ -1100,13 +1141,10 @@ impl SessionManager {
             &row.options,
         )
         .await;
-        let row = SessionRow {
+        Ok(SessionRow {
             binding: Some(recorded),
             ..row
-        };
-        self.store.insert_session(row.clone()).await?;
-        tracing::info!(session_id = %row.session_id, agent_type = %row.agent_type, "session created");
-        Ok(row)
+        })
     }
 
     /// A new session continuing `session_id`'s conversation in a fork of its native session
@@ -1191,6 +1229,9 @@ impl SessionManager {
     ) -> Result<SessionRow, SessionError> {
         self.writable()?;
         options::validate(&options, self.allow_bypass)?;
+        if self.launcher.knows(&agent_type) {
+            options::check_import(&*self.launcher, &agent_type, &options)?;
+        }
         if !self.forkable(&agent_type) {
             return Err(SessionError::NoAgent(format!(
                 "{agent_type:?} sessions cannot be imported in this build"
@@ -1237,7 +1278,7 @@ impl SessionManager {
             });
         }
         let mut row = self
-            .create(NewSession {
+            .new_row(NewSession {
                 agent_type,
                 cwd,
                 title,
@@ -1245,8 +1286,9 @@ impl SessionManager {
             })
             .await?;
         row.fork_of = Some(native_session_id.clone());
-        self.store.replace_session_lineage(row.clone()).await?;
-        // The conversation the agent already had, before anything else in the session.
+        // The conversation the agent already had, before anything else in the session: its
+        // events committed before the row exists, so no prompt (nor anything else) can come
+        // between them — nobody can name the session yet.
         self.publish_imported(
             &row.session_id,
             &row.agent_type,
@@ -1254,7 +1296,14 @@ impl SessionManager {
             &native_session_id,
         )
         .await;
-        tracing::info!(session_id = %row.session_id, "session imported");
+        if let Err(e) = self.store.insert_session(row.clone()).await {
+            // Not left behind: the history published for a session that was not made.
+            if let Err(e) = self.store.delete_session(row.session_id.clone()).await {
+                tracing::error!(error = %e, "removing the history of an import that failed");
+            }
+            return Err(e.into());
+        }
+        tracing::info!(session_id = %row.session_id, agent_type = %row.agent_type, "session imported");
         Ok(row)
     }
 

@@ -305,15 +305,29 @@ fn transport_name(transport: McpTransport) -> &'static str {
     }
 }
 
-/// Whether an option that was given is one the agent declares only when it starts.
+/// Whether an option that was given is one the agent declares only when it starts. A
+/// permission mode other than `ask` counts for a family whose caps are negotiated at all: its
+/// static list is only what such agents may take (each agent says which, with the rest).
 fn needs_negotiation(options: &SessionOptions, caps: &OptionCaps) -> bool {
     let negotiated = |s: Support| s == Support::Negotiated;
+    let family_negotiates = [
+        caps.model,
+        caps.system_prompt,
+        caps.mcp_stdio,
+        caps.mcp_http,
+        caps.mcp_sse,
+        caps.images,
+        caps.files,
+    ]
+    .into_iter()
+    .any(negotiated);
     (options.model.is_some() && negotiated(caps.model))
         || (options.system_prompt.is_some() && negotiated(caps.system_prompt))
         || options
             .mcp_servers
             .iter()
             .any(|s| negotiated(transport_support(caps, s.transport())))
+        || (options.mode() != PermissionMode::Ask && family_negotiates)
 }
 
 /// After negotiation nothing is left to find out: what the agent still did not say it takes,
@@ -375,6 +389,31 @@ pub async fn check_supported(
         Some(refusal) => Err(unsupported(agent_type, refusal)),
         None => Ok(()),
     }
+}
+
+/// Whether an imported session (a fork of a native one) can take the options given: a
+/// standing prompt only where the family gives a fork one of its own
+/// ([`OptionCaps::system_prompt_on_fork`]); elsewhere it would be dropped silently.
+pub fn check_import(
+    launcher: &dyn Launcher,
+    agent_type: &str,
+    options: &SessionOptions,
+) -> Result<(), SessionError> {
+    if options.system_prompt.is_some()
+        && !launcher
+            .capabilities(agent_type)
+            .options
+            .system_prompt_on_fork
+    {
+        return Err(unsupported(
+            agent_type,
+            (
+                "system_prompt",
+                "the agent keeps the standing prompt its session started with".to_owned(),
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// Whether a session of `agent_type` can change its model between turns
@@ -656,6 +695,7 @@ mod tests {
         ],
         images: Support::Native,
         files: Support::Native,
+        system_prompt_on_fork: true,
     };
 
     fn everything() -> SessionOptions {
@@ -804,5 +844,77 @@ mod tests {
         let none = Described::new(OptionCaps::NONE, None);
         let (option, _) = option_of(check_set_model(&none, "fam", "m2").await.map(|_| ()));
         assert_eq!(option, "model");
+    }
+
+    /// An ACP-like family lists every mode it may take; the agent says which it does: a mode
+    /// other than `ask` is asked of it, and refused when it does not carry it.
+    #[tokio::test]
+    async fn a_permission_mode_is_negotiated_where_the_family_negotiates() {
+        let negotiated = OptionCaps {
+            model: Support::Negotiated,
+            ..ALL
+        };
+        let says_ask_only = OptionCaps {
+            model: Support::Native,
+            permission_modes: &[PermissionMode::Ask],
+            ..ALL
+        };
+        let asked = Described::new(negotiated, Some(says_ask_only));
+        let mode = |m| SessionOptions {
+            permission_mode: Some(m),
+            ..Default::default()
+        };
+        check_supported(&asked, "fam", &mode(PermissionMode::Ask))
+            .await
+            .unwrap();
+        assert_eq!(asked.asked.load(std::sync::atomic::Ordering::SeqCst), 0);
+        let (option, reason) =
+            option_of(check_supported(&asked, "fam", &mode(PermissionMode::AcceptEdits)).await);
+        assert_eq!(option, "permission_mode");
+        assert!(reason.contains("accept_edits"), "{reason}");
+        assert_eq!(asked.asked.load(std::sync::atomic::Ordering::SeqCst), 1);
+        let says_edits = OptionCaps {
+            permission_modes: &[PermissionMode::Ask, PermissionMode::AcceptEdits],
+            ..says_ask_only
+        };
+        let takes = Described::new(negotiated, Some(says_edits));
+        check_supported(&takes, "fam", &mode(PermissionMode::AcceptEdits))
+            .await
+            .unwrap();
+        assert_eq!(takes.asked.load(std::sync::atomic::Ordering::SeqCst), 1);
+        // A family with nothing negotiated is not asked: its list is what it takes.
+        let fixed = Described::new(ALL, None);
+        check_supported(&fixed, "fam", &mode(PermissionMode::Bypass))
+            .await
+            .unwrap();
+    }
+
+    /// An import forks the native session: a family whose fork keeps its original standing
+    /// prompt refuses a new one, by name.
+    #[test]
+    fn an_import_takes_a_standing_prompt_only_where_a_fork_does() {
+        let prompt = SessionOptions {
+            system_prompt: Some("p".into()),
+            ..Default::default()
+        };
+        let keeps = Described::new(
+            OptionCaps {
+                system_prompt_on_fork: false,
+                ..ALL
+            },
+            None,
+        );
+        let (option, reason) = option_of(check_import(&keeps, "fam", &prompt));
+        assert_eq!(option, "system_prompt");
+        assert!(reason.contains("keeps the standing prompt"), "{reason}");
+        check_import(&keeps, "fam", &everything_but_prompt()).unwrap();
+        check_import(&Described::new(ALL, None), "fam", &prompt).unwrap();
+    }
+
+    fn everything_but_prompt() -> SessionOptions {
+        SessionOptions {
+            system_prompt: None,
+            ..everything()
+        }
     }
 }

@@ -59,6 +59,9 @@ pub const ACP_OPTIONS: OptionCaps = OptionCaps {
     ],
     images: Support::Negotiated,
     files: Support::Negotiated,
+    // The host sends `_meta.systemPrompt` on `session/fork` and `session/load` as on
+    // `session/new` (claude-agent-acp starts its Claude Code with it on each).
+    system_prompt_on_fork: true,
 };
 
 /// [`ACP_OPTIONS`] resolved by what the agent declared (`None`: it was not asked, so nothing
@@ -91,6 +94,7 @@ pub fn negotiated_options(agent: Option<&AgentCaps>) -> OptionCaps {
         permission_modes: carriers.permission_modes,
         images: support(agent.image),
         files: support(agent.embedded_context),
+        system_prompt_on_fork: true,
     }
 }
 

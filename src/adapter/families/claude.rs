@@ -61,6 +61,8 @@ static DESCRIPTOR: Descriptor = Descriptor {
             ],
             images: Support::Native,
             files: Support::Native,
+            // `--append-system-prompt` is given on every start, a fork's too.
+            system_prompt_on_fork: true,
         },
     },
     turns: true,

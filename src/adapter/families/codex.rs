@@ -52,6 +52,8 @@ static DESCRIPTOR: Descriptor = Descriptor {
             permission_modes: &[PermissionMode::Ask, PermissionMode::Bypass],
             images: Support::Native,
             files: Support::Absent,
+            // `thread/fork` keeps the thread's original developer instructions.
+            system_prompt_on_fork: false,
         },
     },
     turns: true,

@@ -252,6 +252,19 @@ impl Actor {
         }
     }
 
+    /// `session.set_model` changed the model: the binding (where one is recorded) names it
+    /// from now on.
+    pub(super) async fn rebind_model(&mut self, model: &str) {
+        if let Some(recorded) = self.bound.recorded.clone() {
+            self.record_binding(BindingRecord {
+                model: Some(model.to_owned()),
+                recorded_at_ms: crate::store::now_ms(),
+                ..recorded
+            })
+            .await;
+        }
+    }
+
     /// Record the binding on the row (and as the one to compare with from now on). A record
     /// the store refuses is tried again at the next open (the comparison then finds the same).
     pub(super) async fn record_binding(&mut self, record: BindingRecord) {

@@ -160,6 +160,17 @@ impl Actor {
     }
 
     async fn open_native(&mut self, next: NextOpen) -> Result<Live, AdapterError> {
+        // Made when the host allowed it; it may not since (`allow_bypass` turned off).
+        if self.options.mode() == crate::protocol::options::PermissionMode::Bypass
+            && !self.cx.allow_bypass
+        {
+            return Err(AdapterError::new(
+                ErrorCategory::PermissionDenied,
+                "this session runs with permission_mode \"bypass\", which the host no longer \
+                 allows: set allow_bypass = true in its config.toml again, or create a new \
+                 session with another permission mode",
+            ));
+        }
         // The binding derived for this open, against the record: another provider forks.
         let at_open = self.binding_at_open().await;
         let provider = at_open.provider.clone();

@@ -35,6 +35,9 @@ impl Actor {
             return Err(SessionError::NotFound(self.cx.session_id.clone()));
         }
         self.options = options;
+        // The binding names the model the session runs on from now on (the row says it at
+        // once, and a later open compares with it).
+        self.rebind_model(&model).await;
         let applied = match self.state.live() {
             None => Applied::NextTurn,
             // A family that takes a model only at start is not asked.

@@ -171,6 +171,57 @@ async fn a_refused_attachment_takes_no_run() {
     world.stop().await;
 }
 
+/// Copies made for a prompt the session then does not take go again: a duplicate
+/// (`client_msg_id` seen before) takes back its new copies and keeps the first prompt's; a
+/// session being deleted gets none.
+#[tokio::test]
+async fn copies_of_a_prompt_not_taken_are_taken_back() {
+    let mut world = attaching(
+        World::start(Setup {
+            caps: ATTACHING,
+            ..Setup::default()
+        })
+        .await,
+    );
+    let sid = world.session().await;
+    let data = |b64: &str| AttachmentParam::Data {
+        data_base64: b64.into(),
+        mime: "text/plain".into(),
+        name: None,
+    };
+    let send = |b64: &'static str| {
+        world.sessions.send_with(
+            &sid,
+            "look".into(),
+            Some("msg-1".into()),
+            None,
+            vec![data(b64)],
+        )
+    };
+    let first = send("aGk=").await.unwrap();
+    let dir = home(&world).join("attachments").join(&sid);
+    let copies = || std::fs::read_dir(&dir).map_or(0, |d| d.count());
+    assert_eq!(copies(), 1);
+    let again = send("aGV5").await.unwrap();
+    assert!(again.duplicate);
+    assert_eq!(again.run_id, first.run_id);
+    assert_eq!(copies(), 1);
+    let mut agent = world.agent().await;
+    let (_, attachments) = attached_prompt(&mut agent).await;
+    assert_eq!(std::fs::read(&attachments[0].path).unwrap(), b"hi");
+    agent.end(RunState::Completed).await;
+
+    // Being deleted: nothing is copied.
+    world.sessions.lock_actors().deleting.insert(sid.clone());
+    match send_attached(&world, &sid, "x", vec![data("aG8=")]).await {
+        Err(SessionError::NotFound(id)) => assert_eq!(id, sid),
+        other => panic!("{other:?}"),
+    }
+    world.sessions.lock_actors().deleting.remove(&sid);
+    assert_eq!(copies(), 1);
+    world.stop().await;
+}
+
 /// A prompt queued with attachments when the host stops runs after the restart with them.
 #[tokio::test]
 async fn a_queued_prompts_attachments_survive_a_restart() {

@@ -231,3 +231,105 @@ async fn a_changed_default_model_is_applied_as_a_new_configuration() {
     let kinds: Vec<String> = events.into_iter().map(|e| e.kind).collect();
     assert!(kinds.iter().any(|k| k == "session.configured"), "{kinds:?}");
 }
+
+/// A model the live agent took (`session.set_model`, `live`) is the binding's model at once
+/// (the row says what the session runs on, not only after the next open).
+#[tokio::test]
+async fn a_live_set_model_is_recorded_in_the_binding() {
+    use crate::session::agent::{ModelSwitch, OptionCaps};
+    let mut world = World::start(Setup {
+        caps: Capabilities {
+            options: OptionCaps {
+                model: Support::Native,
+                set_model: ModelSwitch::Live,
+                ..OptionCaps::NONE
+            },
+            ..FULL
+        },
+        ..Setup::default()
+    })
+    .await;
+    *world.fake.default_model.lock().unwrap() = Some("model-1".into());
+    let sid = world.session().await;
+    let mut bus = world.follow(&sid).await;
+    world.send(&sid, "one").await;
+    let mut agent = world.agent().await;
+    agent.bind("n1").await;
+    agent.prompt().await;
+    agent.end(RunState::Completed).await;
+    bus.until("state idle<-running").await;
+    let before = world.row(&sid).await.binding.unwrap();
+    assert_eq!(before.model.as_deref(), Some("model-1"));
+
+    let sessions = world.sessions.clone();
+    let call = {
+        let sid = sid.clone();
+        tokio::spawn(async move { sessions.set_model(&sid, "model-2".into()).await })
+    };
+    match agent.input().await {
+        AgentInput::SetModel { model, reply } => {
+            assert_eq!(model, "model-2");
+            let _ = reply.send(Ok(ModelSwitch::Live));
+        }
+        other => panic!("expected a model change, got {other:?}"),
+    }
+    let set = tokio::time::timeout(WAIT, call)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!(set.applied, crate::protocol::events::Applied::Live);
+    let after = world.row(&sid).await.binding.unwrap();
+    assert_eq!(after.model.as_deref(), Some("model-2"));
+    assert!(after.recorded_at_ms >= before.recorded_at_ms);
+    assert_eq!(
+        (after.workspace, after.provider),
+        (before.workspace, before.provider)
+    );
+    bus.until("session.configured").await;
+}
+
+/// An import's earlier conversation (here: the warning that it cannot be read) is committed
+/// before the row exists, so it is the session's first event, before any prompt; the row is
+/// stored whole (its `fork_of` and binding), and its first prompt forks the imported session.
+#[tokio::test]
+async fn an_import_publishes_its_history_before_the_session_exists() {
+    let mut world = World::start(Setup::default()).await;
+    let before = world.sessions.count().await.unwrap();
+    let imported = world
+        .sessions
+        .import(
+            "fake".into(),
+            "terminal-1".into(),
+            world.dir.path().display().to_string(),
+            None,
+        )
+        .await
+        .unwrap();
+    let sid = imported.session_id.clone();
+    assert_eq!(world.sessions.count().await.unwrap(), before + 1);
+    let row = world.row(&sid).await;
+    assert_eq!(row.fork_of.as_deref(), Some("terminal-1"));
+    assert!(row.binding.is_some());
+    let mut bus = world.follow(&sid).await;
+    world.send(&sid, "one").await;
+    let mut agent = world.agent().await;
+    assert_eq!(agent.native, Native::Fork("terminal-1".into()));
+    agent.bind("n2").await;
+    agent.prompt().await;
+    agent.end(RunState::Completed).await;
+    bus.until("run.end").await;
+    let (events, _) = world
+        .sessions
+        .history(&sid, crate::protocol::envelope::HistoryFrom::After(0), 100)
+        .await
+        .unwrap();
+    let kinds: Vec<String> = events.into_iter().map(|e| e.kind).collect();
+    assert_eq!(
+        kinds.first().map(String::as_str),
+        Some("warning"),
+        "{kinds:?}"
+    );
+    let prompt = kinds.iter().position(|k| k == "user.text").unwrap();
+    assert!(prompt > 0, "{kinds:?}");
+}

@@ -23,6 +23,7 @@ const ALL: OptionCaps = OptionCaps {
     ],
     images: Support::Native,
     files: Support::Native,
+    system_prompt_on_fork: true,
 };
 
 fn caps(options: OptionCaps) -> Capabilities {
@@ -361,5 +362,44 @@ async fn set_model_where_the_family_cannot_switch_changes_nothing() {
         Err(SessionError::NotFound(_))
     ));
     assert_eq!(world.row(&sid).await.options.model.as_deref(), Some("m1"));
+    world.stop().await;
+}
+
+/// A bypass session made while the host allowed it opens no agent once `allow_bypass` is off:
+/// its prompt fails `permission_denied`, saying why; the host that allows it opens one.
+#[tokio::test]
+async fn a_bypass_session_opens_no_agent_once_bypass_is_not_allowed() {
+    let mut world = World::start(Setup {
+        caps: caps(ALL),
+        ..Setup::default()
+    })
+    .await;
+    let bypass = SessionOptions {
+        permission_mode: Some(PermissionMode::Bypass),
+        ..Default::default()
+    };
+    let allowed = world.sessions.clone().with_allow_bypass(true);
+    let new = || NewSession {
+        agent_type: "fake".into(),
+        cwd: world.dir.path().display().to_string(),
+        title: None,
+        options: bypass.clone(),
+    };
+    // Made while allowed; prompted by a host that no longer allows it.
+    let refused = allowed.create(new()).await.unwrap().session_id;
+    let mut follow = world.follow(&refused).await;
+    world.send(&refused, "one").await;
+    let end = follow.until("run.end").await;
+    assert_eq!(end["state"], "failed", "{end}");
+    assert_eq!(end["category"], "permission_denied", "{end}");
+    let message = end["message"].as_str().unwrap_or_default();
+    assert!(message.contains("allow_bypass"), "{message}");
+    assert!(world.opens().is_empty(), "{:?}", world.opens());
+    // The host that allows it opens the agent, with the mode.
+    let taken = allowed.create(new()).await.unwrap().session_id;
+    allowed.send(&taken, "two".to_owned(), None).await.unwrap();
+    let agent = world.agent().await;
+    assert_eq!(agent.options, bypass);
+    drop(agent);
     world.stop().await;
 }
