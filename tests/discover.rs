@@ -159,6 +159,21 @@ fn a_terminal_session_is_discovered_and_imported_with_its_history() {
             )
             .await;
         assert_eq!(found["sessions"][0]["imported_as"], session.as_str());
+        // The session list previews its imported conversation (the last answer).
+        let listed = world.host().ok("session.list", json!({})).await;
+        let row = listed["sessions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["session_id"] == session.as_str())
+            .cloned()
+            .unwrap_or_else(|| panic!("{session} not listed: {listed}"));
+        assert!(
+            row["preview"]
+                .as_str()
+                .is_some_and(|p| p.contains("echo: second prompt")),
+            "{row}"
+        );
 
         // It goes on from there (in a fork of it), after the imported brackets.
         let mut ws = world.follower(&session, false).await;

@@ -508,6 +508,9 @@ impl Store {
                     row.created_at_ms.max(row.updated_at_ms)
                 ],
             )?;
+            // Events committed before the row existed (an import's history) touched no list
+            // columns: they are read from the session's newest events (an index range).
+            conn.execute(INSERTED_LIST_COLUMNS_SQL, [&row.session_id])?;
             Ok(())
         })
         .await
@@ -801,6 +804,26 @@ pub struct CursorUpdate {
 
 const SESSION_SELECT: &str = "SELECT id, agent_type, native_session_id, cwd, parent_session_id, \
      title, state, created_at, updated_at, config FROM sessions";
+
+/// The list columns of a session just inserted, from the events it may already have (an
+/// import publishes its history first): activity from its newest event, the preview from its
+/// newest `user.text` / `text.end` among its last 256 events. Nothing for a session without
+/// events.
+const INSERTED_LIST_COLUMNS_SQL: &str = "
+UPDATE sessions SET
+    last_activity_at = max(last_activity_at, coalesce(
+        (SELECT created_at FROM messages WHERE session_id = ?1
+         ORDER BY sequence_id DESC LIMIT 1), 0)),
+    preview = coalesce((
+        SELECT CASE WHEN json_valid(payload) AND json_type(payload, '$.text') = 'text'
+                    THEN substr(json_extract(payload, '$.text'), 1, 160) END
+        FROM messages
+        WHERE session_id = ?1 AND kind IN ('user.text', 'text.end')
+          AND sequence_id >= coalesce(
+              (SELECT sequence_id FROM messages WHERE session_id = ?1
+               ORDER BY sequence_id DESC LIMIT 1 OFFSET 255), 0)
+        ORDER BY sequence_id DESC LIMIT 1), preview)
+WHERE id = ?1";
 
 /// `sessions.config`: JSON `{fork_of?, options?, binding?}` (opaque to SQL but for these
 /// keys, which the updates below set one at a time). `None` when there is nothing to keep.

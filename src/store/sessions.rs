@@ -552,6 +552,48 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_row_inserted_after_its_events_takes_their_activity_and_preview() {
+        let (_dir, store, threads) = open().await;
+        // An import publishes the agent's history before its row exists.
+        store
+            .append(vec![
+                text_event("imp", 1, "user.text", "an earlier prompt", 4_000),
+                text_event("imp", 2, "text.end", "the agent's earlier answer", 4_500),
+            ])
+            .await
+            .unwrap()
+            .await
+            .unwrap()
+            .unwrap();
+        store.insert_session(row("imp", 1_000)).await.unwrap();
+        store.insert_session(row("fresh", 2_000)).await.unwrap();
+        let page = store
+            .list_sessions_page(SessionQuery::default())
+            .await
+            .unwrap();
+        let got: Vec<_> = page
+            .sessions
+            .iter()
+            .map(|r| {
+                (
+                    r.session.session_id.as_str(),
+                    r.last_activity_ms,
+                    r.preview.as_deref(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("imp", 4_500, Some("the agent's earlier answer")),
+                ("fresh", 2_000, None)
+            ]
+        );
+        drop(store);
+        threads.shutdown().await;
+    }
+
+    #[tokio::test]
     async fn appends_move_activity_and_preview() {
         let (_dir, store, threads) = open().await;
         store.insert_session(row("a", 1_000)).await.unwrap();
