@@ -550,16 +550,17 @@ mod options {
         }
     }
 
-    /// The tests' MCP server over streamable HTTP (`tests/mcp/probe_http_server.mjs`) on a
+    /// The tests' MCP server over streamable HTTP (`tests/mcp/probe_server.mjs --http`) on a
     /// free loopback port, logging what it is sent to `log`: the process (killed when
-    /// dropped) and its URL.
+    /// dropped; it also ends when its stdin closes) and its URL.
     pub async fn http_probe(log: &Path) -> (tokio::process::Child, String) {
         use tokio::io::AsyncBufReadExt;
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/mcp/probe_http_server.mjs");
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/mcp/probe_server.mjs");
         let mut child = tokio::process::Command::new("node")
             .arg(script)
+            .arg("--http")
             .env("PROBE_LOG", log)
-            .stdin(std::process::Stdio::null())
+            .stdin(std::process::Stdio::piped())
             .stdout(std::process::Stdio::piped())
             .kill_on_drop(true)
             .spawn()

@@ -308,39 +308,6 @@ fn entry_time(entry: &Value) -> Option<i64> {
     i64::try_from(ms).ok()
 }
 
-/// The lines of a file from `start`, at most `limit` bytes (a line cut by the limit, or the
-/// one `start` falls into, is left out).
-fn read_lines(
-    file: &std::path::Path,
-    start: u64,
-    limit: u64,
-) -> std::io::Result<(Vec<Vec<u8>>, bool)> {
-    use std::io::{BufRead, Read, Seek};
-    let mut f = std::fs::File::open(file)?;
-    let len = f.metadata()?.len();
-    if start > 0 {
-        f.seek(std::io::SeekFrom::Start(start))?;
-    }
-    let cut = len.saturating_sub(start) > limit;
-    let mut reader = std::io::BufReader::new(f.take(limit));
-    let mut lines = Vec::new();
-    let mut first = true;
-    loop {
-        let mut line = Vec::new();
-        if reader.read_until(b'\n', &mut line)? == 0 {
-            break;
-        }
-        let whole = line.last() == Some(&b'\n');
-        if (first && start > 0) || (!whole && cut) {
-            first = false;
-            continue;
-        }
-        first = false;
-        lines.push(line);
-    }
-    Ok((lines, cut))
-}
-
 /// The project folders Claude may keep `cwd`'s sessions in: the one named for it, or for a
 /// long cwd every folder starting with its 200-character prefix.
 fn project_dirs(config_dir: &std::path::Path, cwd: &str) -> Vec<std::path::PathBuf> {
@@ -408,7 +375,7 @@ pub fn discover_sessions(
         } else {
             DISCOVER_FILE_HEAD
         };
-        let Ok((lines, cut)) = read_lines(&path, 0, limit) else {
+        let Ok((lines, cut)) = super::lines::read_file_lines(&path, 0, limit) else {
             continue;
         };
         spent += lines.iter().map(|l| l.len() as u64).sum::<u64>();
@@ -445,7 +412,7 @@ pub fn discover_sessions(
         if cut {
             // The last entry's time is at the end.
             let len = std::fs::metadata(&path).map_or(0, |m| m.len());
-            let tail = read_lines(&path, len.saturating_sub(64 << 10), 64 << 10)
+            let tail = super::lines::read_file_lines(&path, len.saturating_sub(64 << 10), 64 << 10)
                 .map(|(l, _)| l)
                 .unwrap_or_default();
             last = tail
@@ -478,7 +445,7 @@ pub fn read_session_history(
 ) -> std::io::Result<Vec<crate::session::discover::HistoryEntry>> {
     use crate::session::discover::HistoryEntry;
     let len = std::fs::metadata(file)?.len();
-    let (lines, _) = read_lines(
+    let (lines, _) = super::lines::read_file_lines(
         file,
         len.saturating_sub(HISTORY_FILE_BYTES),
         HISTORY_FILE_BYTES,

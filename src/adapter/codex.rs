@@ -695,34 +695,6 @@ fn rollout_entries(
     (entries, last)
 }
 
-/// The lines of a file from `start`, at most `limit` bytes (a line cut by the limit, or the
-/// one `start` falls into, is left out).
-fn rollout_lines(file: &Path, start: u64, limit: u64) -> std::io::Result<Vec<Vec<u8>>> {
-    use std::io::{BufRead, Seek};
-    let mut f = std::fs::File::open(file)?;
-    let len = f.metadata()?.len();
-    if start > 0 {
-        f.seek(std::io::SeekFrom::Start(start))?;
-    }
-    let cut = len.saturating_sub(start) > limit;
-    let mut reader = std::io::BufReader::new(f.take(limit));
-    let mut lines = Vec::new();
-    let mut first = true;
-    loop {
-        let mut line = Vec::new();
-        if reader.read_until(b'\n', &mut line)? == 0 {
-            break;
-        }
-        let whole = line.last() == Some(&b'\n');
-        let skip = (first && start > 0) || (!whole && cut);
-        first = false;
-        if !skip {
-            lines.push(line);
-        }
-    }
-    Ok(lines)
-}
-
 /// Codex's own threads of `cwd`: the rollouts under `$CODEX_HOME/sessions/YYYY/MM/DD/` whose
 /// `session_meta` records this cwd and that hold a prompt of the user's, with the first one,
 /// the last line's time (else the file's mtime) and how many prompts. Bounded: the newest
@@ -780,7 +752,7 @@ pub fn discover_rollouts(
         } else {
             ROLLOUT_META_LIMIT
         };
-        let Ok(lines) = rollout_lines(&path, 0, limit) else {
+        let Ok((lines, _)) = super::lines::read_file_lines(&path, 0, limit) else {
             continue;
         };
         spent += lines.iter().map(|l| l.len() as u64).sum::<u64>();
@@ -817,7 +789,7 @@ pub fn rollout_history(
     path: &Path,
 ) -> std::io::Result<Vec<crate::session::discover::HistoryEntry>> {
     let len = std::fs::metadata(path)?.len();
-    let lines = rollout_lines(
+    let (lines, _) = super::lines::read_file_lines(
         path,
         len.saturating_sub(ROLLOUT_HISTORY_BYTES),
         ROLLOUT_HISTORY_BYTES,

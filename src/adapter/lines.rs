@@ -4,6 +4,39 @@
 
 use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
 
+/// The complete lines of a session file from byte `start`, reading at most `limit` bytes
+/// (blocking: call off the runtime). The line `start` falls into and a line cut by the limit
+/// are left out; `true` when the limit cut the file short.
+pub fn read_file_lines(
+    file: &std::path::Path,
+    start: u64,
+    limit: u64,
+) -> std::io::Result<(Vec<Vec<u8>>, bool)> {
+    use std::io::{BufRead, Read, Seek};
+    let mut f = std::fs::File::open(file)?;
+    let len = f.metadata()?.len();
+    if start > 0 {
+        f.seek(std::io::SeekFrom::Start(start))?;
+    }
+    let cut = len.saturating_sub(start) > limit;
+    let mut reader = std::io::BufReader::new(f.take(limit));
+    let mut lines = Vec::new();
+    let mut first = true;
+    loop {
+        let mut line = Vec::new();
+        if reader.read_until(b'\n', &mut line)? == 0 {
+            break;
+        }
+        let whole = line.last() == Some(&b'\n');
+        let skip = (first && start > 0) || (!whole && cut);
+        first = false;
+        if !skip {
+            lines.push(line);
+        }
+    }
+    Ok((lines, cut))
+}
+
 /// One line read.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Line {

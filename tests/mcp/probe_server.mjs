@@ -11,7 +11,8 @@
 // - anything else with an id -> JSON-RPC error -32601 (method not found).
 //
 // Run as `node <absolute path>/probe_server.mjs`. With PROBE_LOG=<file> set, every message
-// it reads is appended to that file (what the client sent).
+// it reads is appended to that file as a line `{"message": ..., "headers"?: {...}}` (what the
+// client sent; over HTTP with the request's headers, lowercased).
 //
 // `--http` serves the same over HTTP on 127.0.0.1 instead (port PROBE_PORT, else any free
 // one; it prints `listening <port>` on stdout once it listens): the streamable HTTP transport
@@ -70,10 +71,14 @@ function answer(request) {
 
 // The answer to one message's text: a JSON-RPC message, or null for a notification (no id)
 // or a response to us.
-function handle(text) {
+function handle(text, headers) {
   if (log) {
+    let message = text;
     try {
-      appendFileSync(log, text + "\n");
+      message = JSON.parse(text);
+    } catch {}
+    try {
+      appendFileSync(log, JSON.stringify({ message, headers }) + "\n");
     } catch {}
   }
   let request;
@@ -101,7 +106,7 @@ function serveHttp() {
   const server = createServer(async (req, res) => {
     const url = new URL(req.url, "http://127.0.0.1");
     if (url.pathname === "/mcp" && req.method === "POST") {
-      const reply = handle(await body(req));
+      const reply = handle(await body(req), req.headers);
       if (reply === null) {
         res.writeHead(202).end();
       } else {
@@ -123,7 +128,7 @@ function serveHttp() {
         res.writeHead(404).end("no such stream");
         return;
       }
-      const reply = handle(await body(req));
+      const reply = handle(await body(req), req.headers);
       res.writeHead(202).end("Accepted");
       if (reply !== null) stream.write(`event: message\ndata: ${JSON.stringify(reply)}\n\n`);
     } else if (url.pathname === "/mcp" && req.method === "DELETE") {
