@@ -129,23 +129,50 @@ fn absolutize_cwd(mut envelope: Value) -> Value {
 }
 
 /// Run a non-foreground command and return its reply.
-pub async fn execute(command: Command, envelope: Value, config: &Config) -> Reply {
+///
+/// A one-shot command pays for nothing it does not use: an `ipc` command (and a `hybrid` one
+/// whose host answers) is one blocking socket exchange, with no runtime and no logging set up.
+/// What waits on more (the lock-file fallback, `host.start`, `agent.list`'s probes) gets a
+/// current-thread runtime, and the CLI's stderr logging, only when it runs.
+pub fn execute(command: Command, envelope: Value, config: &Config) -> Reply {
     match command.route() {
-        Route::Local => local(command, config).await,
-        Route::Ipc => match ipc::request(&config.ipc_path(), &envelope, IPC_TIMEOUT).await {
+        Route::Local => block_on(local(command, config)),
+        Route::Ipc => match ipc::request_blocking(&config.ipc_path(), &envelope, IPC_TIMEOUT) {
             Ok(reply) => reply,
             Err(e) => ipc_failure(e, config),
         },
-        Route::Hybrid => hybrid(command, envelope, config).await,
+        Route::Hybrid => hybrid(command, envelope, config),
+    }
+}
+
+/// `local`'s reply for `version`: needs no configuration, runtime or host.
+pub fn version() -> Reply {
+    Reply::ok(json!({
+        "version": crate::VERSION,
+        "schema_version": crate::store::SCHEMA_VERSION,
+    }))
+}
+
+/// Run the async rest of a one-shot command on a current-thread runtime, with the CLI's
+/// logging (warnings on stderr) installed first.
+fn block_on(work: impl Future<Output = Reply>) -> Reply {
+    crate::logging::init_cli_logging();
+    match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime.block_on(work),
+        Err(e) => Reply::error(
+            ErrorCode::Internal,
+            format!("cannot start a runtime: {e}"),
+            Value::Null,
+        ),
     }
 }
 
 async fn local(command: Command, config: &Config) -> Reply {
     match command {
-        Command::Version => Reply::ok(json!({
-            "version": crate::VERSION,
-            "schema_version": crate::store::SCHEMA_VERSION,
-        })),
+        Command::Version => version(),
         Command::AgentList => Reply::ok(adapter::agents_report(config).await),
         Command::HostStart(_) => start_detached(config).await,
         other => Reply::error(
@@ -156,18 +183,18 @@ async fn local(command: Command, config: &Config) -> Reply {
     }
 }
 
-async fn hybrid(command: Command, envelope: Value, config: &Config) -> Reply {
-    match ipc::request(&config.ipc_path(), &envelope, IPC_TIMEOUT).await {
+fn hybrid(command: Command, envelope: Value, config: &Config) -> Reply {
+    match ipc::request_blocking(&config.ipc_path(), &envelope, IPC_TIMEOUT) {
         Ok(reply) => {
             if matches!(command, Command::HostShutdown) && reply.is_ok() {
-                return wait_stopped(config, reply).await;
+                return block_on(wait_stopped(config, reply));
             }
             reply
         }
-        Err(e) => {
+        Err(e) => block_on(async move {
             tracing::debug!(error = %e, "host did not answer on IPC; reading the lock file");
             from_lock_file(command, config).await
-        }
+        }),
     }
 }
 
@@ -363,8 +390,6 @@ pub async fn run_foreground(
 ) -> Reply {
     // This process is the host and nothing else: it may adopt its agents' orphans.
     config.adopt_orphans = true;
-    let open_files = instance::raise_open_files_limit();
-    tracing::debug!(?open_files, "open-files limit");
     let (ready_tx, ready_rx) = tokio::sync::oneshot::channel::<daemon::Ready>();
     let announcer = tokio::spawn(async move {
         if let Ok(ready) = ready_rx.await {

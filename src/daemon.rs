@@ -128,6 +128,9 @@ async fn serve(
 ) -> Result<(), DaemonError> {
     let ipc_path = config.ipc_path();
     tracing::info!(home = %config.home.display(), version = crate::VERSION, "host starting");
+    // Each subscriber's connection is a descriptor: 10,000 of them need more than the 1024
+    // many desktops give a process.
+    crate::limits::raise_open_files_logged();
     // We hold the lock: whatever carries this home's marker was left by a dead host.
     let leftovers = reap::end_leftovers(&reap::HomeMarker::of(&config.home));
     if !leftovers.is_empty() {

@@ -522,7 +522,65 @@ pub fn session_file_line(data: &[u8]) {
         }
         Err(why) => assert!(unreadable, "every prompt was ours, yet: {why}"),
     }
+    session_file_readers(data, &path);
     let _gone = std::fs::remove_file(&path);
+}
+
+/// The same file through the readers `session.discover` and `session.import` use: the
+/// bounded line reader under them (from a start and with a limit the input's first bytes
+/// choose), Claude's history, and Codex's rollout history and cwd. Every history becomes
+/// imported events that survive the store's round trip.
+fn session_file_readers(data: &[u8], path: &std::path::Path) {
+    let len = data.len() as u64;
+    let start = u64::from(data.first().copied().unwrap_or(0)) % (len + 1);
+    let limit = u64::from(data.get(1).copied().unwrap_or(0)) * 64 + 1;
+    let (lines, cut) = crate::adapter::lines::read_file_lines(path, start, limit)
+        .unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+    let read: u64 = lines.iter().map(|l| l.len() as u64).sum();
+    assert!(read <= limit, "read {read} bytes past the limit {limit}");
+    assert_eq!(
+        cut,
+        len - start > limit,
+        "cut short at {start}+{limit} of {len}"
+    );
+    if cut {
+        assert!(
+            lines.iter().all(|l| l.last() == Some(&b'\n')),
+            "a line cut by the limit was returned"
+        );
+    } else {
+        // Everything from `start` when a line begins there, else from the next line.
+        let begin = if start == 0 || data[start as usize - 1] == b'\n' {
+            start as usize
+        } else {
+            data[start as usize..]
+                .iter()
+                .position(|b| *b == b'\n')
+                .map_or(data.len(), |i| start as usize + i + 1)
+        };
+        assert_eq!(
+            lines.concat(),
+            &data[begin..],
+            "lines from {start} lost bytes"
+        );
+    }
+    let claude = claude::read_session_history(path)
+        .unwrap_or_else(|e| panic!("Claude history of {}: {e}", path.display()));
+    let codex = codex::rollout_history(path)
+        .unwrap_or_else(|e| panic!("Codex history of {}: {e}", path.display()));
+    let _cwd = codex::rollout_cwd(path);
+    for (agent, entries) in [("claude", claude), ("codex", codex)] {
+        for body in crate::session::discover::imported_events(agent, entries) {
+            let event = Event::new("s", None, body.clone());
+            let text = serde_json::to_string(&event)
+                .unwrap_or_else(|e| panic!("{} does not serialize: {e}", body.kind()));
+            match AnyEvent::from_value(parse_json(&text, "imported event")) {
+                Ok(AnyEvent::Known(back)) => assert_eq!(back, event, "{text}"),
+                Ok(AnyEvent::Unknown { k, .. }) => panic!("{k} read back as unknown"),
+                Err(e) => panic!("{text} does not read back: {e}"),
+            }
+        }
+    }
 }
 
 /// A file of this thread's own under the temporary directory (the replay test runs targets on

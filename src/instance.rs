@@ -18,25 +18,6 @@ use nix::errno::Errno;
 use nix::fcntl::{Flock, FlockArg};
 use serde::{Deserialize, Serialize};
 
-/// Raise this process's soft limit on open files to its hard limit (a host holds up to a
-/// thousand IPC and a thousand WebSocket connections in their handshakes, besides its agents'
-/// pipes; many desktops start processes with a soft limit of 1024). Returns the limit now in
-/// force; a failure leaves the limit as it was.
-pub fn raise_open_files_limit() -> Option<u64> {
-    use nix::sys::resource::{Resource, getrlimit, setrlimit};
-    let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE).ok()?;
-    if soft >= hard {
-        return Some(soft);
-    }
-    match setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
-        Ok(()) => Some(hard),
-        Err(e) => {
-            tracing::info!(error = %e, soft, "the open-files limit could not be raised");
-            Some(soft)
-        }
-    }
-}
-
 /// The contents of `host.lock`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LockInfo {

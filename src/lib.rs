@@ -17,7 +17,8 @@
 //!   also serves [`web`] (the embedded web UI and its headers) on the same port;
 //!   [`relay`] — the outbound relay connection.
 //! - [`watch`] — file watching (`notify`), handed to the session layer through its `Launcher`.
-//! - [`instance`], [`config`] — the lock file and where things live; [`redact`] — secrets by
+//! - [`instance`], [`config`] — the lock file and where things live; [`limits`] — the
+//!   open-file limit, raised at start; [`redact`] — secrets by
 //!   shape out of text agents write (their stderr).
 //! - [`daemon`] — wiring and ordered shutdown; [`run`] is its entry point.
 //! - [`client`] — the CLI's routing: local, IPC or hybrid; [`follow`] — the terminal follower;
@@ -38,6 +39,7 @@ pub mod fuzzing;
 pub mod hooks;
 pub mod instance;
 pub mod ipc;
+pub mod limits;
 pub mod link;
 pub mod logging;
 pub mod open;

@@ -154,23 +154,29 @@ fn usage_error(first: &str) -> ExitCode {
     exit_code(&reply)
 }
 
-fn main() -> anyhow::Result<ExitCode> {
+/// argv as [`Cli`], or the exit code of what was printed instead (help, the version, a usage
+/// error's reply line). The commands' list is formatted only when help is shown.
+fn parse_cli() -> Result<Cli, ExitCode> {
+    use clap::error::ErrorKind;
     let parsed = Cli::command()
-        .after_help(commands_help())
         .try_get_matches()
         .and_then(|m| Cli::from_arg_matches(&m));
-    let cli = match parsed {
-        Ok(cli) => cli,
-        Err(e) => {
-            use clap::error::ErrorKind;
-            if matches!(
-                e.kind(),
-                ErrorKind::DisplayHelp
-                    | ErrorKind::DisplayVersion
-                    | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
-            ) {
-                e.exit();
-            }
+    let e = match parsed {
+        Ok(cli) => return Ok(cli),
+        Err(e) => e,
+    };
+    match e.kind() {
+        ErrorKind::DisplayHelp | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
+            // The same parse again, now with the commands' list: help is asked for rarely.
+            let again = Cli::command()
+                .after_help(commands_help())
+                .try_get_matches()
+                .err()
+                .unwrap_or(e);
+            again.exit()
+        }
+        ErrorKind::DisplayVersion => e.exit(),
+        _ => {
             // A usage error is still answered with one JSON line.
             let message = e.render().to_string();
             let first = message
@@ -178,8 +184,15 @@ fn main() -> anyhow::Result<ExitCode> {
                 .next()
                 .unwrap_or("usage error")
                 .trim_start_matches("error: ");
-            return Ok(usage_error(first));
+            Err(usage_error(first))
         }
+    }
+}
+
+fn main() -> anyhow::Result<ExitCode> {
+    let cli = match parse_cli() {
+        Ok(cli) => cli,
+        Err(code) => return Ok(code),
     };
     if cli.input == "follow" {
         return follow(cli);
@@ -207,17 +220,24 @@ fn main() -> anyhow::Result<ExitCode> {
             return Ok(exit_code(&reply));
         }
     };
+    if matches!(command, Command::Version) {
+        // Nothing to read or ask: no configuration, runtime or logging.
+        let reply = client::version();
+        print_reply(&reply);
+        return Ok(exit_code(&reply));
+    }
     let config = match load_config() {
         Ok(config) => config,
         Err(reply) => return Ok(reply),
     };
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?;
     let reply = match command {
         Command::HostStart(params) if params.foreground => {
             let _guard =
                 agent_host::logging::init_host_logging(&config, !client::is_detached_host());
+            // This process is the host: the daemon's runtime.
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()?;
             let reply =
                 runtime.block_on(client::run_foreground(config, |ready| print_reply(&ready)));
             // Success was announced when the host became ready; only a failure is printed now.
@@ -227,8 +247,9 @@ fn main() -> anyhow::Result<ExitCode> {
             reply
         }
         command => {
-            agent_host::logging::init_cli_logging();
-            let reply = runtime.block_on(client::execute(command, envelope, &config));
+            // One request, one reply: `execute` sets up a runtime and logging only if it
+            // needs them.
+            let reply = client::execute(command, envelope, &config);
             print_reply(&reply);
             reply
         }

@@ -642,6 +642,132 @@ async fn host_relay_set_checks_the_url_and_the_log_cannot_be_forged() {
     }
 }
 
+/// An ACP agent (a shell script registered in `config.toml`) that answers `initialize` and
+/// fails `session/new`, after a stderr line with a carriage return and ESC in it.
+const HOSTILE_AGENT: &str = r#"#!/bin/sh
+while read -r line; do
+  id=$(printf '%s' "$line" | sed -n 's/.*"id":\([0-9][0-9]*\).*/\1/p')
+  case "$line" in
+    *'"method":"initialize"'*)
+      printf '{"jsonrpc":"2.0","id":%s,"result":{"protocolVersion":1,"agentCapabilities":{}}}\n' "$id";;
+    *'"method":"session/new"'*)
+      printf 'starting\r1999-01-01T00:00:00Z ERROR forged by stderr \033[2J\n' >&2
+      printf '{"jsonrpc":"2.0","id":%s,"error":{"code":-32603,"message":"Internal error"}}\n' "$id";;
+  esac
+done
+"#;
+
+/// Text that would forge a record of its own and drive the terminal of whoever reads the log.
+const FORGED: &str = "\n1999-01-01T00:00:00Z ERROR forged line \u{1b}[2J\u{1b}]0;pwned\u{7}";
+
+/// Poll a run's `run.end` out of its session's history (bounded).
+async fn run_end_of(home: &Home, session_id: &str, run_id: &str) -> Value {
+    let deadline = std::time::Instant::now() + CLI_TIMEOUT;
+    loop {
+        let history = home
+            .ok(&[
+                "session.history",
+                &json!({"session_id": session_id}).to_string(),
+            ])
+            .await;
+        let end = history["events"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["run_id"] == json!(run_id) && e["kind"] == "run.end")
+            .cloned();
+        if let Some(end) = end {
+            return end;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no run.end: {history}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The log-injection check through the real host, with text from outside that the host does
+/// log: a client's `cwd` (a directory named with a newline starting a forged record and ESC
+/// sequences that clear a terminal and set its title; gone when the prompt is sent, so the
+/// failed run is logged with it) and an agent's stderr (a carriage return and ESC, logged at
+/// `debug`). The hostile text reaches `logs/host.log` escaped (`\n`, `\x1b`), yet no line of
+/// the log is a forged record and no raw control character (ESC, BEL, CR) is in it.
+#[tokio::test]
+async fn hostile_text_from_a_client_or_an_agent_cannot_forge_a_log_line() {
+    use std::os::unix::fs::DirBuilderExt;
+    let home = Home::new();
+    let work = tempfile::tempdir().unwrap();
+    let script = work.path().join("hostile-agent.sh");
+    std::fs::write(&script, HOSTILE_AGENT).unwrap();
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(&home.home)
+        .unwrap();
+    std::fs::write(
+        home.home.join("config.toml"),
+        format!(
+            "log_level = \"debug\"\n[agents.hostile]\ncommand = [\"{}\"]\nprotocol = \"acp\"\n",
+            script.display()
+        ),
+    )
+    .unwrap();
+    let hostile_dir = work.path().join(format!("w{FORGED}"));
+    std::fs::create_dir(&hostile_dir).unwrap();
+    home.start().await;
+    let mut ends = Vec::new();
+    for cwd in [work.path(), hostile_dir.as_path()] {
+        let created = home
+            .ok(&[
+                "session.create",
+                &json!({"agent_type": "hostile", "cwd": cwd.display().to_string()}).to_string(),
+            ])
+            .await;
+        let id = created["session_id"].as_str().unwrap().to_owned();
+        if cwd == hostile_dir {
+            std::fs::remove_dir(&hostile_dir).unwrap();
+        }
+        let sent = home
+            .ok(&[
+                "session.send",
+                &json!({"session_id": id, "text": "hello"}).to_string(),
+            ])
+            .await;
+        let run = sent["run_id"].as_str().unwrap().to_owned();
+        ends.push(run_end_of(&home, &id, &run).await);
+    }
+    for end in &ends {
+        assert_eq!(end["event"]["state"], json!("failed"), "{end}");
+    }
+    home.shutdown().await;
+    let log = std::fs::read_to_string(home.home.join("logs/host.log")).unwrap();
+    // The hostile text did reach the log, escaped: not a check that passes because nothing
+    // was logged.
+    let escaped = r"\n1999-01-01T00:00:00Z ERROR forged line \x1b[2J\x1b]0;pwned\x07";
+    assert!(
+        log.contains(escaped),
+        "the hostile cwd was not logged: {log}"
+    );
+    assert!(
+        log.contains(r"starting\r1999-01-01T00:00:00Z ERROR forged by stderr \x1b[2J"),
+        "the agent's stderr was not logged: {log}"
+    );
+    for forbidden in ['\u{1b}', '\u{7}', '\r'] {
+        assert!(
+            !log.contains(forbidden),
+            "a raw {forbidden:?} reached the log"
+        );
+    }
+    for line in log.lines() {
+        assert!(
+            line.starts_with("20") && !line.starts_with("1999-"),
+            "a line that is not one of the host's records: {line:?}"
+        );
+    }
+}
+
 /// Defect: with 8 KiB of garbage in the middle of `host.db`, `host.start` answered 0 and a
 /// prompt was appended to the broken file. Now the start is refused with `store_corrupt`
 /// naming the file, and the file is not written.

@@ -263,6 +263,14 @@ fn codex_restart_resumes_and_a_killed_app_server_fails_the_run() {
 
         let slow = world.streaming(&mut ws, &session, "doomed").await;
         let pid = world.agent_pid(&session).await;
+        // The app-server is the native binary the npm package ships (issue 19), not a node
+        // launcher in front of it.
+        let exe = std::fs::read_link(format!("/proc/{pid}/exe")).unwrap();
+        assert!(
+            exe.ends_with("bin/codex") && exe.components().any(|c| c.as_os_str() == "vendor"),
+            "the agent runs {}",
+            exe.display()
+        );
         let killed = Instant::now();
         nix::sys::signal::kill(
             nix::unistd::Pid::from_raw(pid),

@@ -29,11 +29,16 @@ const CASES: &[(&str, &str)] = &[
     ),
     (
         "resume_wrong_workspace_rejected",
-        "importing a native session into another workspace is refused",
+        "a native session is never resumed in another workspace: once the session's \
+         workspace changed (another git `origin`) its prompt is refused before any agent runs \
+         (`workspace_changed`, `resume_rejected`); where the agent's files say a session's \
+         cwd, an import into another one is refused (`binding_mismatch`)",
     ),
     (
         "resume_rejected_fallback",
-        "a native session the agent does not have: a visible warning, then a fresh session",
+        "a native session the agent does not have (an imported id it never had where an \
+         import reaches the agent, else its own files of the session deleted): a visible \
+         `resume_rejected`, then the prompt runs in a fresh session",
     ),
     (
         "tool_activity_visible",
@@ -174,6 +179,12 @@ fn options_table(all: &[Value]) -> String {
                     .join(", ")
             })
             .unwrap_or_default();
+        // A family that never asks lists none (an explicit `ask` is refused).
+        let modes = if modes.is_empty() {
+            "none (it never asks: its declared policy)".to_owned()
+        } else {
+            modes
+        };
         out.push_str(&format!(
             "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
             r["agent"].as_str().unwrap_or_default(),
@@ -296,10 +307,12 @@ pub fn agents_markdown() -> String {
          ```toml\n[agents.my-agent]\ncommand = [\"my-agent\", \"--acp\"]\nprotocol = \"acp\"   \
          # or \"claude-stream-json\", \"codex-app-server\"\nenv = { MY_AGENT_KEY = \"…\" }\n```\n\n\
          Session files: Claude's and Codex's are located and guarded (`docs/architecture.md`, \
-         \"Ownership\"), and a native session is resumed or imported only in the workspace it \
-         belongs to. ACP defines no file format; for ACP agents the host relies on the agent's \
-         own refusal (an error on `session/load` or `session/resume` is a visible \
-         `resume_rejected`). `docs/adding-an-agent.md` says how a family is added.\n",
+         \"Ownership\"), and a native session is imported only in the cwd they place it in. \
+         For every agent, a session whose workspace changed since it was bound is not resumed \
+         there (`docs/architecture.md`, \"Binding\"). ACP defines no file format; for ACP \
+         agents the host otherwise relies on the agent's own refusal (an error on \
+         `session/load` or `session/resume` is a visible `resume_rejected`). \
+         `docs/adding-an-agent.md` says how a family is added.\n",
     );
     out
 }

@@ -81,6 +81,13 @@ pub trait AgentFamily: Send + Sync + 'static {
         &[]
     }
 
+    /// Variables (by prefix) of its own vendor that its agents get from the host environment
+    /// beyond the spawn policy's common list (`spawn::passes`), and that no other family's
+    /// agents get. A new vendor's keys are declared here, not in the spawn policy.
+    fn own_env(&self) -> &'static [&'static str] {
+        &[]
+    }
+
     /// Start its driver on a new, resumed or forked native session.
     fn open(&self, spec: OpenSpec) -> Result<AgentSession, AdapterError>;
 

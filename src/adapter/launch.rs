@@ -64,15 +64,19 @@ impl AgentDef {
     }
 }
 
-/// The host's (already filtered) environment less what `family` must not see.
+/// The host's (already filtered) environment less what `family` must not see: another
+/// vendor's variables by its `foreign_env`, and what passed only as some other family's own
+/// (`own_env`).
 pub fn scoped_env(
     base_env: &[(String, String)],
     family: &dyn AgentFamily,
 ) -> Vec<(String, String)> {
     let foreign = family.foreign_env();
+    let own = family.own_env();
     base_env
         .iter()
         .filter(|(k, _)| !foreign.iter().any(|f| k.starts_with(f)))
+        .filter(|(k, _)| super::spawn::passes_to_all(k) || own.iter().any(|p| k.starts_with(p)))
         .cloned()
         .collect()
 }
@@ -427,6 +431,34 @@ impl AgentSettings {
 mod tests {
     use super::*;
     use crate::protocol::events::ErrorCategory;
+
+    /// A vendor's own variables (a family's `own_env`) reach that family's agents only; the
+    /// common list reaches every family less its foreign prefixes.
+    #[test]
+    fn a_familys_own_variables_reach_only_its_agents() {
+        let base = super::filter_env(
+            [
+                ("OPENCODE_CONFIG", "/oc.json"),
+                ("PATH", "/usr/bin"),
+                ("ANTHROPIC_API_KEY", "k"),
+                ("UNRELATED_SECRET", "s"),
+            ]
+            .map(|(k, v)| (k.to_owned(), v.to_owned())),
+        );
+        let names = |family: &str| -> Vec<String> {
+            let family = crate::adapter::family::family(family).unwrap();
+            scoped_env(&base, family)
+                .into_iter()
+                .map(|(k, _)| k)
+                .collect()
+        };
+        assert_eq!(
+            names("opencode"),
+            ["OPENCODE_CONFIG", "PATH", "ANTHROPIC_API_KEY"]
+        );
+        assert_eq!(names("claude"), ["PATH", "ANTHROPIC_API_KEY"]);
+        assert_eq!(names("gemini"), ["PATH"]);
+    }
 
     #[test]
     fn binary_and_env_come_from_the_config() {

@@ -5,8 +5,9 @@
 use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
 
 /// The complete lines of a session file from byte `start`, reading at most `limit` bytes
-/// (blocking: call off the runtime). The line `start` falls into and a line cut by the limit
-/// are left out; `true` when the limit cut the file short.
+/// (blocking: call off the runtime). A line `start` falls inside of (one that does not begin
+/// at `start`) and a line cut by the limit are left out; `true` when the limit cut the file
+/// short.
 pub fn read_file_lines(
     file: &std::path::Path,
     start: u64,
@@ -15,7 +16,12 @@ pub fn read_file_lines(
     use std::io::{BufRead, Read, Seek};
     let mut f = std::fs::File::open(file)?;
     let len = f.metadata()?.len();
+    // Whether `start` is inside a line: the byte before it is not a newline.
+    let mut inside = false;
     if start > 0 {
+        f.seek(std::io::SeekFrom::Start(start - 1))?;
+        let mut before = [0u8; 1];
+        inside = f.read(&mut before)? == 1 && before[0] != b'\n';
         f.seek(std::io::SeekFrom::Start(start))?;
     }
     let cut = len.saturating_sub(start) > limit;
@@ -28,7 +34,7 @@ pub fn read_file_lines(
             break;
         }
         let whole = line.last() == Some(&b'\n');
-        let skip = (first && start > 0) || (!whole && cut);
+        let skip = (first && inside) || (!whole && cut);
         first = false;
         if !skip {
             lines.push(line);
@@ -134,6 +140,30 @@ mod tests {
             out.push(line);
         }
         out
+    }
+
+    /// A start at a line's beginning keeps that line; a start inside one skips to the next;
+    /// a limit that cuts a line leaves it out and says so.
+    #[test]
+    fn file_lines_from_a_start_keep_the_line_that_begins_there() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("s.jsonl");
+        std::fs::write(&file, b"one\ntwo\nthree\n").unwrap();
+        let read = |start, limit| read_file_lines(&file, start, limit).unwrap();
+        assert_eq!(
+            read(0, 100),
+            (
+                vec![b"one\n".to_vec(), b"two\n".to_vec(), b"three\n".to_vec()],
+                false
+            )
+        );
+        assert_eq!(
+            read(4, 100),
+            (vec![b"two\n".to_vec(), b"three\n".to_vec()], false)
+        );
+        assert_eq!(read(5, 100), (vec![b"three\n".to_vec()], false));
+        assert_eq!(read(0, 6), (vec![b"one\n".to_vec()], true));
+        assert_eq!(read(14, 100), (vec![], false));
     }
 
     #[tokio::test]

@@ -15,6 +15,7 @@ pub mod categories;
 pub mod claude;
 pub mod claude_process;
 pub mod codex;
+pub mod codex_native;
 pub mod codex_process;
 pub mod families;
 pub mod family;
@@ -349,5 +350,24 @@ mod tests {
         for name in family::protocol_names() {
             assert!(family::family_of_protocol(name).is_some(), "{name}");
         }
+    }
+
+    /// `agent.list` offers a permission mode only to a family that asks (`ask` always, then),
+    /// and a family that never asks (it declares a policy instead) none: an explicit `ask` is
+    /// refused for it.
+    #[test]
+    fn only_a_family_that_asks_lists_permission_modes() {
+        use crate::protocol::options::PermissionMode;
+        for f in family::FAMILIES {
+            let d = f.descriptor();
+            let modes = d.capabilities.options.permission_modes;
+            if d.capabilities.permissions {
+                assert!(modes.contains(&PermissionMode::Ask), "{}", d.agent_type);
+            } else {
+                assert!(modes.is_empty(), "{}: {modes:?}", d.agent_type);
+                assert!(d.permission_policy.is_some(), "{}", d.agent_type);
+            }
+        }
+        assert!(Capabilities::NONE.options.permission_modes.is_empty());
     }
 }

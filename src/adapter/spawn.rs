@@ -105,8 +105,22 @@ const BLOCKED: &[&str] = &[
     "AGENTHOST_SPAWN_ID",
 ];
 
-/// Whether a variable of the host's environment passes to agents.
+/// Whether a variable of the host's environment passes to agents: the common list, or a
+/// prefix some family declares as its own ([`AgentFamily::own_env`]; `launch::scoped_env`
+/// keeps it from the other families).
+///
+/// [`AgentFamily::own_env`]: super::family::AgentFamily::own_env
 pub fn passes(name: &str) -> bool {
+    !BLOCKED.contains(&name)
+        && (PASS_EXACT.contains(&name)
+            || PASS_PREFIX.iter().any(|p| name.starts_with(p))
+            || super::family::FAMILIES
+                .iter()
+                .any(|f| f.own_env().iter().any(|p| name.starts_with(p))))
+}
+
+/// Whether `name` is passed by the common list alone (no family's own prefix needed).
+pub fn passes_to_all(name: &str) -> bool {
     !BLOCKED.contains(&name)
         && (PASS_EXACT.contains(&name) || PASS_PREFIX.iter().any(|p| name.starts_with(p)))
 }

@@ -84,6 +84,15 @@ const RING_EVENTS: usize = 16 * 1024;
 const RING_BYTES: usize = 16 * 1024 * 1024;
 /// The most brackets one catch-up answer carries.
 const CATCH_UP_MAX: usize = 4096;
+/// The hub yields to the runtime after fanning out this many events of a batch, so that the
+/// tasks draining the subscriber queues (a connection's writer) run in between. A batch holds
+/// up to 4096 events, four times a queue: fanned out in one poll, a burst of deltas filled the
+/// queue of a subscriber that reads at once and dropped the rest (on a 2-worker runtime the
+/// reader often shares the hub's worker and cannot run at all meanwhile). Slices well under the
+/// queue's bound let every ready reader keep up, and pace the hub — and through the ingest
+/// queue the publisher — to the readers; one that does not read still only loses its own
+/// deltas, as the hub never waits for a queue.
+const FAN_OUT_SLICE: usize = 64;
 
 /// A new slot: its id and its dropped-delta counter, shared with the subscription.
 pub(super) struct Registered {
@@ -443,7 +452,11 @@ impl Hub {
             }
         };
         let mut gone = Vec::new();
-        for p in batch {
+        for (n, p) in batch.into_iter().enumerate() {
+            if n > 0 && n % FAN_OUT_SLICE == 0 {
+                // Let the tasks that drain the queues run (see `FAN_OUT_SLICE`).
+                tokio::task::yield_now().await;
+            }
             if let Some(BlockOp::Forget) = p.block {
                 // A deleted session: its blocks and every slot's progress on them go; nothing
                 // is delivered.
@@ -992,6 +1005,39 @@ mod tests {
         assert_eq!(shown(&tail)[0].2, "ij");
         got.extend(tail);
         assert_eq!(streamed(&got, "i"), "abcdefghij");
+    }
+
+    /// A subscriber that reads as it is fed loses nothing of a burst of deltas several times
+    /// its queue, sent as one batch: the hub lets it run between slices of the batch. (On
+    /// this single-threaded test runtime, a hub fanning the batch out in one poll would run
+    /// the reader only after it, dropping all but the queue's worth.)
+    #[tokio::test]
+    async fn a_reading_subscriber_drops_nothing_of_a_burst() {
+        let (hub, rx) = mpsc::channel(16);
+        let task = tokio::spawn(run(rx, 0));
+        let mut next = 1;
+        let (slot, mut queue) = register(&hub, 2 * FAN_OUT_SLICE).await;
+        live(catch_up(&hub, slot, 0).await);
+        let burst = 32 * FAN_OUT_SLICE;
+        let reader = tokio::spawn(async move {
+            let (mut deltas, mut brackets) = (0, 0);
+            while let Some(item) = queue.recv().await {
+                match item {
+                    QueueItem::Event(d) if d.is_delta => deltas += 1,
+                    QueueItem::Event(_) => brackets += 1,
+                    QueueItem::Lagged => panic!("lagged"),
+                }
+            }
+            (deltas, brackets)
+        });
+        let mut events = vec![start("i")];
+        events.extend((0..burst).map(|_| piece("i", "x")));
+        events.push(other_bracket());
+        hub.send(batch(events, &mut next)).await.unwrap();
+        hub.send(HubCmd::IngestClosed).await.unwrap();
+        task.await.unwrap();
+        // The hub is gone, so is the queue's sender: the reader ends.
+        assert_eq!(reader.await.unwrap(), (burst, 2));
     }
 
     /// Past its bound a block is not sent to a joiner (it relies on the end bracket), nor its

@@ -18,7 +18,10 @@
 //! - **Overload policy.** `publish` awaits queue room (back-pressure on the agent); brackets are
 //!   never dropped. A subscriber queue holds 1024 events: when full, deltas for it are dropped
 //!   and counted; a bracket that does not fit sends the subscriber to catch up from SQLite (see
-//!   [`subscription`]) and it rejoins live with no gap and no duplicate.
+//!   [`subscription`]) and it rejoins live with no gap and no duplicate. The hub yields to the
+//!   runtime every 64 events of a batch, so a subscriber that reads as it is fed keeps up with
+//!   a burst larger than its queue, and the hub (hence the publisher, through the ingest queue)
+//!   goes at the pace of the readers that keep up; it never waits for one that does not.
 //! - **Built once.** The canonical JSON of an event is serialized once in `publish`, stored as
 //!   is, and shared by every subscriber as one `Arc<Delivery>`.
 //! - **Late joiners see the block so far.** The hub keeps, in memory only, the content so far

@@ -9,6 +9,8 @@
 //!   backlog), and at most [`MAX_IN_FLIGHT`] requests are being handled: a connection takes a
 //!   handling slot only once its whole request line has arrived, so clients that connect and
 //!   say nothing (or trickle bytes) cannot keep a real request waiting. Each is timed out.
+//! - The client side is [`request`] (async) and [`request_blocking`] (no runtime: a one-shot CLI
+//!   command asks one thing and exits).
 //! - `interprocess` is imported here only.
 
 use std::io;
@@ -252,6 +254,85 @@ pub async fn request(path: &Path, envelope: &Value, timeout: Duration) -> Result
         .map_err(|_| IpcError::Timeout(timeout))?
 }
 
+/// Client side without a runtime: [`request`]'s exchange over a blocking socket, for a one-shot
+/// CLI command (one request line, one reply line, exit), which then needs no tokio runtime.
+/// The connect is non-blocking as [`request`]'s is (a full backlog is refused at once, not
+/// waited on), and `timeout` bounds the whole exchange after it.
+pub fn request_blocking(
+    path: &Path,
+    envelope: &Value,
+    timeout: Duration,
+) -> Result<Reply, IpcError> {
+    use interprocess::ConnectWaitMode;
+    use interprocess::local_socket::ConnectOptions;
+    use interprocess::os::unix::uds_local_socket::Stream as UdStream;
+    use std::io::{BufRead, Write};
+
+    let connect_err = |source| IpcError::Connect {
+        path: path.display().to_string(),
+        source,
+    };
+    let name = path.to_fs_name::<GenericFilePath>().map_err(connect_err)?;
+    let stream = ConnectOptions::new()
+        .name(name)
+        .wait_mode(ConnectWaitMode::Timeout(timeout))
+        .connect_sync_as::<UdStream>()
+        .map_err(connect_err)?;
+    let mut deadline = Deadline {
+        stream: stream.inner(),
+        until: std::time::Instant::now() + timeout,
+    };
+    let timed_out = |e: io::Error| match e.kind() {
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => IpcError::Timeout(timeout),
+        _ => IpcError::Io(e),
+    };
+    let mut line =
+        serde_json::to_string(envelope).map_err(|e| IpcError::BadReply(e.to_string()))?;
+    line.push('\n');
+    deadline.write_all(line.as_bytes()).map_err(timed_out)?;
+    let mut reader = io::BufReader::new(io::Read::take(deadline, 64 * 1024 * 1024));
+    let mut reply = String::new();
+    reader.read_line(&mut reply).map_err(timed_out)?;
+    serde_json::from_str::<Reply>(reply.trim_end()).map_err(|e| IpcError::BadReply(e.to_string()))
+}
+
+/// A blocking socket whose every read and write is bounded by what is left until `until`.
+struct Deadline<'s> {
+    stream: &'s std::os::unix::net::UnixStream,
+    until: std::time::Instant,
+}
+
+impl Deadline<'_> {
+    /// The time left, or `TimedOut` once it is spent (a zero timeout would mean "none").
+    fn left(&self) -> io::Result<Option<Duration>> {
+        let left = self
+            .until
+            .saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() {
+            return Err(io::ErrorKind::TimedOut.into());
+        }
+        Ok(Some(left))
+    }
+}
+
+impl io::Read for Deadline<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.stream.set_read_timeout(self.left()?)?;
+        io::Read::read(&mut self.stream, buf)
+    }
+}
+
+impl io::Write for Deadline<'_> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.stream.set_write_timeout(self.left()?)?;
+        io::Write::write(&mut self.stream, buf)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -259,6 +340,36 @@ mod tests {
     use crate::instance::LockInfo;
     use crate::session::SessionManager;
     use crate::store::Store;
+
+    /// The runtime-free client: one line out, one reply in; a host that never answers is a
+    /// timeout (bounded by the deadline), and no socket is "no host".
+    #[test]
+    fn the_blocking_client_exchanges_one_line_and_keeps_its_deadline() {
+        use std::io::{BufRead, Write};
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("host.sock");
+        let envelope = serde_json::json!({"command": "host.status"});
+        let err = request_blocking(&path, &envelope, Duration::from_secs(1)).unwrap_err();
+        assert!(matches!(err, IpcError::Connect { .. }), "{err}");
+
+        let listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
+        let server = std::thread::spawn(move || {
+            let (stream, _) = listener.accept().unwrap();
+            let mut line = String::new();
+            std::io::BufReader::new(&stream)
+                .read_line(&mut line)
+                .unwrap();
+            let reply = Reply::ok(serde_json::json!({"echo": line.trim_end()}));
+            writeln!(&stream, "{}", reply.to_line()).unwrap();
+            // The next client is accepted by the kernel and never answered.
+            listener
+        });
+        let reply = request_blocking(&path, &envelope, Duration::from_secs(5)).unwrap();
+        assert_eq!(reply.data["echo"], serde_json::json!(envelope.to_string()));
+        let _listener = server.join().unwrap();
+        let err = request_blocking(&path, &envelope, Duration::from_millis(100)).unwrap_err();
+        assert!(matches!(err, IpcError::Timeout(_)), "{err}");
+    }
 
     #[tokio::test(start_paused = true)]
     async fn a_silent_client_times_out_without_real_waiting() {

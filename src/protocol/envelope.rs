@@ -427,7 +427,7 @@ pub const COMMANDS: &[CommandSpec] = &[
         name: "host.status",
         route: Route::Hybrid,
         params: "{}",
-        summary: "{running, pid, version, ipc_path, ws_port, started_at, sessions, store: {state, error, since}}",
+        summary: "{running, pid, version, ipc_path, ws_port, started_at, sessions, store: {state, error, since}, limits: {open_files: {soft, hard}}}",
         wire: true,
     },
     CommandSpec {

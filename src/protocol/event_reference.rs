@@ -218,6 +218,17 @@ pub const WARNING_CODES: &[(&str, &str)] = &[
          waits at the head of the queue and runs next. It carries the queued prompt's `runId`.",
     ),
     (
+        "steer_not_taken",
+        "The agent refused (or never got) a `session.steer` whose `user.text` (`steer: true`) \
+         is already in the running run, committed before the agent was given it: that text \
+         was not part of the turn. It carries that run's `runId` (none once the run has \
+         ended; its `message` names the run). The text then runs as a prompt of its own: a \
+         `warning` `steer_unsupported` and a `queue.changed` `steered` follow (a plain send \
+         when no turn runs any more). If the store cannot commit this warning, the steer is \
+         refused `store_unavailable` (nothing is queued) and the warning is published first \
+         once the store commits again.",
+    ),
+    (
         "steer_result_unknown",
         "A `session.steer` was handed to the agent but no answer said whether it took the text          (the agent did not answer in time, or the turn ended first): it may or may not have          reached the running turn, and it was not queued, so it never runs twice. It carries the          running run's `runId`; the command's answer is `result_delivery_unknown`.",
     ),
@@ -345,8 +356,9 @@ pub const EVENTS: &[EventDoc] = &[
                `warning`s published about it while it waited (once per prompt: a dispatch the \
                store cut short after it is not announced again). A prompt dropped or cancelled \
                while queued has a \
-               `warning` instead. A steer the agent took (`session.steer`) is a `user.text` with \
-               `steer` inside the running run. At `session.import`, each prompt of the agent's \
+               `warning` instead. A steer given to the running turn (`session.steer`) is a \
+               `user.text` with `steer` inside the running run, committed before the agent gets \
+               it; if the agent does not take it, a `warning` `steer_not_taken` follows. At `session.import`, each prompt of the agent's \
                earlier conversation is a `user.text` with `imported` and no `runId`, before \
                anything else in the session.",
         fields: &[
@@ -363,8 +375,11 @@ pub const EVENTS: &[EventDoc] = &[
             opt(
                 "steer",
                 JsonType::Boolean,
-                "`true`: a `session.steer` the agent took into this run's turn while it ran \
-                 (the run's own prompt came before it); absent otherwise.",
+                "`true`: a `session.steer` given to this run's turn while it ran (the run's own \
+                 prompt came before it); the turn took it unless a `warning` `steer_not_taken` \
+                 follows: in the run, or, when the run ended before the agent's answer came, \
+                 with no `runId`, its `message` naming the run (one the store could not commit \
+                 at once is published first when it commits again); absent otherwise.",
             ),
             opt(
                 "from",

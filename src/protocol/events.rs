@@ -953,6 +953,84 @@ mod tests {
         assert!(user.truncated_to(5 * max, max).is_none());
     }
 
+    /// A `thinking.end` over the limit is cut as a `text.end` is: still a `thinking.end`,
+    /// fitting, with its item id, the start of the text, and the full and kept sizes. (A
+    /// small limit: the arithmetic is the same as at 4 MiB, at a fraction of the time.)
+    #[test]
+    fn a_thinking_end_over_the_limit_is_cut_to_fit_and_stays_a_thinking_end() {
+        let max = 64 * 1024;
+        for filler in ["t", "\u{1b}", "思"] {
+            let text = filler.repeat(80 * 1024 / filler.len());
+            let body = EventBody::ThinkingEnd(BlockEnd {
+                item_id: Some("th-1".into()),
+                text: text.clone(),
+                truncated: None,
+                imported: false,
+            });
+            let size = serde_json::to_string(&body).unwrap().len();
+            assert!(size > max);
+            let cut = body.truncated_to(size, max).unwrap();
+            assert!(
+                serde_json::to_string(&cut).unwrap().len() < max,
+                "{filler:?}"
+            );
+            let EventBody::ThinkingEnd(cut) = cut else {
+                panic!("{filler:?}: not a thinking.end: {}", cut.kind());
+            };
+            assert_eq!(cut.item_id.as_deref(), Some("th-1"));
+            let t = cut.truncated.unwrap();
+            assert_eq!(t.full_bytes, text.len() as u64);
+            assert_eq!(t.kept_bytes, cut.text.len() as u64);
+            assert!(text.starts_with(&cut.text), "{filler:?}");
+            // Most of what fits is kept (not a token start).
+            assert!(
+                cut.text.len() > max / 12,
+                "{filler:?}: kept {}",
+                cut.text.len()
+            );
+        }
+    }
+
+    /// A `tool.exec.end` over the limit keeps its call, its error flag and exit code, and the
+    /// start of its output, marked `truncated`; it fits (a small limit, as above).
+    #[test]
+    fn a_tool_exec_end_over_the_limit_is_cut_to_fit_and_keeps_its_outcome() {
+        let max = 64 * 1024;
+        for filler in ["o", "\n", "é"] {
+            let output = filler.repeat(80 * 1024 / filler.len());
+            let body = EventBody::ToolExecEnd(ToolExecEnd {
+                call_id: "call-9".into(),
+                output: output.clone(),
+                is_error: true,
+                exit_code: Some(2),
+                truncated: None,
+            });
+            let size = serde_json::to_string(&body).unwrap().len();
+            assert!(size > max);
+            let cut = body.truncated_to(size, max).unwrap();
+            assert!(
+                serde_json::to_string(&cut).unwrap().len() < max,
+                "{filler:?}"
+            );
+            let EventBody::ToolExecEnd(cut) = cut else {
+                panic!("{filler:?}: not a tool.exec.end: {}", cut.kind());
+            };
+            assert_eq!(
+                (cut.call_id.as_str(), cut.is_error, cut.exit_code),
+                ("call-9", true, Some(2))
+            );
+            let t = cut.truncated.unwrap();
+            assert_eq!(t.full_bytes, output.len() as u64);
+            assert_eq!(t.kept_bytes, cut.output.len() as u64);
+            assert!(output.starts_with(&cut.output), "{filler:?}");
+            assert!(
+                cut.output.len() > max / 12,
+                "{filler:?}: kept {}",
+                cut.output.len()
+            );
+        }
+    }
+
     use super::*;
     use serde_json::json;
 

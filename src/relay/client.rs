@@ -279,13 +279,22 @@ fn request_of(
     Ok(request)
 }
 
+/// The relay connection's read and write buffers (it carries every session's events, so
+/// larger than one loopback subscriber's).
+const RELAY_READ_BUFFER_BYTES: usize = 16 * 1024;
+const RELAY_WRITE_BUFFER_BYTES: usize = 64 * 1024;
+
 /// Dial the relay: check the URL, make sure of the subscriber row, connect within the timeout.
 async fn dial(subscribers: &Subscribers, cfg: &RelayConfig) -> Result<RelayWs, DialError> {
     let request = request_of(cfg)?;
     ensure_subscriber(subscribers).await?;
+    // Small per-connection buffers (tungstenite's 128 KiB read buffer is zero-filled before
+    // every read and kept for the connection's life); a larger frame still arrives whole.
     let config = WebSocketConfig::default()
         .max_message_size(Some(MAX_FRAME_BYTES))
-        .max_frame_size(Some(MAX_FRAME_BYTES));
+        .max_frame_size(Some(MAX_FRAME_BYTES))
+        .read_buffer_size(RELAY_READ_BUFFER_BYTES)
+        .write_buffer_size(RELAY_WRITE_BUFFER_BYTES);
     let connect =
         tokio_tungstenite::connect_async_tls_with_config(request, Some(config), true, None);
     let timeout = cfg.timing.connect_timeout_ms;

@@ -220,6 +220,7 @@ impl Handler {
                 let sessions = self.sessions.count().await.map_err(session_error)?;
                 let mut status = status_json(&self.info, Some(sessions));
                 status["store"] = json!(self.sessions.store_health());
+                status["limits"] = json!(crate::limits::current());
                 if let Some(relay) = self.relay.get() {
                     status["relay"] = relay.status();
                 }

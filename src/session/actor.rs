@@ -13,12 +13,14 @@
 //!   published as one `queue.changed` bracket with the whole queue. A host that stops keeps its
 //!   queued prompts queued; the next one gives them back to the session's actor at its start
 //!   (`restored`), and they run in order.
-//! - `steer`: text for the running turn goes to the agent when its family can take it
-//!   ([`Capabilities::steer`](super::agent::Capabilities)) and is then published as a
-//!   `user.text` with `steer` in the running run; otherwise (or when the agent refuses it or
-//!   never got it) it queues at the head with a `warning` `steer_unsupported`: nothing claims
-//!   the turn took it. The answer is awaited as a branch of the actor's loop, never inside a
-//!   handler; an answer that never comes is `result_delivery_unknown`, not queued.
+//! - `steer`: text for the running turn is committed as a `user.text` with `steer` in the
+//!   running run and then goes to the agent, when its family can take it
+//!   ([`Capabilities::steer`](super::agent::Capabilities)); otherwise it queues at the head with
+//!   a `warning` `steer_unsupported`. An agent that refuses it (or never got it) has a
+//!   `warning` `steer_not_taken` follow its `user.text`, and the text queues at the head as
+//!   well: nothing is left claiming the turn took it. The answer is awaited as a branch of the
+//!   actor's loop, never inside a handler; an answer that never comes is
+//!   `result_delivery_unknown`, not queued.
 //! - the agent is opened lazily on the first dispatch: a resume of the native id the session
 //!   row holds (or a fork, when someone else wrote or holds it), else a new native session. A
 //!   resume the agent rejects is reported (`error` `resume_rejected` and a `warning`) and the
@@ -40,7 +42,8 @@
 //!   `running`, `run.end` before `idle`.
 //! - `activate` opens the agent without a prompt (the same open, ownership check and fork
 //!   decision as a first prompt), so the first prompt does not wait for the CLI to start.
-//! - nothing reaches the agent before its `user.text` and `run.start` are committed. When the
+//! - nothing reaches the agent before its `user.text` and `run.start` are committed (a steer:
+//!   its `user.text`), and no run row says `running` before its `run.start` is. When the
 //!   store cannot commit (its health turns `degraded`, or a write is refused), the running turn
 //!   is interrupted and nothing more of it is published; queued prompts wait. Once the store is
 //!   back, the cut run is closed with a committed `run.end` `interrupted` (only then does its

@@ -169,7 +169,7 @@ impl Capabilities {
         usage: false,
         process: ProcessModel::PerTurn,
         binding: false,
-        options: OptionCaps::NONE,
+        options: OptionCaps::NEVER_ASKS,
     };
 }
 
@@ -199,7 +199,9 @@ pub struct OptionCaps {
     pub mcp_stdio: Support,
     pub mcp_http: Support,
     pub mcp_sse: Support,
-    /// The permission modes it maps (`ask` is always one).
+    /// The permission modes it maps: `ask` is always one for a family that asks, and a family
+    /// that never asks ([`Capabilities::permissions`] `false`: it declares a policy instead)
+    /// lists none, so `agent.list` offers it no mode (an explicit `ask` is refused).
     pub permission_modes: &'static [PermissionMode],
     /// Image attachments.
     pub images: Support,
@@ -225,6 +227,12 @@ impl OptionCaps {
         images: Support::Absent,
         files: Support::Absent,
         system_prompt_on_fork: false,
+    };
+
+    /// A family that takes none of them and never asks before its tools: not even `ask`.
+    pub const NEVER_ASKS: OptionCaps = OptionCaps {
+        permission_modes: &[],
+        ..OptionCaps::NONE
     };
 }
 

@@ -897,9 +897,10 @@ impl SessionManager {
                     };
                     runnable.insert(sid.clone(), runs);
                 }
-                // A dispatch the host never finished (its row `running`, no `run.start`): the
-                // prompt never reached the agent, so it waits again, at the head (first among
-                // them if its `user.text` is in the log, see `stored_queue`).
+                // A dispatch the host never finished (its row `running`, no `run.start`: left
+                // by a host that wrote the row before the events; this one writes it after):
+                // the prompt never reached the agent, so it waits again, at the head (first
+                // among them if its `user.text` is in the log, see `stored_queue`).
                 if run.state == RunStatus::Running
                     && runnable.get(&sid) == Some(&true)
                     && self.store.requeue_run(run.run_id.clone()).await?

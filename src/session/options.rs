@@ -279,7 +279,9 @@ fn refused(options: &SessionOptions, caps: &OptionCaps) -> Option<(&'static str,
                 "this agent has no {:?} permission mode; it takes: {}",
                 mode.as_str(),
                 if modes.is_empty() {
-                    "ask".to_owned()
+                    "none (it never asks before its tools: see its permission_policy in \
+                     agent.list)"
+                        .to_owned()
                 } else {
                     modes.join(", ")
                 }
@@ -383,6 +385,22 @@ pub async fn check_supported(
 ) -> Result<(), SessionError> {
     if options.is_empty() {
         return Ok(());
+    }
+    // An agent that never asks (its family declares a policy instead, `agent.list`) cannot
+    // be asked to ask: running it would silently do what the user said not to.
+    if options.permission_mode == Some(PermissionMode::Ask)
+        && launcher.runs_turns(agent_type)
+        && !launcher.capabilities(agent_type).permissions
+    {
+        return Err(unsupported(
+            agent_type,
+            (
+                "permission_mode",
+                "this agent does not ask before running its tools (see its permission_policy \
+                 in agent.list); choose an agent that asks"
+                    .to_owned(),
+            ),
+        ));
     }
     let caps = resolved_caps(launcher, agent_type, options).await?;
     match refused(options, &caps) {
@@ -623,6 +641,8 @@ mod tests {
         /// What the agent says when asked (`None`: it cannot be asked).
         negotiated: Option<OptionCaps>,
         asked: std::sync::atomic::AtomicUsize,
+        /// Whether the agent asks before its tools (`Capabilities::permissions`).
+        asks: bool,
     }
 
     impl Described {
@@ -631,6 +651,7 @@ mod tests {
                 caps,
                 negotiated,
                 asked: Default::default(),
+                asks: true,
             }
         }
     }
@@ -643,6 +664,7 @@ mod tests {
         fn capabilities(&self, _agent_type: &str) -> Capabilities {
             Capabilities {
                 options: self.caps,
+                permissions: self.asks,
                 ..Capabilities::NONE
             }
         }
@@ -733,6 +755,29 @@ mod tests {
             ..Default::default()
         };
         check_supported(&none, "fam", &ask).await.unwrap();
+        // ... but one that never asks (it declares a policy instead) cannot be told to.
+        let never_asks = Described {
+            asks: false,
+            ..Described::new(ALL, None)
+        };
+        let (name, reason) = option_of(check_supported(&never_asks, "fam", &ask).await);
+        assert_eq!(name, "permission_mode");
+        assert!(reason.contains("does not ask"), "{reason}");
+        check_supported(&never_asks, "fam", &SessionOptions::default())
+            .await
+            .unwrap();
+        // It lists no mode, and a refusal of another says it takes none.
+        let lists_none = Described {
+            asks: false,
+            ..Described::new(OptionCaps::NEVER_ASKS, None)
+        };
+        let edits = SessionOptions {
+            permission_mode: Some(PermissionMode::AcceptEdits),
+            ..Default::default()
+        };
+        let (name, reason) = option_of(check_supported(&lists_none, "fam", &edits).await);
+        assert_eq!(name, "permission_mode");
+        assert!(reason.contains("it takes: none (it never asks"), "{reason}");
         let one = |f: fn(&mut SessionOptions)| {
             let mut o = SessionOptions::default();
             f(&mut o);

@@ -1,16 +1,21 @@
 //! The SQLite store: the only module that imports `rusqlite`.
 //!
-//! SQLite calls block, so they never run on a tokio worker. The store owns two OS threads,
-//! each with its own connection to the same WAL database:
+//! SQLite calls block, so they never run on a tokio worker. The store owns OS threads, each
+//! with its own connection to the same WAL database:
 //! - the **writer** takes every mutation in FIFO order. Bracket appends are group-committed:
 //!   whatever appends are queued when the writer wakes go into one transaction, and each
 //!   caller's reply carries the `sequence_id`s assigned to its rows after the commit.
-//! - the **reader** answers queries (history, catch-up pages, listings). WAL lets it read the
-//!   last committed state while the writer writes.
+//! - the **readers** answer queries. WAL lets each read the last committed state while the
+//!   writer writes and the other readers read. They serve two lanes, each a queue shared by its
+//!   own threads: [`READERS`] take the short reads (history pages, lookups, listings), and
+//!   [`REPLAY_READERS`] take catch-up pages, so one client's long catch-up never delays another
+//!   client's `session.history`, and however many catch-ups run they never take every reader.
+//! - the **checkpointer** copies the WAL back into the database off the commit path.
 //!
-//! Callers hold a cloneable [`Store`] handle. Both request queues are bounded, and a caller
-//! awaits room (back-pressure, never a drop). [`StoreThreads::shutdown`] lets both threads
-//! finish what is queued and joins them.
+//! Callers hold a cloneable [`Store`] handle. Every request queue is bounded, and a caller
+//! awaits room (back-pressure, never a drop). [`StoreThreads::shutdown`] lets every thread
+//! finish what is queued and joins them. Every SQL statement is in [`sql`], where a test holds
+//! each to an index.
 //!
 //! **Health.** A failed commit (a full disk, an I/O error) makes the store *degraded*: from
 //! then on every write is refused with [`StoreError::Unavailable`] without touching the
@@ -23,6 +28,7 @@
 mod runs;
 mod schema;
 mod sessions;
+mod sql;
 
 use std::fs::OpenOptions;
 use std::os::unix::fs::OpenOptionsExt;
@@ -183,13 +189,6 @@ impl SessionFilter {
             SessionFilter::One(id) => &**id == session_id,
         }
     }
-
-    fn as_param(&self) -> Option<&str> {
-        match self {
-            SessionFilter::All => None,
-            SessionFilter::One(id) => Some(id),
-        }
-    }
 }
 
 /// A `subscribers` row.
@@ -222,11 +221,6 @@ pub struct Page {
     pub snapshot_max: i64,
 }
 
-/// The largest `sequence_id` ever assigned: AUTOINCREMENT's own counter, which, unlike
-/// `max(sequence_id)`, does not go back when the newest rows are deleted with their session.
-const MAX_SEQ_SQL: &str =
-    "SELECT coalesce((SELECT seq FROM sqlite_sequence WHERE name = 'messages'), 0)";
-
 type Job = Box<dyn FnOnce(&mut Connection) + Send>;
 /// A write job gets the connection, or the reason the store takes no writes now, and a way
 /// to degrade the store, which it calls for a storage failure before it replies (whoever sees
@@ -250,14 +244,55 @@ enum WriteCmd {
 
 enum ReadCmd {
     Job(Job),
+    /// Finish what is queued before this, then exit (one reader of the lane).
     Stop,
+}
+
+/// Read connections (and threads) for short reads.
+const READERS: usize = 3;
+/// Read connections (and threads) for catch-up pages.
+const REPLAY_READERS: usize = 2;
+
+/// Which readers a query waits for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Lane {
+    /// History pages, lookups, listings: what a client waits on interactively.
+    Short,
+    /// Catch-up pages (`page_after`), which a replay of a long history asks for one after
+    /// another.
+    Replay,
+}
+
+impl Lane {
+    fn readers(self) -> usize {
+        match self {
+            Lane::Short => READERS,
+            Lane::Replay => REPLAY_READERS,
+        }
+    }
+}
+
+/// The two read lanes' queues.
+#[derive(Clone)]
+struct Readers {
+    short: mpsc::Sender<ReadCmd>,
+    replay: mpsc::Sender<ReadCmd>,
+}
+
+impl Readers {
+    fn lane(&self, lane: Lane) -> &mpsc::Sender<ReadCmd> {
+        match lane {
+            Lane::Short => &self.short,
+            Lane::Replay => &self.replay,
+        }
+    }
 }
 
 /// A cloneable handle to the store threads.
 #[derive(Clone)]
 pub struct Store {
     writer: mpsc::Sender<WriteCmd>,
-    reader: mpsc::Sender<ReadCmd>,
+    readers: Readers,
     health: tokio::sync::watch::Receiver<StoreHealth>,
 }
 
@@ -266,14 +301,19 @@ pub struct Store {
 pub struct StoreThreads {
     handles: Vec<JoinHandle<()>>,
     writer: mpsc::Sender<WriteCmd>,
-    reader: mpsc::Sender<ReadCmd>,
+    readers: Readers,
 }
 
 impl StoreThreads {
-    /// Let both threads finish what is queued, commit, close their connections and exit.
+    /// Let every thread finish what is queued, commit, close its connection and exit.
     pub async fn shutdown(self) {
         let _writer_gone = self.writer.send(WriteCmd::Stop).await;
-        let _reader_gone = self.reader.send(ReadCmd::Stop).await;
+        for lane in [Lane::Short, Lane::Replay] {
+            // One stop per reader of the lane: each takes one and exits.
+            for _ in 0..lane.readers() {
+                let _reader_gone = self.readers.lane(lane).send(ReadCmd::Stop).await;
+            }
+        }
         let handles = self.handles;
         let joined = tokio::task::spawn_blocking(move || {
             for handle in handles {
@@ -288,6 +328,9 @@ impl StoreThreads {
         }
     }
 }
+
+/// A reader connection's page cache (`PRAGMA cache_size`, negative: KiB).
+const READER_CACHE_KIB: i64 = -1024;
 
 fn open_connection(path: &Path) -> StoreResult<Connection> {
     let conn = Connection::open(path).map_err(|e| StoreError::Open {
@@ -348,13 +391,25 @@ impl Store {
                 Ok(())
             },
         ))?;
-        let read_conn = open_connection(path)?;
         let checkpoint_conn = open_connection(path)?;
         // An idle-time checkpoint waits this long for a reader at most, then tries later.
         checkpoint_conn.busy_timeout(Duration::from_millis(200))?;
+        // Every reader's connection is opened before any thread starts, so a failure here
+        // leaves no thread behind. Each keeps a small page cache: the OS caches the file, and
+        // five default caches (2 MiB each) would be most of an idle host's memory.
+        let open_readers = |lane: Lane| -> StoreResult<Vec<Connection>> {
+            (0..lane.readers())
+                .map(|_| {
+                    let conn = open_connection(path)?;
+                    conn.pragma_update(None, "cache_size", READER_CACHE_KIB)?;
+                    Ok(conn)
+                })
+                .collect()
+        };
+        let short_conns = open_readers(Lane::Short)?;
+        let replay_conns = open_readers(Lane::Replay)?;
 
         let (writer_tx, writer_rx) = mpsc::channel(QUEUE_DEPTH);
-        let (reader_tx, reader_rx) = mpsc::channel(QUEUE_DEPTH);
         let spawn_err = |e: std::io::Error| StoreError::Open {
             path: path.to_owned(),
             source: Box::new(e),
@@ -378,20 +433,36 @@ impl Store {
             .name("store-checkpoint".into())
             .spawn(move || checkpoint_loop(checkpoint_conn, pokes))
             .map_err(spawn_err)?;
-        let reader = std::thread::Builder::new()
-            .name("store-reader".into())
-            .spawn(move || reader_loop(read_conn, reader_rx))
-            .map_err(spawn_err)?;
+        let mut handles = vec![writer, checkpointer];
+        let mut spawn_lane =
+            |conns: Vec<Connection>, name: &str| -> StoreResult<mpsc::Sender<ReadCmd>> {
+                let (tx, rx) = mpsc::channel(QUEUE_DEPTH);
+                let queue = Arc::new(std::sync::Mutex::new(rx));
+                for (i, conn) in conns.into_iter().enumerate() {
+                    let queue = queue.clone();
+                    handles.push(
+                        std::thread::Builder::new()
+                            .name(format!("{name}-{i}"))
+                            .spawn(move || reader_loop(conn, &queue))
+                            .map_err(spawn_err)?,
+                    );
+                }
+                Ok(tx)
+            };
+        let readers = Readers {
+            short: spawn_lane(short_conns, "store-reader")?,
+            replay: spawn_lane(replay_conns, "store-replay")?,
+        };
         Ok((
             Store {
                 writer: writer_tx.clone(),
-                reader: reader_tx.clone(),
+                readers: readers.clone(),
                 health,
             },
             StoreThreads {
-                handles: vec![writer, reader, checkpointer],
+                handles,
                 writer: writer_tx,
-                reader: reader_tx,
+                readers,
             },
         ))
     }
@@ -456,7 +527,7 @@ impl Store {
         Ok(rx)
     }
 
-    /// Run a query on the reader thread.
+    /// Run a query on a reader of the short lane.
     pub async fn read<T, F>(&self, f: F) -> StoreResult<T>
     where
         T: Send + 'static,
@@ -475,11 +546,25 @@ impl Store {
         T: Send + 'static,
         F: FnOnce(&mut Connection) -> StoreResult<T> + Send + 'static,
     {
+        self.read_on(Lane::Short, f).await
+    }
+
+    /// Queue a query for a reader of `lane`.
+    async fn read_on<T, F>(
+        &self,
+        lane: Lane,
+        f: F,
+    ) -> StoreResult<oneshot::Receiver<StoreResult<T>>>
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut Connection) -> StoreResult<T> + Send + 'static,
+    {
         let (tx, rx) = oneshot::channel();
         let job: Job = Box::new(move |conn| {
             let _ignored = tx.send(f(conn));
         });
-        self.reader
+        self.readers
+            .lane(lane)
             .send(ReadCmd::Job(job))
             .await
             .map_err(|_| StoreError::Closed)?;
@@ -491,9 +576,7 @@ impl Store {
     pub async fn insert_session(&self, row: SessionRow) -> StoreResult<()> {
         self.write(move |conn| {
             conn.execute(
-                "INSERT INTO sessions (id, agent_type, native_session_id, cwd, parent_session_id, \
-                 title, state, created_at, updated_at, config, last_activity_at) \
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
+                sql::INSERT_SESSION,
                 params![
                     row.session_id,
                     row.agent_type,
@@ -510,7 +593,7 @@ impl Store {
             )?;
             // Events committed before the row existed (an import's history) touched no list
             // columns: they are read from the session's newest events (an index range).
-            conn.execute(INSERTED_LIST_COLUMNS_SQL, [&row.session_id])?;
+            conn.execute(sql::INSERTED_LIST_COLUMNS, [&row.session_id])?;
             Ok(())
         })
         .await
@@ -520,21 +603,16 @@ impl Store {
     pub async fn delete_session(&self, session_id: String) -> StoreResult<bool> {
         self.write(move |conn| {
             let tx = conn.transaction()?;
-            let n = tx.execute("DELETE FROM sessions WHERE id = ?1", [&session_id])?;
-            tx.execute("DELETE FROM messages WHERE session_id = ?1", [&session_id])?;
-            tx.execute("DELETE FROM runs WHERE session_id = ?1", [&session_id])?;
-            tx.execute(
-                "DELETE FROM permissions WHERE session_id = ?1",
-                [&session_id],
-            )?;
-            tx.execute(
-                "DELETE FROM permission_rules WHERE session_id = ?1",
-                [&session_id],
-            )?;
-            tx.execute(
-                "DELETE FROM session_baselines WHERE session_id = ?1",
-                [&session_id],
-            )?;
+            let n = tx.execute(sql::DELETE_SESSION, [&session_id])?;
+            for rows in [
+                sql::DELETE_SESSION_MESSAGES,
+                sql::DELETE_SESSION_RUNS,
+                sql::DELETE_SESSION_PERMISSIONS,
+                sql::DELETE_SESSION_RULES,
+                sql::DELETE_SESSION_BASELINE,
+            ] {
+                tx.execute(rows, [&session_id])?;
+            }
             tx.commit()?;
             Ok(n > 0)
         })
@@ -544,7 +622,7 @@ impl Store {
     pub async fn get_session(&self, session_id: String) -> StoreResult<Option<SessionRow>> {
         self.read(move |conn| {
             let row = conn
-                .prepare_cached(&format!("{SESSION_SELECT} WHERE id = ?1"))?
+                .prepare_cached(sql::GET_SESSION)?
                 .query_row([&session_id], session_from_row)
                 .optional()?;
             Ok(row)
@@ -554,9 +632,7 @@ impl Store {
 
     pub async fn list_sessions(&self) -> StoreResult<Vec<SessionRow>> {
         self.read(|conn| {
-            let mut stmt = conn.prepare_cached(&format!(
-                "{SESSION_SELECT} ORDER BY created_at DESC, id DESC"
-            ))?;
+            let mut stmt = conn.prepare_cached(sql::LIST_SESSIONS)?;
             let rows = stmt
                 .query_map([], session_from_row)?
                 .collect::<Result<Vec<_>, _>>()?;
@@ -566,7 +642,7 @@ impl Store {
     }
 
     pub async fn count_sessions(&self) -> StoreResult<i64> {
-        self.read(|conn| Ok(conn.query_row("SELECT count(*) FROM sessions", [], |r| r.get(0))?))
+        self.read(|conn| Ok(conn.query_row(sql::COUNT_SESSIONS, [], |r| r.get(0))?))
             .await
     }
 
@@ -580,7 +656,7 @@ impl Store {
         limit: u32,
     ) -> StoreResult<Vec<StoredEvent>> {
         self.read(move |conn| {
-            let mut stmt = conn.prepare_cached(&format!("{EVENT_SELECT} {HISTORY_AFTER_WHERE}"))?;
+            let mut stmt = conn.prepare_cached(sql::HISTORY_AFTER)?;
             let rows = stmt
                 .query_map(params![session_id, after_seq, limit], event_from_row)?
                 .collect::<Result<Vec<_>, _>>()?;
@@ -599,8 +675,7 @@ impl Store {
         limit: u32,
     ) -> StoreResult<Vec<StoredEvent>> {
         self.read(move |conn| {
-            let mut stmt =
-                conn.prepare_cached(&format!("{EVENT_SELECT} {HISTORY_BEFORE_WHERE}"))?;
+            let mut stmt = conn.prepare_cached(sql::HISTORY_BEFORE)?;
             let mut rows = stmt
                 .query_map(params![session_id, before_seq, limit], event_from_row)?
                 .collect::<Result<Vec<_>, _>>()?;
@@ -627,6 +702,7 @@ impl Store {
     }
 
     /// [`Store::page_after`], returning the receiver of the page (see [`Store::read_start`]).
+    /// Catch-up pages have readers of their own ([`Lane::Replay`]).
     pub async fn page_after_start(
         &self,
         filter: SessionFilter,
@@ -634,21 +710,24 @@ impl Store {
         up_to: Option<i64>,
         limit: u32,
     ) -> StoreResult<oneshot::Receiver<StoreResult<Page>>> {
-        self.read_start(move |conn| {
+        self.read_on(Lane::Replay, move |conn| {
             let tx = conn.transaction()?;
-            let events = {
-                let mut stmt = tx.prepare_cached(&format!(
-                    "{EVENT_SELECT} WHERE (?1 IS NULL OR session_id = ?1) AND sequence_id > ?2 \
-                     AND sequence_id <= ?3 ORDER BY sequence_id LIMIT ?4"
-                ))?;
-                let up_to = up_to.unwrap_or(i64::MAX);
-                stmt.query_map(
-                    params![filter.as_param(), after_seq, up_to, limit],
-                    event_from_row,
-                )?
-                .collect::<Result<Vec<_>, _>>()?
+            let up_to = up_to.unwrap_or(i64::MAX);
+            // Two statements, so a session's page is a range of its index.
+            let events = match &filter {
+                SessionFilter::One(session_id) => tx
+                    .prepare_cached(sql::PAGE_AFTER_ONE)?
+                    .query_map(
+                        params![&**session_id, after_seq, up_to, limit],
+                        event_from_row,
+                    )?
+                    .collect::<Result<Vec<_>, _>>()?,
+                SessionFilter::All => tx
+                    .prepare_cached(sql::PAGE_AFTER_ALL)?
+                    .query_map(params![after_seq, up_to, limit], event_from_row)?
+                    .collect::<Result<Vec<_>, _>>()?,
             };
-            let snapshot_max: i64 = tx.query_row(MAX_SEQ_SQL, [], |r| r.get(0))?;
+            let snapshot_max: i64 = tx.query_row(sql::MAX_SEQ, [], |r| r.get(0))?;
             tx.commit()?;
             Ok(Page {
                 events,
@@ -661,13 +740,15 @@ impl Store {
     /// The cursor from which the newest `count` brackets matching `filter` follow.
     pub async fn cursor_before_last(&self, filter: SessionFilter, count: u32) -> StoreResult<i64> {
         self.read(move |conn| {
-            let nth: Option<i64> = conn
-                .prepare_cached(
-                    "SELECT sequence_id FROM messages WHERE (?1 IS NULL OR session_id = ?1) \
-                     ORDER BY sequence_id DESC LIMIT 1 OFFSET ?2",
-                )?
-                .query_row(params![filter.as_param(), count], |r| r.get(0))
-                .optional()?;
+            let nth: Option<i64> = match &filter {
+                SessionFilter::One(session_id) => conn
+                    .prepare_cached(sql::CURSOR_BEFORE_LAST_ONE)?
+                    .query_row(params![&**session_id, count], |r| r.get(0)),
+                SessionFilter::All => conn
+                    .prepare_cached(sql::CURSOR_BEFORE_LAST_ALL)?
+                    .query_row(params![count], |r| r.get(0)),
+            }
+            .optional()?;
             Ok(nth.unwrap_or(0))
         })
         .await
@@ -675,17 +756,14 @@ impl Store {
 
     /// The largest committed `sequence_id`, 0 for an empty store.
     pub async fn max_sequence_id(&self) -> StoreResult<i64> {
-        self.read(|conn| Ok(conn.query_row(MAX_SEQ_SQL, [], |r| r.get(0))?))
+        self.read(|conn| Ok(conn.query_row(sql::MAX_SEQ, [], |r| r.get(0))?))
             .await
     }
 
     /// A session's runs, oldest first.
     pub async fn list_runs(&self, session_id: String) -> StoreResult<Vec<RunRow>> {
         self.read(move |conn| {
-            let mut stmt = conn.prepare_cached(&format!(
-                "{} WHERE session_id = ?1 ORDER BY created_at, id",
-                runs::RUN_SELECT
-            ))?;
+            let mut stmt = conn.prepare_cached(sql::LIST_RUNS)?;
             let rows = stmt
                 .query_map([&session_id], runs::run_from_row)?
                 .collect::<Result<Vec<_>, _>>()?;
@@ -699,9 +777,7 @@ impl Store {
     pub async fn insert_subscriber(&self, row: SubscriberRow) -> StoreResult<()> {
         self.write(move |conn| {
             conn.execute(
-                "INSERT INTO subscribers (id, type, session_id, forward_deltas, replay_mode, \
-                 max_count, most_recent_sequence_id, deltas_dropped, created_at, updated_at, \
-                 scope, client) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
+                sql::INSERT_SUBSCRIBER,
                 params![
                     row.subscriber_id,
                     row.kind,
@@ -725,7 +801,7 @@ impl Store {
     pub async fn get_subscriber(&self, id: String) -> StoreResult<Option<SubscriberRow>> {
         self.read(move |conn| {
             Ok(conn
-                .prepare_cached(&format!("{SUBSCRIBER_SELECT} WHERE id = ?1"))?
+                .prepare_cached(sql::GET_SUBSCRIBER)?
                 .query_row([&id], subscriber_from_row)
                 .optional()?)
         })
@@ -734,8 +810,7 @@ impl Store {
 
     pub async fn list_subscribers(&self) -> StoreResult<Vec<SubscriberRow>> {
         self.read(|conn| {
-            let mut stmt =
-                conn.prepare_cached(&format!("{SUBSCRIBER_SELECT} ORDER BY created_at"))?;
+            let mut stmt = conn.prepare_cached(sql::LIST_SUBSCRIBERS)?;
             let rows = stmt
                 .query_map([], subscriber_from_row)?
                 .collect::<Result<Vec<_>, _>>()?;
@@ -748,19 +823,14 @@ impl Store {
     /// subscriber.
     pub async fn set_subscriber_scope(&self, id: String, scope: String) -> StoreResult<bool> {
         self.write(move |conn| {
-            Ok(conn.execute(
-                "UPDATE subscribers SET scope = ?2, updated_at = ?3 WHERE id = ?1",
-                params![id, scope, now_ms()],
-            )? > 0)
+            Ok(conn.execute(sql::SET_SUBSCRIBER_SCOPE, params![id, scope, now_ms()])? > 0)
         })
         .await
     }
 
     pub async fn delete_subscriber(&self, id: String) -> StoreResult<bool> {
-        self.write(move |conn| {
-            Ok(conn.execute("DELETE FROM subscribers WHERE id = ?1", [&id])? > 0)
-        })
-        .await
+        self.write(move |conn| Ok(conn.execute(sql::DELETE_SUBSCRIBER, [&id])? > 0))
+            .await
     }
 
     /// Save many cursors in one transaction. A cursor only moves forward.
@@ -769,11 +839,7 @@ impl Store {
             let now = now_ms();
             let tx = conn.transaction()?;
             {
-                let mut stmt = tx.prepare_cached(
-                    "UPDATE subscribers SET \
-                     most_recent_sequence_id = max(most_recent_sequence_id, ?2), \
-                     deltas_dropped = deltas_dropped + ?3, updated_at = ?4 WHERE id = ?1",
-                )?;
+                let mut stmt = tx.prepare_cached(sql::SAVE_CURSOR)?;
                 for c in &cursors {
                     stmt.execute(params![
                         c.subscriber_id,
@@ -801,29 +867,6 @@ pub struct CursorUpdate {
     /// Deltas dropped since the previous update (added to the stored count).
     pub deltas_dropped: i64,
 }
-
-const SESSION_SELECT: &str = "SELECT id, agent_type, native_session_id, cwd, parent_session_id, \
-     title, state, created_at, updated_at, config FROM sessions";
-
-/// The list columns of a session just inserted, from the events it may already have (an
-/// import publishes its history first): activity from its newest event, the preview from its
-/// newest `user.text` / `text.end` among its last 256 events. Nothing for a session without
-/// events.
-const INSERTED_LIST_COLUMNS_SQL: &str = "
-UPDATE sessions SET
-    last_activity_at = max(last_activity_at, coalesce(
-        (SELECT created_at FROM messages WHERE session_id = ?1
-         ORDER BY sequence_id DESC LIMIT 1), 0)),
-    preview = coalesce((
-        SELECT CASE WHEN json_valid(payload) AND json_type(payload, '$.text') = 'text'
-                    THEN substr(json_extract(payload, '$.text'), 1, 160) END
-        FROM messages
-        WHERE session_id = ?1 AND kind IN ('user.text', 'text.end')
-          AND sequence_id >= coalesce(
-              (SELECT sequence_id FROM messages WHERE session_id = ?1
-               ORDER BY sequence_id DESC LIMIT 1 OFFSET 255), 0)
-        ORDER BY sequence_id DESC LIMIT 1), preview)
-WHERE id = ?1";
 
 /// `sessions.config`: JSON `{fork_of?, options?, binding?}` (opaque to SQL but for these
 /// keys, which the updates below set one at a time). `None` when there is nothing to keep.
@@ -872,16 +915,6 @@ fn session_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<SessionRow> {
     })
 }
 
-const EVENT_SELECT: &str =
-    "SELECT sequence_id, message_id, session_id, run_id, kind, payload, created_at FROM messages";
-/// [`Store::history`]'s filter and order; both history queries read the
-/// `messages_session_seq` range of one session (a test holds them to it).
-const HISTORY_AFTER_WHERE: &str =
-    "WHERE session_id = ?1 AND sequence_id > ?2 ORDER BY sequence_id LIMIT ?3";
-/// [`Store::history_before`]'s: the same range, walked from its top.
-const HISTORY_BEFORE_WHERE: &str =
-    "WHERE session_id = ?1 AND sequence_id < ?2 ORDER BY sequence_id DESC LIMIT ?3";
-
 fn event_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<StoredEvent> {
     Ok(StoredEvent {
         sequence_id: r.get(0)?,
@@ -893,10 +926,6 @@ fn event_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<StoredEvent> {
         created_at: r.get(6)?,
     })
 }
-
-const SUBSCRIBER_SELECT: &str = "SELECT id, type, session_id, forward_deltas, replay_mode, \
-     max_count, most_recent_sequence_id, deltas_dropped, created_at, updated_at, scope, \
-     client FROM subscribers";
 
 fn subscriber_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<SubscriberRow> {
     Ok(SubscriberRow {
@@ -915,9 +944,19 @@ fn subscriber_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<SubscriberRow>
     })
 }
 
-fn reader_loop(mut conn: Connection, mut rx: mpsc::Receiver<ReadCmd>) {
-    while let Some(ReadCmd::Job(job)) = rx.blocking_recv() {
-        job(&mut conn);
+/// One reader of a lane. One idle reader waits on the lane's queue at a time (the others wait
+/// for the lock); a job runs with the lock released, so the next job goes to the next idle
+/// reader, never behind a running one.
+fn reader_loop(mut conn: Connection, queue: &std::sync::Mutex<mpsc::Receiver<ReadCmd>>) {
+    loop {
+        let next = queue
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .blocking_recv();
+        match next {
+            Some(ReadCmd::Job(job)) => job(&mut conn),
+            Some(ReadCmd::Stop) | None => break,
+        }
     }
 }
 
@@ -948,14 +987,14 @@ fn checkpoint_loop(conn: Connection, pokes: std::sync::mpsc::Receiver<i32>) {
             Ok(pages) => {
                 dirty = true;
                 if pages >= next_at {
-                    next_at = match checkpoint(&conn, "PASSIVE") {
+                    next_at = match checkpoint(&conn, Checkpoint::Passive) {
                         Some((log, done)) if done < log => pages + CHECKPOINT_PAGES / 4,
                         _ => CHECKPOINT_PAGES,
                     };
                 }
             }
             Err(RecvTimeoutError::Timeout) if dirty => {
-                if let Some((log, done)) = checkpoint(&conn, "TRUNCATE")
+                if let Some((log, done)) = checkpoint(&conn, Checkpoint::Truncate)
                     && done >= log
                 {
                     dirty = false;
@@ -967,16 +1006,25 @@ fn checkpoint_loop(conn: Connection, pokes: std::sync::mpsc::Receiver<i32>) {
         }
     }
     // A last full checkpoint at shutdown leaves a small WAL for the next start.
-    if checkpoint(&conn, "TRUNCATE").is_none() {
+    if checkpoint(&conn, Checkpoint::Truncate).is_none() {
         tracing::debug!("final WAL checkpoint skipped");
     }
 }
 
 /// Run one checkpoint: `(frames in the WAL, frames checkpointed)`, or `None` when it could not
 /// run (busy, or an I/O error, which is logged).
-fn checkpoint(conn: &Connection, mode: &str) -> Option<(i64, i64)> {
-    let sql = format!("PRAGMA wal_checkpoint({mode})");
-    match conn.query_row(&sql, [], |r| {
+#[derive(Debug, Clone, Copy)]
+enum Checkpoint {
+    Passive,
+    Truncate,
+}
+
+fn checkpoint(conn: &Connection, mode: Checkpoint) -> Option<(i64, i64)> {
+    let sql = match mode {
+        Checkpoint::Passive => sql::CHECKPOINT_PASSIVE,
+        Checkpoint::Truncate => sql::CHECKPOINT_TRUNCATE,
+    };
+    match conn.query_row(sql, [], |r| {
         Ok((
             r.get::<_, i64>(0)?,
             r.get::<_, i64>(1)?,
@@ -991,7 +1039,7 @@ fn checkpoint(conn: &Connection, mode: &str) -> Option<(i64, i64)> {
             None
         }
         Err(e) => {
-            tracing::warn!(error = %e, mode, "WAL checkpoint failed");
+            tracing::warn!(error = %e, ?mode, "WAL checkpoint failed");
             None
         }
     }
@@ -1062,14 +1110,8 @@ impl Health {
 /// One small write through the whole commit path (a WAL frame, an fsync).
 fn probe(conn: &mut Connection) -> rusqlite::Result<()> {
     let tx = conn.transaction()?;
-    tx.execute(
-        "CREATE TABLE IF NOT EXISTS store_probe (id INTEGER PRIMARY KEY, at INTEGER NOT NULL)",
-        [],
-    )?;
-    tx.execute(
-        "INSERT OR REPLACE INTO store_probe (id, at) VALUES (1, ?1)",
-        [now_ms()],
-    )?;
+    tx.execute(sql::CREATE_PROBE, [])?;
+    tx.execute(sql::PROBE, [now_ms()])?;
     tx.commit()
 }
 
@@ -1081,7 +1123,7 @@ fn check_integrity(conn: &Connection, path: &Path) -> StoreResult<()> {
         detail,
     };
     let lines = conn
-        .prepare("PRAGMA quick_check(8)")
+        .prepare(sql::QUICK_CHECK)
         .and_then(|mut stmt| {
             stmt.query_map([], |r| r.get::<_, String>(0))?
                 .collect::<Result<Vec<_>, _>>()
@@ -1174,10 +1216,7 @@ fn commit_group(conn: &mut Connection, group: Vec<(Vec<NewEvent>, AppendReply)>,
         let tx = conn.transaction()?;
         let mut all = Vec::with_capacity(group.len());
         {
-            let mut stmt = tx.prepare_cached(
-                "INSERT INTO messages (message_id, session_id, run_id, kind, payload, created_at) \
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-            )?;
+            let mut stmt = tx.prepare_cached(sql::INSERT_MESSAGE)?;
             for (events, _) in &group {
                 let mut seqs = Vec::with_capacity(events.len());
                 for e in events {
@@ -1386,11 +1425,11 @@ mod tests {
             .unwrap();
         }
         for (filter, range) in [
-            (HISTORY_AFTER_WHERE, "sequence_id>?"),
-            (HISTORY_BEFORE_WHERE, "sequence_id<?"),
+            (sql::HISTORY_AFTER, "sequence_id>?"),
+            (sql::HISTORY_BEFORE, "sequence_id<?"),
         ] {
             let mut stmt = conn
-                .prepare(&format!("EXPLAIN QUERY PLAN {EVENT_SELECT} {filter}"))
+                .prepare(&format!("EXPLAIN QUERY PLAN {filter}"))
                 .unwrap();
             let plan: Vec<String> = stmt
                 .query_map(params!["s3", 250, 10], |r| r.get::<_, String>(3))
@@ -1406,6 +1445,89 @@ mod tests {
                 "{filter}"
             );
         }
+    }
+
+    /// Hold one reader of `lane` in a read that waits until the returned sender is dropped;
+    /// returns once a reader is in it, with the read's answer.
+    async fn hold_reader(
+        store: &Store,
+        lane: Lane,
+    ) -> (
+        std::sync::mpsc::Sender<()>,
+        oneshot::Receiver<StoreResult<()>>,
+    ) {
+        let (entered_tx, entered) = oneshot::channel();
+        let (release, released) = std::sync::mpsc::channel::<()>();
+        let done = store
+            .read_on(lane, move |_conn| {
+                entered_tx.send(()).unwrap();
+                // Err once the test drops its sender: the read ends.
+                let _released = released.recv();
+                Ok(())
+            })
+            .await
+            .unwrap();
+        entered.await.unwrap();
+        (release, done)
+    }
+
+    /// Every catch-up reader and all short readers but one are held in long reads: a short
+    /// read issued after them is answered while they still run, and a catch-up page queued
+    /// behind them is answered once they end. Shutdown joins every reader.
+    #[tokio::test]
+    async fn a_long_read_never_delays_a_short_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, threads) = Store::open(&dir.path().join("t.db")).unwrap();
+        store
+            .append(vec![event("a", 1), event("b", 2)])
+            .await
+            .unwrap()
+            .await
+            .unwrap()
+            .unwrap();
+        let mut held = Vec::new();
+        for _ in 0..REPLAY_READERS {
+            held.push(hold_reader(&store, Lane::Replay).await);
+        }
+        for _ in 0..READERS - 1 {
+            held.push(hold_reader(&store, Lane::Short).await);
+        }
+        let page = store
+            .page_after_start(SessionFilter::One("a".into()), 0, None, 10)
+            .await
+            .unwrap();
+        // Bounded, so a regression fails instead of hanging; nothing here is timed.
+        let wait = Duration::from_secs(20);
+        for _ in 0..3 {
+            let hist = tokio::time::timeout(wait, store.history("a".into(), 0, 10))
+                .await
+                .expect("a short read waited behind the long ones")
+                .unwrap();
+            assert_eq!(seqs(&hist), vec![1]);
+        }
+        for (_, done) in &mut held {
+            assert!(
+                matches!(done.try_recv(), Err(oneshot::error::TryRecvError::Empty)),
+                "the long reads are still running"
+            );
+        }
+        let mut page = page;
+        assert!(matches!(
+            page.try_recv(),
+            Err(oneshot::error::TryRecvError::Empty)
+        ));
+        for (release, done) in held {
+            drop(release);
+            done.await.unwrap().unwrap();
+        }
+        let page = tokio::time::timeout(wait, page)
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        assert_eq!(seqs(&page.events), vec![1]);
+        drop(store);
+        threads.shutdown().await;
     }
 
     /// Cap (or uncap) the database's size on the writer's connection: a real SQLITE_FULL.

@@ -5,7 +5,7 @@
 use rusqlite::{OptionalExtension, params};
 use serde::Serialize;
 
-use super::{RunRow, Store, StoreResult, now_ms};
+use super::{RunRow, Store, StoreResult, now_ms, sql};
 use crate::protocol::envelope::RunRef;
 use crate::protocol::events::{PermissionOption, PromptFrom};
 use crate::protocol::options::Attachment;
@@ -59,9 +59,6 @@ pub enum Resolve {
     NotFound,
 }
 
-pub(super) const RUN_SELECT: &str = "SELECT id, session_id, state, client_msg_id, \
-     error_category, created_at, ended_at, message FROM runs";
-
 /// A column holding one of the state names of [`crate::protocol::states`].
 pub(super) fn state_column<T>(
     r: &rusqlite::Row<'_>,
@@ -90,9 +87,6 @@ pub(super) fn run_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<RunRow> {
         message: r.get(7)?,
     })
 }
-
-const PERMISSION_SELECT: &str = "SELECT session_id, request_id, run_id, tool, input, state, \
-     decision, resolved_by, created_at, resolved_at FROM permissions";
 
 fn permission_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<PermissionRow> {
     Ok(PermissionRow {
@@ -175,9 +169,7 @@ impl Store {
             let tx = conn.transaction()?;
             if let Some(key) = &row.client_msg_id {
                 let existing = tx
-                    .prepare_cached(&format!(
-                        "{RUN_SELECT} WHERE session_id = ?1 AND client_msg_id = ?2"
-                    ))?
+                    .prepare_cached(sql::GET_RUN_BY_KEY)?
                     .query_row(params![row.session_id, key], run_from_row)
                     .optional()?;
                 if let Some(existing) = existing {
@@ -185,9 +177,7 @@ impl Store {
                 }
             }
             tx.execute(
-                "INSERT INTO runs (id, session_id, state, client_msg_id, error_category, \
-                 created_at, ended_at, message, prompt, queue_pos, sender, attachments) \
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
+                sql::INSERT_RUN,
                 params![
                     row.run_id,
                     row.session_id,
@@ -220,8 +210,7 @@ impl Store {
     ) -> StoreResult<()> {
         self.write(move |conn| {
             conn.execute(
-                "UPDATE runs SET state = ?2, error_category = ?3, ended_at = ?4, message = ?5 \
-                 WHERE id = ?1",
+                sql::SET_RUN_STATE,
                 params![
                     run_id,
                     state.as_str(),
@@ -239,7 +228,7 @@ impl Store {
     pub async fn set_run_prompt(&self, run_id: String, prompt: String) -> StoreResult<bool> {
         self.write(move |conn| {
             let changed = conn.execute(
-                "UPDATE runs SET prompt = ?2 WHERE id = ?1 AND state = ?3",
+                sql::SET_RUN_PROMPT,
                 params![run_id, prompt, RunStatus::Queued.as_str()],
             )?;
             Ok(changed > 0)
@@ -252,8 +241,7 @@ impl Store {
     pub async fn requeue_run(&self, run_id: String) -> StoreResult<bool> {
         self.write(move |conn| {
             let changed = conn.execute(
-                "UPDATE runs SET state = ?2, ended_at = NULL, message = NULL \
-                 WHERE id = ?1 AND state = ?3 AND prompt IS NOT NULL",
+                sql::REQUEUE_RUN,
                 params![
                     run_id,
                     RunStatus::Queued.as_str(),
@@ -290,10 +278,7 @@ impl Store {
         self.write(move |conn| {
             let tx = conn.transaction()?;
             for (pos, run_id) in run_ids.iter().enumerate() {
-                tx.execute(
-                    "UPDATE runs SET queue_pos = ?2 WHERE id = ?1",
-                    params![run_id, pos as i64],
-                )?;
+                tx.execute(sql::SET_QUEUE_POS, params![run_id, pos as i64])?;
             }
             tx.commit()?;
             Ok(())
@@ -305,12 +290,7 @@ impl Store {
     /// were taken.
     pub async fn queued_runs(&self, session_id: String) -> StoreResult<Vec<QueuedRun>> {
         self.read(move |conn| {
-            let mut stmt = conn.prepare_cached(
-                "SELECT id, session_id, state, client_msg_id, error_category, created_at, \
-                 ended_at, message, prompt, queue_pos, sender, attachments FROM runs \
-                 WHERE session_id = ?1 AND state = ?2 \
-                 ORDER BY queue_pos IS NULL, queue_pos, created_at, id",
-            )?;
+            let mut stmt = conn.prepare_cached(sql::QUEUED_RUNS)?;
             let rows = stmt
                 .query_map(params![session_id, RunStatus::Queued.as_str()], |r| {
                     Ok(QueuedRun {
@@ -338,13 +318,11 @@ impl Store {
         self.read(move |conn| {
             let found = match &key {
                 RunRef::RunId(id) => conn
-                    .prepare_cached(&format!("{RUN_SELECT} WHERE id = ?1 AND session_id = ?2"))?
+                    .prepare_cached(sql::GET_SESSION_RUN)?
                     .query_row(params![id, session_id], run_from_row)
                     .optional()?,
                 RunRef::ClientMsgId(key) => conn
-                    .prepare_cached(&format!(
-                        "{RUN_SELECT} WHERE session_id = ?1 AND client_msg_id = ?2"
-                    ))?
+                    .prepare_cached(sql::GET_RUN_BY_KEY)?
                     .query_row(params![session_id, key], run_from_row)
                     .optional()?,
             };
@@ -363,12 +341,9 @@ impl Store {
         self.write_start(move |conn| {
             let tx = conn.transaction()?;
             let now = now_ms();
+            tx.execute(sql::START_RUN, params![run_id, RunStatus::Running.as_str()])?;
             tx.execute(
-                "UPDATE runs SET state = ?2 WHERE id = ?1",
-                params![run_id, RunStatus::Running.as_str()],
-            )?;
-            tx.execute(
-                "UPDATE sessions SET state = ?3, updated_at = ?2 WHERE id = ?1",
+                sql::SESSION_RUNNING,
                 params![session_id, now, SessionState::Running.as_str()],
             )?;
             tx.commit()?;
@@ -380,7 +355,7 @@ impl Store {
     pub async fn get_run(&self, run_id: String) -> StoreResult<Option<RunRow>> {
         self.read(move |conn| {
             Ok(conn
-                .prepare_cached(&format!("{RUN_SELECT} WHERE id = ?1"))?
+                .prepare_cached(sql::GET_RUN)?
                 .query_row([&run_id], run_from_row)
                 .optional()?)
         })
@@ -390,9 +365,7 @@ impl Store {
     /// Runs that never reached a terminal state (the host stopped under them).
     pub async fn unfinished_runs(&self) -> StoreResult<Vec<RunRow>> {
         self.read(|conn| {
-            let mut stmt = conn.prepare_cached(&format!(
-                "{RUN_SELECT} WHERE state IN ('queued', 'running') ORDER BY created_at, id"
-            ))?;
+            let mut stmt = conn.prepare_cached(sql::UNFINISHED_RUNS)?;
             let rows = stmt
                 .query_map([], run_from_row)?
                 .collect::<Result<Vec<_>, _>>()?;
@@ -409,11 +382,7 @@ impl Store {
         run_id: String,
     ) -> StoreResult<Vec<(String, String)>> {
         self.read(move |conn| {
-            let mut stmt = conn.prepare_cached(
-                "SELECT kind, payload FROM messages WHERE session_id = ?1 AND run_id = ?2 \
-                 AND kind IN ('user.text', 'run.start', 'run.end', 'warning') \
-                 ORDER BY sequence_id",
-            )?;
+            let mut stmt = conn.prepare_cached(sql::RUN_LIFECYCLE)?;
             let rows = stmt
                 .query_map(params![session_id, run_id], |r| Ok((r.get(0)?, r.get(1)?)))?
                 .collect::<Result<Vec<_>, _>>()?;
@@ -428,7 +397,7 @@ impl Store {
         self.write(|conn| {
             let tx = conn.transaction()?;
             let busy = tx
-                .prepare_cached("SELECT id, state FROM sessions WHERE state IN (?1, ?2)")?
+                .prepare_cached(sql::BUSY_SESSIONS)?
                 .query_map(
                     params![
                         SessionState::Running.as_str(),
@@ -440,7 +409,7 @@ impl Store {
             let now = now_ms();
             for (session_id, _) in &busy {
                 tx.execute(
-                    "UPDATE sessions SET state = ?2, updated_at = ?3 WHERE id = ?1",
+                    sql::SET_SESSION_STATE,
                     params![session_id, SessionState::Idle.as_str(), now],
                 )?;
             }
@@ -460,9 +429,7 @@ impl Store {
     ) -> StoreResult<tokio::sync::oneshot::Receiver<StoreResult<()>>> {
         self.write_start(move |conn| {
             conn.execute(
-                "INSERT OR REPLACE INTO session_baselines (session_id, file_path, dev, inode, size, \
-                 line_count, last_entry_id, mtime_ns, recorded_at) \
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+                sql::SAVE_BASELINE,
                 params![
                     session_id,
                     b.file_path,
@@ -475,10 +442,7 @@ impl Store {
                     now_ms()
                 ],
             )?;
-            conn.execute(
-                "UPDATE sessions SET session_file = ?2 WHERE id = ?1",
-                params![session_id, b.file_path],
-            )?;
+            conn.execute(sql::SET_SESSION_FILE, params![session_id, b.file_path])?;
             Ok(())
         })
         .await
@@ -487,10 +451,7 @@ impl Store {
     pub async fn get_baseline(&self, session_id: String) -> StoreResult<Option<StoredBaseline>> {
         self.read(move |conn| {
             Ok(conn
-                .prepare_cached(
-                    "SELECT file_path, dev, inode, size, line_count, last_entry_id, mtime_ns \
-                     FROM session_baselines WHERE session_id = ?1",
-                )?
+                .prepare_cached(sql::GET_BASELINE)?
                 .query_row([&session_id], |r| {
                     Ok(StoredBaseline {
                         file_path: r.get(0)?,
@@ -511,9 +472,7 @@ impl Store {
     pub async fn replace_session_lineage(&self, row: super::SessionRow) -> StoreResult<()> {
         self.write(move |conn| {
             conn.execute(
-                "UPDATE sessions SET parent_session_id = ?2, config = CASE WHEN ?3 IS NULL \
-                 THEN json_remove(coalesce(config, '{}'), '$.fork_of') \
-                 ELSE json_set(coalesce(config, '{}'), '$.fork_of', ?3) END WHERE id = ?1",
+                sql::SET_SESSION_LINEAGE,
                 params![row.session_id, row.parent_session_id, row.fork_of],
             )?;
             Ok(())
@@ -531,8 +490,7 @@ impl Store {
         let json = serde_json::to_string(&options).unwrap_or_else(|_| "{}".to_owned());
         self.write(move |conn| {
             let n = conn.execute(
-                "UPDATE sessions SET config = json_set(coalesce(config, '{}'), '$.options', \
-                 json(?2)), updated_at = ?3 WHERE id = ?1",
+                sql::SET_SESSION_OPTIONS,
                 params![session_id, json, now_ms()],
             )?;
             Ok(n > 0)
@@ -549,11 +507,7 @@ impl Store {
     ) -> StoreResult<bool> {
         let json = serde_json::to_string(&binding).unwrap_or_else(|_| "{}".to_owned());
         self.write(move |conn| {
-            let n = conn.execute(
-                "UPDATE sessions SET config = json_set(coalesce(config, '{}'), '$.binding', \
-                 json(?2)) WHERE id = ?1",
-                params![session_id, json],
-            )?;
+            let n = conn.execute(sql::SET_SESSION_BINDING, params![session_id, json])?;
             Ok(n > 0)
         })
         .await
@@ -567,7 +521,7 @@ impl Store {
     ) -> StoreResult<()> {
         self.write(move |conn| {
             conn.execute(
-                "UPDATE sessions SET native_session_id = ?2, updated_at = ?3 WHERE id = ?1",
+                sql::SET_NATIVE_SESSION_ID,
                 params![session_id, native_session_id, now_ms()],
             )?;
             Ok(())
@@ -583,7 +537,7 @@ impl Store {
     ) -> StoreResult<()> {
         self.write(move |conn| {
             conn.execute(
-                "UPDATE sessions SET state = ?2, updated_at = ?3 WHERE id = ?1",
+                sql::SET_SESSION_STATE,
                 params![session_id, state.as_str(), now_ms()],
             )?;
             Ok(())
@@ -594,10 +548,8 @@ impl Store {
     /// Give a session a new title; `false` if there is no such session.
     pub async fn set_session_title(&self, session_id: String, title: String) -> StoreResult<bool> {
         self.write(move |conn| {
-            let changed = conn.execute(
-                "UPDATE sessions SET title = ?2, updated_at = ?3 WHERE id = ?1",
-                params![session_id, title, now_ms()],
-            )?;
+            let changed =
+                conn.execute(sql::SET_SESSION_TITLE, params![session_id, title, now_ms()])?;
             Ok(changed > 0)
         })
         .await
@@ -607,9 +559,7 @@ impl Store {
     pub async fn insert_permission(&self, row: PermissionRow) -> StoreResult<()> {
         self.write(move |conn| {
             conn.execute(
-                "INSERT OR REPLACE INTO permissions (session_id, request_id, run_id, tool, input, \
-                 state, decision, resolved_by, created_at, resolved_at) \
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
+                sql::INSERT_PERMISSION,
                 params![
                     row.session_id,
                     row.request_id,
@@ -635,9 +585,7 @@ impl Store {
     ) -> StoreResult<Option<PermissionRow>> {
         self.read(move |conn| {
             Ok(conn
-                .prepare_cached(&format!(
-                    "{PERMISSION_SELECT} WHERE session_id = ?1 AND request_id = ?2"
-                ))?
+                .prepare_cached(sql::GET_PERMISSION)?
                 .query_row(params![session_id, request_id], permission_from_row)
                 .optional()?)
         })
@@ -655,8 +603,7 @@ impl Store {
         self.write(move |conn| {
             let tx = conn.transaction()?;
             let changed = tx.execute(
-                "UPDATE permissions SET state = ?6, decision = ?3, resolved_by = ?4, \
-                 resolved_at = ?5 WHERE session_id = ?1 AND request_id = ?2 AND state = ?7",
+                sql::RESOLVE_PERMISSION,
                 params![
                     session_id,
                     request_id,
@@ -668,9 +615,7 @@ impl Store {
                 ],
             )?;
             let row = tx
-                .prepare_cached(&format!(
-                    "{PERMISSION_SELECT} WHERE session_id = ?1 AND request_id = ?2"
-                ))?
+                .prepare_cached(sql::GET_PERMISSION)?
                 .query_row(params![session_id, request_id], permission_from_row)
                 .optional()?;
             tx.commit()?;
@@ -689,16 +634,18 @@ impl Store {
         session_id: Option<String>,
     ) -> StoreResult<Vec<PermissionRow>> {
         self.read(move |conn| {
-            let mut stmt = conn.prepare_cached(&format!(
-                "{PERMISSION_SELECT} WHERE state = ?2 AND (?1 IS NULL OR session_id = ?1) \
-                 ORDER BY created_at, rowid"
-            ))?;
-            let rows = stmt
-                .query_map(
-                    params![session_id, PermissionState::Pending.as_str()],
-                    permission_from_row,
-                )?
-                .collect::<Result<Vec<_>, _>>()?;
+            let pending = PermissionState::Pending.as_str();
+            // Two statements, so each reads an index (one session's key range, or the state's).
+            let rows = match &session_id {
+                Some(session_id) => conn
+                    .prepare_cached(sql::PENDING_PERMISSIONS_ONE)?
+                    .query_map(params![session_id, pending], permission_from_row)?
+                    .collect::<Result<Vec<_>, _>>()?,
+                None => conn
+                    .prepare_cached(sql::PENDING_PERMISSIONS_ALL)?
+                    .query_map(params![pending], permission_from_row)?
+                    .collect::<Result<Vec<_>, _>>()?,
+            };
             Ok(rows)
         })
         .await
@@ -713,8 +660,7 @@ impl Store {
     ) -> StoreResult<()> {
         self.write(move |conn| {
             conn.execute(
-                "INSERT OR IGNORE INTO permission_rules (session_id, request_id, tool, option_id, \
-                 label, description, by, created_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+                sql::INSERT_PERMISSION_RULE,
                 params![
                     session_id,
                     rule.request_id,
@@ -734,10 +680,7 @@ impl Store {
     /// The rules accepted in a session, oldest first.
     pub async fn permission_rules(&self, session_id: String) -> StoreResult<Vec<PermissionRule>> {
         self.read(move |conn| {
-            let mut stmt = conn.prepare_cached(
-                "SELECT request_id, tool, option_id, label, description, by, created_at \
-                 FROM permission_rules WHERE session_id = ?1 ORDER BY created_at, rowid",
-            )?;
+            let mut stmt = conn.prepare_cached(sql::PERMISSION_RULES)?;
             let rules = stmt
                 .query_map([session_id], |r| {
                     Ok(PermissionRule {
@@ -765,12 +708,7 @@ impl Store {
     ) -> StoreResult<Option<Vec<PermissionOption>>> {
         self.read(move |conn| {
             let payload: Option<String> = conn
-                .prepare_cached(
-                    "SELECT payload FROM messages WHERE session_id = ?1 \
-                     AND kind = 'permission.request' \
-                     AND json_extract(payload, '$.requestId') = ?2 \
-                     ORDER BY sequence_id DESC LIMIT 1",
-                )?
+                .prepare_cached(sql::PERMISSION_REQUEST_EVENT)?
                 .query_row(params![session_id, request_id], |r| r.get(0))
                 .optional()?;
             Ok(payload.map(|p| {
@@ -1025,9 +963,8 @@ mod tests {
         // The key lookup is the unique index, not a scan of the table.
         let plan = store
             .read(|conn| {
-                let mut stmt = conn.prepare(&format!(
-                    "EXPLAIN QUERY PLAN {RUN_SELECT} WHERE session_id = ?1 AND client_msg_id = ?2"
-                ))?;
+                let mut stmt =
+                    conn.prepare(&format!("EXPLAIN QUERY PLAN {}", sql::GET_RUN_BY_KEY))?;
                 let rows = stmt
                     .query_map(params!["s", "k"], |r| r.get::<_, String>(3))?
                     .collect::<Result<Vec<_>, _>>()?;

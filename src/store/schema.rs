@@ -7,7 +7,7 @@ use rusqlite::Connection;
 use super::{StoreError, StoreResult};
 
 /// The schema version this build writes.
-pub const SCHEMA_VERSION: i64 = 9;
+pub const SCHEMA_VERSION: i64 = 10;
 
 /// Migration `i` takes a database from version `i` to `i + 1`.
 const MIGRATIONS: &[&str] = &[
@@ -20,7 +20,15 @@ const MIGRATIONS: &[&str] = &[
     MIGRATION_7,
     MIGRATION_8,
     MIGRATION_9,
+    MIGRATION_10,
 ];
+
+/// Version 10: every query of the store reads an index (a test holds each statement to it).
+/// `permissions_state`: the pending requests of every session are a range of it, not a scan of
+/// every request ever made.
+const MIGRATION_10: &str = "
+CREATE INDEX IF NOT EXISTS permissions_state ON permissions (state, created_at);
+";
 
 /// Version 9: a prompt's attachments. `runs.attachments`, the attachments `session.send` took
 /// with the prompt (checked and copied into the host's home) as a JSON array, written with the

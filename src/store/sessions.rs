@@ -23,7 +23,7 @@ use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use rusqlite::types::Value;
 use rusqlite::{Connection, Transaction, params, params_from_iter};
 
-use super::{NewEvent, Store, StoreError, StoreResult, session_from_row};
+use super::{NewEvent, Store, StoreError, StoreResult, session_from_row, sql};
 
 /// The page size when a client names none.
 pub const DEFAULT_SESSION_PAGE: u32 = 50;
@@ -98,11 +98,6 @@ impl Cursor {
     }
 }
 
-/// The list's columns: [`super::SESSION_SELECT`]'s ten, in its order (so [`session_from_row`]
-/// reads them), then the two the list adds.
-const LIST_SELECT: &str = "SELECT id, agent_type, native_session_id, cwd, parent_session_id, \
-     title, state, created_at, updated_at, config, last_activity_at, preview FROM sessions";
-
 /// The SQL and parameters of one page: only the filters that are set appear, so SQLite plans
 /// each shape against its own index. Asks for `limit + 1` rows (the extra one says whether a
 /// next page exists).
@@ -112,7 +107,7 @@ fn page_sql(
     only: Option<String>,
     limit: u32,
 ) -> (String, Vec<Value>) {
-    let mut sql = String::from(LIST_SELECT);
+    let mut sql = String::from(sql::LIST_SELECT);
     let mut args: Vec<Value> = Vec::new();
     let mut clauses: Vec<String> = Vec::new();
     let arg = |v: Value, args: &mut Vec<Value>| {
@@ -135,7 +130,7 @@ fn page_sql(
     }
     if let Some(ids) = only {
         let n = arg(Value::Text(ids), &mut args);
-        clauses.push(format!("id IN (SELECT value FROM json_each({n}))"));
+        clauses.push(sql::LIST_ONLY_IN.replace("?N", &n));
     }
     if let Some(c) = cursor {
         // Row values cannot mix DESC and ASC; the first term is the index range, the second
@@ -153,6 +148,32 @@ fn page_sql(
     let n = arg(Value::Integer(i64::from(limit) + 1), &mut args);
     sql.push_str(&format!(" ORDER BY last_activity_at DESC, id LIMIT {n}"));
     (sql, args)
+}
+
+/// Every shape [`page_sql`] composes (each filter on or off, `only` or not, a cursor or not),
+/// with arguments, and whether it is the unfiltered first page: what the plan test walks.
+#[cfg(test)]
+pub(super) fn every_page_shape() -> Vec<(bool, String, Vec<Value>)> {
+    let cursor = Cursor {
+        last_activity_ms: 250,
+        session_id: "s250".into(),
+    };
+    let set = |on: bool, v: &str| on.then(|| v.to_owned());
+    let mut shapes = Vec::new();
+    for mask in 0..16u32 {
+        for with_cursor in [false, true] {
+            let query = SessionQuery {
+                state: set(mask & 1 != 0, "idle"),
+                agent_type: set(mask & 2 != 0, "claude"),
+                cwd: set(mask & 4 != 0, "/w"),
+                ..Default::default()
+            };
+            let only = (mask & 8 != 0).then(|| r#"["s1","s2"]"#.to_owned());
+            let (sql, args) = page_sql(&query, with_cursor.then_some(&cursor), only, 50);
+            shapes.push((mask == 0 && !with_cursor, sql, args));
+        }
+    }
+    shapes
 }
 
 /// Run one page query on `conn` (the reader's connection; the benchmark's raw one too).
@@ -226,11 +247,6 @@ fn cut_preview(text: &str) -> String {
     text.get(..end).unwrap_or(text).to_owned()
 }
 
-/// One session's list columns after a group: `?1` the id, `?2` its newest event's time, `?3`
-/// its newest preview (NULL keeps the one it has).
-const TOUCH_SQL: &str = "UPDATE sessions SET last_activity_at = max(last_activity_at, ?2), \
-     preview = coalesce(?3, preview) WHERE id = ?1";
-
 /// Bring the list columns of every session in a committing group up to date: activity moves
 /// to the group's newest event of the session (never back), and the preview to its newest
 /// text. One UPDATE per session touched, however many events; only the newest text event of
@@ -247,7 +263,7 @@ pub(super) fn touch_sessions<'a>(
             entry.1 = Some(e);
         }
     }
-    let mut stmt = tx.prepare_cached(TOUCH_SQL)?;
+    let mut stmt = tx.prepare_cached(sql::TOUCH_SESSION)?;
     for (session_id, (at, text)) in touched {
         let preview = text.and_then(|e| preview_of(&e.payload));
         stmt.execute(params![session_id, at, preview])?;
@@ -821,7 +837,7 @@ mod tests {
         // The append path's upkeep is one primary-key update per session.
         let touch = plan_of(
             &conn,
-            TOUCH_SQL,
+            sql::TOUCH_SESSION,
             vec![Value::Text("s1".into()), Value::Integer(1), Value::Null],
         );
         assert_eq!(

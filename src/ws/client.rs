@@ -44,6 +44,19 @@ pub enum ClientError {
 
 type Stream = WebSocketStream<MaybeTlsStream<TcpStream>>;
 
+/// What a client connection reads into at a time (tungstenite's default, 128 KiB, is zero-filled
+/// before every read and kept for the connection's life). Pushes and history pages can be
+/// large; a larger frame still arrives whole, its buffer grown to it, in reads of this size.
+pub const READ_BUFFER_BYTES: usize = 16 * 1024;
+
+/// A client's WebSocket settings: messages up to `max_message` bytes, small buffers.
+pub fn client_config(max_message: usize) -> WebSocketConfig {
+    WebSocketConfig::default()
+        .max_message_size(Some(max_message))
+        .max_frame_size(Some(max_message))
+        .read_buffer_size(READ_BUFFER_BYTES)
+}
+
 /// A connected, greeted client.
 pub struct WsClient {
     ws: Stream,
@@ -84,9 +97,7 @@ pub async fn connect_with(
             HeaderValue::from_static(wire::JSON_SUBPROTOCOL),
         );
     }
-    let config = WebSocketConfig::default()
-        .max_message_size(Some(MAX_PUSH_BYTES))
-        .max_frame_size(Some(MAX_PUSH_BYTES));
+    let config = client_config(MAX_PUSH_BYTES);
     let (ws, _response) = tokio_tungstenite::connect_async_with_config(request, Some(config), true)
         .await
         .map_err(|e| match e {

@@ -28,6 +28,10 @@
 //! stops reading blocks that write; the task then takes nothing from its bus subscription,
 //! which the hub moves to catch-up from SQLite — memory stays bounded and nobody else waits.
 //! A write blocked for 60 s ends the connection.
+//!
+//! Memory: an idle connection holds its task, its bus subscription and tungstenite's buffers,
+//! kept small ([`READ_BUFFER_BYTES`], [`WRITE_BUFFER_BYTES`]); `tests/ws_memory.rs` measures
+//! 1,000 idle subscribers in a real host process.
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::Arc;
@@ -189,10 +193,24 @@ fn refusal(status: StatusCode, reason: String) -> ErrorResponse {
     response
 }
 
-fn ws_config() -> WebSocketConfig {
+/// What one connection reads into at a time. tungstenite zero-fills this much before every
+/// read and keeps it for the connection's life: its default (128 KiB) made an idle subscriber
+/// cost ~141 KiB of resident memory. Clients send small frames (`Hello`, `Ack`, requests); a
+/// larger one still arrives whole (its buffer grows to the frame, up to the 1 MiB limit), in
+/// reads of this size.
+pub const READ_BUFFER_BYTES: usize = 4 * 1024;
+/// Frames are gathered up to this much before a write (a batch's flush writes the rest). The
+/// gathering buffer keeps its largest size, so after a burst each connection holds about
+/// twice this; 16 KiB writes still move a batch in few syscalls.
+pub const WRITE_BUFFER_BYTES: usize = 16 * 1024;
+
+/// The server side's WebSocket settings: message limits and per-connection buffers.
+pub fn ws_config() -> WebSocketConfig {
     WebSocketConfig::default()
         .max_message_size(Some(MAX_FRAME_BYTES))
         .max_frame_size(Some(MAX_FRAME_BYTES))
+        .read_buffer_size(READ_BUFFER_BYTES)
+        .write_buffer_size(WRITE_BUFFER_BYTES)
 }
 
 #[derive(Debug, thiserror::Error)]

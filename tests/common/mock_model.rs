@@ -26,6 +26,9 @@
 //! - `THINK` → a thinking block (Codex: a reasoning summary; Gemini: a thought part), then the
 //!   echo;
 //! - `SLOW` → 40 text chunks 250 ms apart (something to cancel);
+//! - `STREAM <n> <ms> <tag>` → `n` text chunks `<tag>.<i> `, `ms` apart (Responses API: the
+//!   time each chunk is written is kept once [`log_chunk_writes`] is called, for latency
+//!   benchmarks that match what a client receives to when the mock wrote it);
 //! - `MARKDOWN` → a markdown answer (a heading, bold text, a list, a fenced code block) in 12
 //!   chunks 120 ms apart (something for a renderer to show while it streams);
 //! - `FAIL500` → HTTP 500 with an API error body;
@@ -72,6 +75,24 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
+
+/// The write time of each Responses API text chunk, by its text, once switched on.
+static CHUNK_WRITES: std::sync::OnceLock<std::sync::Mutex<Vec<(String, std::time::Instant)>>> =
+    std::sync::OnceLock::new();
+
+/// Keep the time each Responses API text chunk is written from now on (taken right after
+/// the write), for [`take_chunk_writes`].
+pub fn log_chunk_writes() {
+    CHUNK_WRITES.get_or_init(Default::default);
+}
+
+/// The chunks written since the last call, with their write times.
+pub fn take_chunk_writes() -> Vec<(String, std::time::Instant)> {
+    CHUNK_WRITES
+        .get()
+        .and_then(|log| log.lock().ok().map(|mut l| std::mem::take(&mut *l)))
+        .unwrap_or_default()
+}
 
 /// A running mock; dropped, it stops accepting.
 pub struct MockModel {
@@ -603,6 +624,14 @@ fn decide(user_texts: &[String], tool_result: Option<String>) -> Reply {
             Duration::ZERO,
         );
     }
+    if let Some(rest) = last_line.trim().strip_prefix("STREAM ") {
+        let mut args = rest.split_whitespace();
+        let n: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(10);
+        let ms: u64 = args.next().and_then(|a| a.parse().ok()).unwrap_or(0);
+        let tag = args.next().unwrap_or("c");
+        let chunks = (0..n).map(|i| format!("{tag}.{i} ")).collect();
+        return Reply::Blocks(vec![Block::Text(chunks)], Duration::from_millis(ms));
+    }
     if text.contains("SLOW") {
         let chunks = (0..40).map(|i| format!("slow {i} ")).collect();
         return Reply::Blocks(vec![Block::Text(chunks)], Duration::from_millis(250));
@@ -1039,6 +1068,12 @@ mod responses {
                 tokio::time::sleep(delay).await;
             }
             emit(stream, "output_text.delta", &at, "delta", json!(chunk)).await?;
+            if let Some(log) = super::CHUNK_WRITES.get() {
+                let written = std::time::Instant::now();
+                if let Ok(mut log) = log.lock() {
+                    log.push((chunk.clone(), written));
+                }
+            }
         }
         let text = json!(chunks.concat());
         emit(stream, "output_text.done", &at, "text", text).await?;

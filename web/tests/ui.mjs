@@ -193,9 +193,18 @@ a.on("pageerror", (e) => consoleErrors.push(String(e)));
 
 try {
   // ---- 1. open, list, create, prompt: streamed token by token, then markdown ----------
-  await visit(a, openUrl());
+  const firstLink = openUrl();
+  await visit(a, firstLink);
   await live(a);
   check(!(await a.evaluate(() => location.href)).includes("token="), "the token stayed in the address bar");
+  // Once live, the page renews its own grant over the wire: the token it keeps for a reload
+  // is a new one, not the link's (link tokens are short-lived).
+  const linkToken = new URLSearchParams(new URL(firstLink).hash.slice(1)).get("token");
+  await a.waitForFunction((t) => {
+    const kept = sessionStorage.getItem("agent-host.token");
+    return kept !== null && kept !== t;
+  }, linkToken);
+  await tokensOf(a);
   await a.waitForSelector(`.session-row[data-session-id="${BIG}"]`);
   await a.screenshot({ path: path.join(SHOTS, "session-list.png") });
   ok("the page loads over the grant and lists the sessions");
@@ -212,6 +221,15 @@ try {
   check(session && session !== "", "no session opened after create");
   await a.waitForSelector(`.session-row[data-session-id="${session}"]`);
   ok("a session is created from the page");
+
+  // Shift+Enter is a newline in the prompt box; only Enter sends.
+  await a.fill("#prompt", "line one");
+  await a.press("#prompt", "Shift+Enter");
+  await a.type("#prompt", "line two");
+  const drafted = await a.inputValue("#prompt");
+  check(drafted === "line one\nline two", `Shift+Enter left ${JSON.stringify(drafted)} in the prompt box`);
+  check((await a.locator("#transcript .user").count()) === 0, "Shift+Enter sent the prompt");
+  await a.fill("#prompt", "");
 
   await a.evaluate(() => {
     window.partials = [];
@@ -559,6 +577,8 @@ try {
   const openMs = Date.now() - started;
   const readyAt = await a.evaluate(() => window.agentHost.readyAt);
   const firstPage = (await pageSeqs(a, BIG)).length;
+  // The newest page only: the rest comes on scroll-back.
+  check(firstPage > 0 && firstPage < BIG_COUNT, `the first view of the big session holds ${firstPage} of ${BIG_COUNT} brackets`);
   await a.screenshot({ path: path.join(SHOTS, "big-session.png") });
   const scrollStart = Date.now();
   let pages = 1;
@@ -573,6 +593,7 @@ try {
     pages += 1;
     check(pages < 200, "scrolling back never reached the start");
   }
+  check(pages > 1, "the big session came in one page, not the newest page first");
   const scrollMs = Date.now() - scrollStart;
   const all = await pageSeqs(a, BIG);
   const big = historySeqs(BIG);

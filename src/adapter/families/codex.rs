@@ -7,7 +7,7 @@ use std::path::Path;
 use crate::adapter::family::{AgentFamily, Vars};
 use crate::adapter::{
     AdapterError, AgentSession, Capabilities, Descriptor, ModelSwitch, OpenSpec, OptionCaps,
-    ProcessModel, ResumeKind, Support, codex, codex_process,
+    ProcessModel, ResumeKind, Support, codex, codex_native, codex_process,
 };
 use crate::protocol::options::PermissionMode;
 use crate::session::agent::NativeFile;
@@ -79,8 +79,9 @@ impl AgentFamily for Codex {
         ]
     }
 
+    /// The native binary behind an npm launcher ([`codex_native`]), else the program found.
     fn open(&self, spec: OpenSpec) -> Result<AgentSession, AdapterError> {
-        codex_process::open(spec)
+        codex_process::open(prefer_native(spec))
     }
 
     /// `$CODEX_HOME/config.toml`'s `model_provider` (its `[model_providers.<name>]`
@@ -173,6 +174,36 @@ impl AgentFamily for Codex {
             ))
         }
     }
+}
+
+/// `spec` with the native binary an npm launcher would start, and the launcher's variables
+/// (the host's scoping is kept: the launcher passes its environment on as it is, plus its
+/// own); the program itself when it is no launcher or its binary is missing. Says which.
+fn prefer_native(mut spec: OpenSpec) -> OpenSpec {
+    let env: Vec<(String, String)> = spec
+        .base_env
+        .iter()
+        .chain(&spec.extra_env)
+        .cloned()
+        .collect();
+    match codex_native::native_of(&spec.program, &env) {
+        Some(native) => {
+            tracing::info!(
+                launcher = %spec.program.display(),
+                binary = %native.binary.display(),
+                "starting the native Codex binary the npm package ships"
+            );
+            native.scrub(&mut spec.base_env);
+            native.scrub(&mut spec.extra_env);
+            spec.extra_env.extend(native.env);
+            spec.program = native.binary;
+        }
+        None => tracing::info!(
+            binary = %spec.program.display(),
+            "starting Codex as found (no npm launcher with a native binary)"
+        ),
+    }
+    spec
 }
 
 /// `$CODEX_HOME/config.toml`, parsed; `None` if there is none or it does not parse (Codex

@@ -38,7 +38,8 @@ static DESCRIPTOR: Descriptor = Descriptor {
         usage: true,
         process: ProcessModel::PerTurn,
         binding: false,
-        options: OptionCaps::NONE,
+        // It never asks (the policy below), so it lists no permission mode, not even `ask`.
+        options: OptionCaps::NEVER_ASKS,
     },
     turns: true,
     permission_policy: Some(
@@ -66,8 +67,11 @@ impl AgentFamily for Gemini {
 
     /// Gemini keeps its chats under `~/.gemini/tmp/<project>/chats/`, named by the minute
     /// and the first 8 characters of the id; a resume in a later minute also leaves a
-    /// header-only file of its own, so the host does not watch them as its files (the CLI
-    /// refuses a session of another project by itself: `resume_rejected`).
+    /// header-only file of its own, so the host does not watch them as its files. The CLI
+    /// looks for a `--resume` id only among the chats of the cwd's project and refuses one it
+    /// does not find there (`resume_rejected`: the conformance case `resume_rejected_fallback`
+    /// deletes a session's files and resumes it); a session whose workspace changed is refused
+    /// by the host before the CLI runs (`resume_wrong_workspace_rejected`).
     fn native_file(&self, _vars: &Vars<'_>, _cwd: &Path, _native_id: &str) -> NativeFile {
         NativeFile::default()
     }

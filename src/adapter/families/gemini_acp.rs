@@ -1,8 +1,9 @@
 //! The Gemini CLI over ACP (`gemini --acp`): one long-lived process per session. It declares
 //! `loadSession` and neither fork nor resume (so a fork is a new session with a warning), and
-//! its load does not work across processes (so the host does not resume it either);
-//! `--skip-trust` because the host runs it only in a workspace the user chose. Gemini's own
-//! one-shot mode is the `gemini` family (`families/gemini.rs`).
+//! the host does not load its sessions in a later process either (see [`DESCRIPTOR`]: a load
+//! within the minute a session was created in empties it); `--skip-trust` because the host
+//! runs it only in a workspace the user chose. Gemini's own one-shot mode is the `gemini`
+//! family (`families/gemini.rs`).
 
 use futures_util::future::BoxFuture;
 
@@ -19,10 +20,16 @@ static DESCRIPTOR: Descriptor = Descriptor {
     default_binary: "gemini",
     binary_env: "AGENT_HOST_GEMINI_BIN",
     version_args: &[],
-    // It declares `loadSession`, but a `session/load` from a later process failed here (0.61.0:
-    // "No previous sessions found for this project", and within the session's creation
-    // minute "Invalid session identifier", which also resets the stored session): declared
-    // only where the real CLI shows it, so a restart starts a fresh session, saying so.
+    // Never resumed, though it declares `loadSession` (0.61.0): a `session/load` from a later
+    // process within the minute the session was created in is refused ("No previous sessions
+    // found for this project.") and leaves the session empty for good — its file is
+    // `chats/session-<minute>-<id8>.jsonl`, and the loading process first starts a record of
+    // the session in the file of the current minute, which in that minute is the session's own
+    // file, and appends a new header to it (`tests/conformance.rs`,
+    // `gemini_acp_load_within_the_sessions_minute_is_refused`). A host restart or an agent
+    // crash in a session's first minute would then wipe its conversation; instead the host
+    // starts a fresh session, with a `resume_unsupported` warning, and leaves Gemini's file of
+    // the old one alone.
     // No session option is shown with the real CLI here: none is declared.
     capabilities: Capabilities {
         resume: ResumeKind::None,

@@ -37,6 +37,11 @@ impl AgentFamily for OpenCode {
         &["acp"]
     }
 
+    /// OpenCode's own settings (`OPENCODE_CONFIG`, `OPENCODE_CONFIG_DIR`, …).
+    fn own_env(&self) -> &'static [&'static str] {
+        &["OPENCODE_"]
+    }
+
     fn open(&self, spec: OpenSpec) -> Result<AgentSession, AdapterError> {
         acp_process::open(spec)
     }

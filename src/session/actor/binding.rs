@@ -275,7 +275,12 @@ impl Actor {
             .await
         {
             Ok(_) => self.bound.recorded = Some(record),
-            Err(e) => tracing::error!(error = %e, "recording the binding failed"),
+            Err(e) => {
+                // A store that cannot write is an outage like a failed event commit: the
+                // session stops taking work until it recovers.
+                tracing::error!(error = %e, "recording the binding failed");
+                self.note_outage();
+            }
         }
     }
 }

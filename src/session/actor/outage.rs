@@ -3,7 +3,8 @@
 //! if it does not stop within the cancel grace) and nothing more of it is published; new work
 //! is refused upstream with `store_unavailable` and queued prompts wait. The store recovers by
 //! itself (its probes back off); once it commits again, what the outage left is done in order:
-//! the native id saved, refused run rows written, each cut run closed with a committed
+//! the warnings it held published (a `steer_not_taken` the store could not commit: the log is
+//! not left claiming a turn took a steer it did not), the native id saved, refused run rows written, each cut run closed with a committed
 //! `run.end` `interrupted` (only then does its row say so), a prompt dispatch could not start
 //! says `queued` again, a drop past the capacity the outage refused is made, and the queue goes
 //! on. A failure on the way is an outage again, and the rest waits for the next recovery.
@@ -89,12 +90,19 @@ impl Actor {
             why,
             unclosed,
             rows,
+            notices,
             ..
         }) = self.link.up()
         else {
             return;
         };
         let unclosed = VecDeque::from(unclosed);
+        // First the warnings it held: each undoes a claim the log already holds, and one in a
+        // run the outage cut short goes before that run's end.
+        if !self.publish_held(notices).await {
+            self.hold(unclosed, rows);
+            return;
+        }
         if let Binding::Bound { id, unsaved: true } = &self.binding {
             let id = id.clone();
             if self.save_binding(&id, true).await.is_err() {

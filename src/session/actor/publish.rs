@@ -5,7 +5,7 @@
 
 use tokio::time::Instant;
 
-use super::state::RowUpdate;
+use super::state::{HeldNotice, RowUpdate};
 use super::{Actor, Cx, OUTAGE_RETRY};
 use crate::bus::{BusError, MAX_EVENT_BYTES, Receipt};
 use crate::protocol::events::{Event, EventBody, Notice, SessionStateChange};
@@ -194,6 +194,67 @@ impl Actor {
                 if let Some(outage) = self.link.outage_mut() {
                     outage.rows.push(row);
                     outage.rows.extend(rows);
+                }
+                return false;
+            }
+        }
+        true
+    }
+
+    /// A warning that undoes a claim the log already holds (a steer's `user.text` the turn did
+    /// not take), committed: one the store cannot commit now takes the actor to its outage
+    /// state and is kept there, published first once the store commits again
+    /// ([`Actor::publish_held`]). `false`: not committed now (it is held).
+    pub(super) async fn warn_committed(
+        &mut self,
+        run_id: Option<&str>,
+        code: &str,
+        message: String,
+    ) -> bool {
+        let notice = Notice {
+            code: code.to_owned(),
+            message,
+        };
+        if self
+            .cx
+            .publish_committed(run_id, EventBody::Warning(notice.clone()))
+            .await
+        {
+            return true;
+        }
+        self.note_outage();
+        tracing::warn!(
+            ?run_id,
+            code,
+            "a warning was not committed: held for the store"
+        );
+        if let Some(outage) = self.link.outage_mut() {
+            outage.notices.push(HeldNotice {
+                run_id: run_id.map(str::to_owned),
+                notice,
+            });
+        }
+        false
+    }
+
+    /// Publish, committed and in order, the warnings an outage held; `false` (and an outage
+    /// again, holding this one and the rest, ahead of any newer) if the store still refuses
+    /// one.
+    pub(super) async fn publish_held(&mut self, notices: Vec<HeldNotice>) -> bool {
+        let mut notices = notices.into_iter();
+        while let Some(held) = notices.next() {
+            if !self
+                .cx
+                .publish_committed(
+                    held.run_id.as_deref(),
+                    EventBody::Warning(held.notice.clone()),
+                )
+                .await
+            {
+                self.note_outage();
+                if let Some(outage) = self.link.outage_mut() {
+                    let left: Vec<HeldNotice> = std::iter::once(held).chain(notices).collect();
+                    outage.notices.splice(0..0, left);
                 }
                 return false;
             }

@@ -5,8 +5,9 @@
 //! change is written there before it is published as a `queue.changed` bracket carrying the
 //! whole queue, and a host that starts again gives the queue back ([`Actor::restore`]).
 //! Dispatch publishes `user.text` then `run.start` (then `queue.changed` `dispatched` for a
-//! queued prompt) and hands the prompt to the agent only once both are committed; while the
-//! store cannot commit, the prompt waits at the queue's head.
+//! queued prompt); only once both are committed does the run's row say `running`, and only
+//! once that is committed does the prompt go to the agent; while the store cannot commit, the
+//! prompt waits at the queue's head, its row `queued`.
 
 use super::files;
 use super::state::{Run, Watch};
@@ -253,7 +254,7 @@ impl Actor {
     }
 
     /// The error for a change the store could not make durable.
-    fn store_unavailable(&self) -> SessionError {
+    pub(super) fn store_unavailable(&self) -> SessionError {
         let why = match &self.link {
             super::state::Link::Down(outage) => outage.why.clone(),
             super::state::Link::Up => self
@@ -519,9 +520,11 @@ impl Actor {
         }
     }
 
-    /// Start a run: `user.text`, `run.start`, then the prompt to the agent — only once both
-    /// are committed. While the store cannot commit, the prompt waits at the queue's head.
-    /// `queued`: it comes from the queue (its start is a change of the queue).
+    /// Start a run: `user.text`, `run.start`, then its row `running`, then the prompt to the
+    /// agent — each only once the one before is committed, so the row never says `running`
+    /// for a run whose `run.start` the log does not hold. While the store cannot commit, the
+    /// prompt waits at the queue's head (its row still `queued`). `queued`: it comes from the
+    /// queue (its start is a change of the queue).
     pub(super) async fn dispatch(&mut self, mut item: Queued, queued: bool) {
         if self.link.is_down() {
             self.queue.push_front(item);
@@ -539,12 +542,6 @@ impl Actor {
             files::stop_watch(&self.cx, &self.binding, None, &mut live.child).await;
         }
         self.files.own_prompt(&item.run_id);
-        // Queued now: in the writer's order before the events and anything this run saves.
-        let saved = self
-            .cx
-            .store
-            .start_run(self.cx.session_id.clone(), item.run_id.clone())
-            .await;
         let user = if item.announced {
             None
         } else {
@@ -572,13 +569,6 @@ impl Actor {
                 }),
             )
             .await;
-        let saved = match saved {
-            Ok(committed) => committed.await.unwrap_or(Err(StoreError::Closed)),
-            Err(e) => Err(e),
-        };
-        if let Err(e) = &saved {
-            tracing::error!(error = %e, "saving the run start failed");
-        }
         let announced = match user {
             Some(receipt) => super::publish::committed(receipt).await,
             None => item.announced,
@@ -587,15 +577,32 @@ impl Actor {
             Some(receipt) => super::publish::committed(receipt).await,
             None => false,
         };
-        if !(announced && started && saved.is_ok()) {
+        if !(announced && started) {
             self.note_outage();
             tracing::warn!(run_id = %item.run_id, "the store cannot commit: the prompt waits");
-            // Its row says `queued` again (its place kept), now or once the store is back;
-            // until then a restart finds it `running` with no `run.start` and queues it again.
-            self.set_run_state(&item.run_id, RunStatus::Queued, None, None)
-                .await;
+            // Nothing wrote its row: it still says `queued`, its place kept.
             item.announced = announced;
             self.queue.push_front(item);
+            return;
+        }
+        // Its `run.start` is durable: now the row (and the session's) may say `running`, in
+        // the writer's order before anything this run saves later.
+        let saved = match self
+            .cx
+            .store
+            .start_run(self.cx.session_id.clone(), item.run_id.clone())
+            .await
+        {
+            Ok(committed) => committed.await.unwrap_or(Err(StoreError::Closed)),
+            Err(e) => Err(e),
+        };
+        if let Err(e) = saved {
+            tracing::error!(error = %e, run_id = %item.run_id, "saving the run start failed");
+            // Started as far as the log goes, and the prompt never reached the agent: it is
+            // closed `interrupted` once the store is back (as a restart would close it), its
+            // row `queued` until then.
+            self.note_outage();
+            self.cut_run_ended(item.run_id, e.to_string()).await;
             return;
         }
         let run_id = item.run_id.clone();

@@ -34,6 +34,7 @@ use std::mem;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
+use crate::protocol::events::Notice;
 use crate::protocol::states::{RunStatus, SessionState};
 use crate::session::agent::{AgentSession, FileChanges, Native};
 use crate::session::ownership::{OwnedPid, Tail};
@@ -171,6 +172,15 @@ pub(super) struct Outage {
     pub unclosed: Vec<String>,
     /// Run rows that could not be written, written once it is over.
     pub rows: Vec<RowUpdate>,
+    /// Warnings that undo a claim the log already holds (a steer's `user.text` the turn did
+    /// not take) and could not be committed: published first once it is over.
+    pub notices: Vec<HeldNotice>,
+}
+
+/// A warning the store could not commit, kept for when it can: its run (if any) and body.
+pub(super) struct HeldNotice {
+    pub run_id: Option<String>,
+    pub notice: Notice,
 }
 
 /// A run row's end that the store refused.
@@ -599,6 +609,7 @@ impl Link {
                 retry_at: None,
                 unclosed: Vec::new(),
                 rows: Vec::new(),
+                notices: Vec::new(),
             });
         }
     }

@@ -1,15 +1,22 @@
 //! `session.steer`: more input for the running turn. Where the family can take it
-//! ([`Capabilities::steer`](crate::session::agent::Capabilities)) the text goes to the agent
-//! for the current run, and only once the agent took it is it published, as a `user.text`
-//! with `steer` in that run. The actor does not wait for that answer: the steer is kept
-//! ([`PendingSteer`]) and its answer is one more branch of the actor's loop, so a cancel, a
-//! permission answer or a `session.get` meanwhile go on; a second steer meanwhile is refused
-//! `steer_pending`. Where the turn cannot take it — the family does not steer, the turn is
-//! already ending, or the agent refused it or never got it — the text becomes a run of its own
-//! at the head of the queue, with a `warning` `steer_unsupported` and a `queue.changed`
-//! `steered`: it runs next, and nothing claims the turn was influenced. Where the agent got it
-//! and never answered (`result_delivery_unknown`), it is not queued (it may be in the turn
-//! already): the caller gets `result_delivery_unknown` and the run a `warning`
+//! ([`Capabilities::steer`](crate::session::agent::Capabilities)) the text is committed as a
+//! `user.text` with `steer` in the current run and only then given to the agent (nothing
+//! reaches an agent that the log does not hold: a steer whose `user.text` the store cannot
+//! commit is refused `store_unavailable` and the agent never sees it). The actor does not wait
+//! for the agent's answer: the steer is kept ([`PendingSteer`]) and its answer is one more
+//! branch of the actor's loop, so a cancel, a permission answer or a `session.get` meanwhile go
+//! on; a second steer meanwhile is refused `steer_pending`. Where the turn cannot take it — the
+//! family does not steer, or the turn is already ending — nothing is given to the agent and the
+//! text becomes a run of its own at the head of the queue, with a `warning` `steer_unsupported`
+//! and a `queue.changed` `steered`: it runs next, and nothing claims the turn was influenced.
+//! Where the agent refused it or never got it, its `user.text` is committed already, so a
+//! committed `warning` `steer_not_taken` in that run (with no `runId` once that run is over,
+//! its message naming the run) says the turn did not take it (nothing is left claiming
+//! influence the agent did not take), and then it runs next as above. A `steer_not_taken` the
+//! store cannot commit is held by the actor's outage state and published first once the store
+//! is back; the steer is refused `store_unavailable` (nothing is queued for it). Where the agent
+//! got it and never answered (`result_delivery_unknown`), it is not queued (it may be in the
+//! turn already): the caller gets `result_delivery_unknown` and the run a `warning`
 //! `steer_result_unknown`. With no turn running it is a plain send.
 //!
 //! A steer taken into a turn is remembered by its `client_msg_id` (in memory, the last
@@ -118,7 +125,27 @@ impl Actor {
                 "the {} agent cannot take input mid-turn; the prompt runs next, after this turn",
                 self.cx.agent_type
             )
+        } else if self.state.live().is_none() {
+            Self::refused_why(&AdapterError::new(
+                ErrorCategory::TransportLost,
+                "the agent process is gone",
+            ))
         } else {
+            // Durable before the agent sees it: the log holds every input a turn was given.
+            let user = EventBody::UserText(UserText {
+                text: text.clone(),
+                client_msg_id: client_msg_id.clone(),
+                steer: true,
+                from: from.clone(),
+                imported: false,
+                attachments: Vec::new(),
+            });
+            if !self.cx.publish_committed(Some(&run_id), user).await {
+                self.note_outage();
+                tracing::warn!(%run_id, "the store cannot commit: the steer is refused");
+                let _caller_gone = reply.send(Err(self.store_unavailable()));
+                return;
+            }
             let started = match self.state.live() {
                 Some(live) => live.session.start_steer(&text, &run_id).await,
                 None => Err(AdapterError::new(
@@ -138,7 +165,13 @@ impl Actor {
                     });
                     return;
                 }
-                Err(e) => Self::refused_why(&e),
+                Err(e) => {
+                    if !self.steer_not_taken(&run_id, &text, &e).await {
+                        let _caller_gone = reply.send(Err(self.store_unavailable()));
+                        return;
+                    }
+                    Self::refused_why(&e)
+                }
             }
         };
         self.steer_to_head(text, client_msg_id, from, why, reply)
@@ -151,6 +184,24 @@ impl Actor {
             "the agent did not take the input mid-turn ({e}); the prompt runs next, after this \
              turn"
         )
+    }
+
+    /// The agent did not take a steer whose `user.text` is committed in `run_id`: say so
+    /// there (or, once that run is over, in the session, the message naming the run), so
+    /// nothing claims influence the turn did not take. Committed: `false` if the store cannot
+    /// commit it now — the actor is in its outage state, the warning is held and published
+    /// first once the store is back, and the caller refuses the steer `store_unavailable`.
+    /// What becomes of the text is not said here (it may not be queued): the receipt says,
+    /// and a `steer_unsupported` once it is at the head of the queue.
+    async fn steer_not_taken(&mut self, run_id: &str, text: &str, e: &AdapterError) -> bool {
+        let current = self.state.run_id().as_deref() == Some(run_id);
+        let message = format!(
+            "the agent did not take the input \"{}\" into run {run_id} ({e}): it was not part \
+             of that turn",
+            preview(text)
+        );
+        self.warn_committed(current.then_some(run_id), "steer_not_taken", message)
+            .await
     }
 
     /// The pending steer's answer came (or its wait ran out).
@@ -169,23 +220,11 @@ impl Actor {
         let current = self.state.run_id().as_deref() == Some(run_id.as_str());
         let unknown = match answer {
             Ok(()) if current => {
+                // Its `user.text` was committed before the agent got it.
                 tracing::info!(%run_id, "steered the running turn");
                 if let Some(key) = &client_msg_id {
                     self.steered.remember(key.clone(), run_id.clone());
                 }
-                self.cx
-                    .publish(
-                        Some(&run_id),
-                        EventBody::UserText(UserText {
-                            text,
-                            client_msg_id,
-                            steer: true,
-                            from,
-                            imported: false,
-                            attachments: Vec::new(),
-                        }),
-                    )
-                    .await;
                 let _caller_gone = reply.send(Ok(SteerReceipt {
                     run_id,
                     steered: true,
@@ -201,6 +240,10 @@ impl Actor {
                  unknown",
             ),
             Err(e) if not_taken(&e) => {
+                if !self.steer_not_taken(&run_id, &text, &e).await {
+                    let _caller_gone = reply.send(Err(self.store_unavailable()));
+                    return;
+                }
                 let why = Self::refused_why(&e);
                 if self.state.run().is_some() {
                     self.steer_to_head(text, client_msg_id, from, why, reply)

@@ -1539,6 +1539,87 @@ async fn a_store_outage_cuts_the_turn_and_the_queue_waits_for_the_store() {
     world.stop().await;
 }
 
+/// Issue 13: no run row says `running` while its events do not. The commit of a dispatch's
+/// `run.start` fails (a real SQLite failure: a trigger the test adds to the database file
+/// refuses it, and the store degrades): the row stays `queued`, as the log shows it, rather
+/// than `running` until the store is back. Once it commits again the prompt runs, announced
+/// once.
+#[tokio::test]
+async fn a_dispatch_whose_run_start_cannot_commit_leaves_its_row_queued() {
+    let mut world = World::start(Setup::default()).await;
+    let sid = world.session().await;
+    let db = rusqlite::Connection::open(world.dir.path().join("t.db")).unwrap();
+    db.busy_timeout(WAIT).unwrap();
+    db.execute_batch(
+        "CREATE TRIGGER refuse_run_start BEFORE INSERT ON messages \
+         WHEN NEW.kind = 'run.start' BEGIN SELECT RAISE(ABORT, 'injected fault'); END;",
+    )
+    .unwrap();
+    let run = world.send(&sid, "one").await.run_id;
+    // The actor is serial: this is answered after the dispatch was tried.
+    let live = world.live(&sid).await;
+    assert_eq!(
+        (live.run_id.as_deref(), live.queued.as_slice()),
+        (None, std::slice::from_ref(&run))
+    );
+    assert_eq!(world.run_states(&sid).await[&run], "queued");
+    assert_ne!(
+        world.row(&sid).await.state,
+        crate::protocol::states::SessionState::Running
+    );
+
+    db.execute_batch("DROP TRIGGER refuse_run_start").unwrap();
+    let mut agent = world.agent().await;
+    assert_eq!(agent.prompt().await, run);
+    assert_eq!(world.run_states(&sid).await[&run], "running");
+    let kinds: Vec<String> = world
+        .store
+        .run_lifecycle(sid.clone(), run.clone())
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|(kind, _)| kind)
+        .collect();
+    assert_eq!(kinds, ["user.text", "run.start"]);
+    agent.end(RunState::Completed).await;
+    until_status(&world, &sid, |s| s.run_id.is_none()).await;
+    drop(agent);
+    world.stop().await;
+}
+
+/// A block end over the event limit reaches the log cut to fit, as its own kind (here a
+/// `thinking.end`; the cut of each kind is `protocol::events`'s), never replaced by a notice:
+/// its `*.start` is closed.
+#[tokio::test]
+async fn a_block_end_over_the_event_limit_is_published_cut() {
+    let mut world = World::start(Setup::default()).await;
+    let sid = world.session().await;
+    let mut bus = world.follow(&sid).await;
+    world.send(&sid, "one").await;
+    let mut agent = world.agent().await;
+    agent.prompt().await;
+    let big = "z".repeat(crate::bus::MAX_EVENT_BYTES + 1024);
+    agent
+        .say(EventBody::ThinkingEnd(crate::protocol::events::BlockEnd {
+            item_id: Some("th".into()),
+            text: big.clone(),
+            truncated: None,
+            imported: false,
+        }))
+        .await;
+    agent.end(RunState::Completed).await;
+    let thinking = bus.until("thinking.end").await;
+    assert_eq!(thinking["itemId"], "th");
+    assert_eq!(thinking["truncated"]["fullBytes"], big.len());
+    bus.until("run.end").await;
+    assert!(
+        !bus.take().iter().any(|k| k == "warning event_too_large"),
+        "the block end was left out"
+    );
+    drop(agent);
+    world.stop().await;
+}
+
 /// An outage while idle holds the next prompt's dispatch until the store commits.
 #[tokio::test]
 async fn a_store_outage_while_idle_holds_the_queue() {

@@ -219,7 +219,8 @@ async fn copies_of_a_prompt_not_taken_are_taken_back() {
     }
     world.sessions.lock_actors().deleting.remove(&sid);
     assert_eq!(copies(), 1);
-    world.stop().await;
+    // The idle agent is closed by the stop (answered at once, so no grace is waited out).
+    tokio::join!(world.stop(), agent.closed());
 }
 
 /// A prompt queued with attachments when the host stops runs after the restart with them.

@@ -239,8 +239,13 @@ async fn past_its_capacity_the_queue_drops_its_oldest_and_names_it() {
     );
     assert_eq!(world.run_states(&sid).await[&oldest], "dropped");
     assert_eq!(world.live(&sid).await.queued, [b, c.run_id]);
-    drop(agent);
-    world.stop().await;
+    // The stop interrupts the running turn: the agent ends it and is closed, so the stop does
+    // not wait out its grace.
+    let stopping = tokio::spawn(world.stop());
+    assert!(matches!(agent.input().await, AgentInput::Interrupt));
+    agent.end(RunState::Interrupted).await;
+    agent.closed().await;
+    stopping.await.unwrap();
 }
 
 /// `queue.clear` cancels every queued prompt (each with its warning) and publishes one
@@ -360,9 +365,31 @@ async fn a_steer_the_agent_cannot_take_runs_next_at_the_head() {
     world.stop().await;
 }
 
-/// A family that steers: the text goes to the agent for the running run and, once the agent
-/// took it, is published as that run's `user.text` with `steer`; an agent that refuses it
-/// sends the text to the head of the queue instead, saying why.
+/// The steer `user.text`s the store holds for a session, as (run id, text).
+async fn stored_steers(world: &World, sid: &str) -> Vec<(String, String)> {
+    world
+        .store
+        .history(sid.to_owned(), 0, 1000)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|e| e.kind == "user.text")
+        .map(|e| serde_json::from_str::<Value>(&e.payload).unwrap())
+        .filter(|v| v["steer"] == true)
+        .map(|v| {
+            (
+                v["runId"].as_str().unwrap().to_owned(),
+                v["text"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect()
+}
+
+/// A family that steers: the text is committed as the running run's `user.text` with `steer`
+/// before the agent gets it (issue 13: nothing reaches an agent the log does not hold), and the
+/// agent takes it. An agent that refuses it has a `warning` `steer_not_taken` follow that
+/// `user.text` in the same run (issue 17: nothing is left claiming influence the turn did not
+/// take), and the text goes to the head of the queue instead, saying why.
 #[tokio::test]
 async fn a_steer_goes_into_the_running_turn_where_the_agent_takes_it() {
     let mut world = World::start(Setup {
@@ -385,6 +412,11 @@ async fn a_steer_goes_into_the_running_turn_where_the_agent_takes_it() {
     match agent.input().await {
         AgentInput::Steer { text, id, reply } => {
             assert_eq!((text.as_str(), id.as_str()), ("also this", r1.as_str()));
+            // Durable before the agent saw it.
+            assert_eq!(
+                stored_steers(&world, &sid).await,
+                pairs(&[(&r1, "also this")])
+            );
             reply.send(Ok(())).unwrap();
         }
         other => panic!("expected a steer, got {other:?}"),
@@ -421,7 +453,26 @@ async fn a_steer_goes_into_the_running_turn_where_the_agent_takes_it() {
     }
     let receipt = refused.await.unwrap().unwrap();
     assert!(!receipt.steered && receipt.queued);
+    let user = bus.until("user.text").await;
+    assert_eq!(
+        (&user["runId"], &user["text"], &user["steer"]),
+        (&json!(r1), &json!("and this"), &json!(true))
+    );
+    // Said at once, in the run its `user.text` is in.
+    let next = bus.next().await;
+    assert_eq!(
+        bus.seen.last().map(String::as_str),
+        Some("warning steer_not_taken"),
+        "{next}"
+    );
+    assert_eq!(next["runId"], r1.as_str());
+    let message = next["message"].as_str().unwrap();
+    assert!(
+        message.contains("no active turn to steer") && message.contains("and this"),
+        "{next}"
+    );
     let warning = bus.until("warning steer_unsupported").await;
+    assert_eq!(warning["runId"], receipt.run_id.as_str());
     assert!(
         warning["message"]
             .as_str()
@@ -436,6 +487,133 @@ async fn a_steer_goes_into_the_running_turn_where_the_agent_takes_it() {
     );
     agent.end(RunState::Completed).await;
     bus.until("state idle<-running").await;
+    drop(agent);
+    world.stop().await;
+}
+
+/// A steer whose `user.text` the store cannot commit never reaches the agent: the caller gets
+/// `store_unavailable`, the log holds no steer, and nothing is queued for it.
+#[tokio::test]
+async fn a_steer_the_store_cannot_commit_is_refused_and_never_reaches_the_agent() {
+    let mut world = World::start(steering_world()).await;
+    let sid = world.session().await;
+    world.send(&sid, "one").await;
+    let mut agent = world.agent().await;
+    agent.prompt().await;
+
+    world.store.fail_writes(true).await;
+    match world.sessions.steer(&sid, "lost?".into(), None).await {
+        Err(SessionError::StoreUnavailable(_)) => {}
+        other => panic!("expected store_unavailable, got {other:?}"),
+    }
+    // The actor handled the steer entirely before this answer: had it given the agent the
+    // text, it would be waiting in the agent's inputs now.
+    world.live(&sid).await;
+    assert!(
+        agent.inputs.try_recv().is_err(),
+        "a steer the log does not hold reached the agent"
+    );
+    world.store.fail_writes(false).await;
+    store_recovered(&world).await;
+    assert!(stored_steers(&world, &sid).await.is_empty());
+    assert!(world.live(&sid).await.queued.is_empty());
+    drop(agent);
+    world.stop().await;
+}
+
+/// The kinds (a warning with its code) of a session's stored events in run `run_id`, in order.
+async fn stored_kinds_in(world: &World, sid: &str, run_id: &str) -> Vec<String> {
+    world
+        .store
+        .history(sid.to_owned(), 0, 1000)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| (e.kind, serde_json::from_str::<Value>(&e.payload).unwrap()))
+        .filter(|(_, v)| v["runId"] == run_id)
+        .map(|(kind, v)| match v["code"].as_str() {
+            Some(code) => format!("{kind} {code}"),
+            None => kind,
+        })
+        .collect()
+}
+
+/// A steer the agent refuses while the store cannot commit: its `user.text` is in the log
+/// already, so the `warning` `steer_not_taken` that undoes that claim is not left to a
+/// publish that may be lost. It is held by the actor's outage state (the caller gets
+/// `store_unavailable`, nothing is queued for the text) and published in the run, first, once
+/// the store commits again — before the run's end.
+#[tokio::test]
+async fn a_steer_not_taken_the_store_cannot_commit_is_said_once_the_store_is_back() {
+    let mut world = World::start(steering_world()).await;
+    let sid = world.session().await;
+    let mut bus = world.follow(&sid).await;
+    let r1 = world.send(&sid, "one").await.run_id;
+    let mut agent = world.agent().await;
+    agent.prompt().await;
+    let sessions = world.sessions.clone();
+    let id = sid.clone();
+    let steering = tokio::spawn(async move { sessions.steer(&id, "refused".into(), None).await });
+    let AgentInput::Steer { reply, .. } = agent.input().await else {
+        panic!("expected a steer");
+    };
+    world.store.fail_writes(true).await;
+    reply
+        .send(Err(AdapterError::new(
+            ErrorCategory::AgentFailed,
+            "no active turn to steer",
+        )))
+        .unwrap();
+    match steering.await.unwrap() {
+        Err(SessionError::StoreUnavailable(_)) => {}
+        other => panic!("expected store_unavailable, got {other:?}"),
+    }
+    // The steer is in the log; nothing says yet that the turn did not take it.
+    assert_eq!(
+        stored_steers(&world, &sid).await,
+        pairs(&[(&r1, "refused")])
+    );
+    assert!(
+        !stored_kinds_in(&world, &sid, &r1)
+            .await
+            .iter()
+            .any(|k| k == "warning steer_not_taken"),
+        "committed while the store could not commit"
+    );
+
+    world.store.fail_writes(false).await;
+    store_recovered(&world).await;
+    let warning = bus.until("warning steer_not_taken").await;
+    assert_eq!(warning["runId"], r1.as_str());
+    let message = warning["message"].as_str().unwrap();
+    assert!(
+        message.contains("refused")
+            && message.contains(r1.as_str())
+            && message.contains("no active turn to steer")
+            && !message.contains("runs next"),
+        "{warning}"
+    );
+    assert!(world.live(&sid).await.queued.is_empty());
+    agent.end(RunState::Completed).await;
+    until_status(&world, &sid, |s| s.run_id.is_none()).await;
+    let kinds = stored_kinds_in(&world, &sid, &r1).await;
+    let at = |kind: &str| kinds.iter().position(|k| k == kind);
+    assert!(
+        at("run.end").is_some() && at("warning steer_not_taken") < at("run.end"),
+        "{kinds:?}"
+    );
+    assert_eq!(
+        kinds
+            .iter()
+            .filter(|k| *k == "warning steer_not_taken")
+            .count(),
+        1,
+        "{kinds:?}"
+    );
+    assert!(
+        agent.inputs.try_recv().is_err(),
+        "the refused steer ran as a prompt"
+    );
     drop(agent);
     world.stop().await;
 }
@@ -878,12 +1056,15 @@ async fn a_pending_steer_blocks_neither_a_cancel_nor_a_permission_answer() {
     }
     agent.ask("p1").await;
     bus.until("state waiting<-running").await;
-    world
-        .sessions
-        .respond_permission(&sid, "p1".into(), Decision::Allow, None, "ipc".into())
-        .await
-        .unwrap();
-    assert!(matches!(agent.input().await, AgentInput::Permission { .. }));
+    // The answer returns once the agent acknowledged it: answer and acknowledge together.
+    let (responded, (answered, allowed, _)) = tokio::join!(
+        world
+            .sessions
+            .respond_permission(&sid, "p1".into(), Decision::Allow, None, "ipc".into()),
+        agent.permission(Ok(Honoured::default()))
+    );
+    responded.unwrap();
+    assert_eq!((answered.as_str(), allowed), ("p1", true));
     assert_eq!(world.live(&sid).await.run_id.as_deref(), Some(r1.as_str()));
     world.sessions.cancel(&sid, None).await.unwrap();
     assert!(matches!(agent.input().await, AgentInput::Interrupt));
@@ -929,8 +1110,7 @@ async fn a_pending_steer_blocks_neither_a_cancel_nor_a_permission_answer() {
         .collect();
     assert_eq!(steers.len(), 1, "{steers:?}");
     assert!(world.live(&sid).await.queued.is_empty());
-    drop(agent);
-    world.stop().await;
+    tokio::join!(world.stop(), agent.closed());
 }
 
 /// A steer the agent got and never answered — the driver says so, or the session's wait runs
