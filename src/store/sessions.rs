@@ -273,6 +273,18 @@ pub(super) fn touch_sessions<'a>(
 
 #[cfg(test)]
 mod tests {
+
+    /// The first page of the list as (id, last activity, preview), newest first.
+    async fn first_page_activity(store: &Store) -> Vec<(String, i64, Option<String>)> {
+        let page = store
+            .list_sessions_page(SessionQuery::default())
+            .await
+            .unwrap();
+        page.sessions
+            .into_iter()
+            .map(|r| (r.session.session_id, r.last_activity_ms, r.preview))
+            .collect()
+    }
     use super::*;
     use crate::store::now_ms;
     use std::collections::HashSet;
@@ -583,20 +595,10 @@ mod tests {
             .unwrap();
         store.insert_session(row("imp", 1_000)).await.unwrap();
         store.insert_session(row("fresh", 2_000)).await.unwrap();
-        let page = store
-            .list_sessions_page(SessionQuery::default())
-            .await
-            .unwrap();
-        let got: Vec<_> = page
-            .sessions
+        let got = first_page_activity(&store).await;
+        let got: Vec<_> = got
             .iter()
-            .map(|r| {
-                (
-                    r.session.session_id.as_str(),
-                    r.last_activity_ms,
-                    r.preview.as_deref(),
-                )
-            })
+            .map(|(id, at, preview)| (id.as_str(), *at, preview.as_deref()))
             .collect();
         assert_eq!(
             got,
@@ -646,20 +648,10 @@ mod tests {
             text_event("b", 4, "text.end", "newest in b", 3_500),
         ])
         .await;
-        let page = store
-            .list_sessions_page(SessionQuery::default())
-            .await
-            .unwrap();
-        let got: Vec<_> = page
-            .sessions
+        let got = first_page_activity(&store).await;
+        let got: Vec<_> = got
             .iter()
-            .map(|r| {
-                (
-                    r.session.session_id.as_str(),
-                    r.last_activity_ms,
-                    r.preview.as_deref(),
-                )
-            })
+            .map(|(id, at, preview)| (id.as_str(), *at, preview.as_deref()))
             .collect();
         assert_eq!(
             got,
