@@ -145,6 +145,47 @@ pub fn execute(command: Command, envelope: Value, config: &Config) -> Reply {
     }
 }
 
+/// The full binary, installed beside `agent-host`: the small `agent-host` front hands it every
+/// command it does not answer itself (see [`front`]).
+pub const FULL_BINARY: &str = "agent-hostd";
+
+/// What the small `agent-host` front does with a parsed command.
+#[derive(Debug)]
+pub enum FrontStep {
+    /// Answered: print it.
+    Answered(Reply),
+    /// Needs the full binary: run [`FULL_BINARY`] with the envelope.
+    Delegate,
+}
+
+/// The `agent-host` front's share of the commands, the ones a script or a status line runs
+/// often: `version`, and one blocking IPC exchange for an `ipc` command and for `host.status`
+/// when its host answers. It needs only the home directory (no `config.toml`, runtime or
+/// logging), so the front links a small part of this crate and starts nearly as fast as
+/// `/bin/true`. Everything else — `host.start`, the lock-file fallbacks, `host.shutdown`'s wait,
+/// `agent.list`'s probes — is [`FrontStep::Delegate`], answered by the full binary exactly as
+/// [`execute`] would.
+pub fn front(command: &Command, envelope: &Value, home: &Path) -> FrontStep {
+    match command {
+        Command::Version => FrontStep::Answered(version()),
+        Command::HostStatus => {
+            match ipc::request_blocking(&crate::config::ipc_path_in(home), envelope, IPC_TIMEOUT) {
+                Ok(reply) => FrontStep::Answered(reply),
+                // No host answers: the lock file says why, which the full binary reads.
+                Err(_) => FrontStep::Delegate,
+            }
+        }
+        command if command.route() == Route::Ipc => {
+            let path = crate::config::ipc_path_in(home);
+            match ipc::request_blocking(&path, envelope, IPC_TIMEOUT) {
+                Ok(reply) => FrontStep::Answered(reply),
+                Err(e) => FrontStep::Answered(crate::request::errors::ipc_failure(e, &path)),
+            }
+        }
+        _ => FrontStep::Delegate,
+    }
+}
+
 /// `local`'s reply for `version`: needs no configuration, runtime or host.
 pub fn version() -> Reply {
     Reply::ok(json!({

@@ -415,18 +415,28 @@ pub struct Config {
     pub adopt_orphans: bool,
 }
 
+/// The home directory the environment names: `AGENT_HOST_HOME`, else `~/.agent-host`. Reads
+/// nothing from disk (the small `agent-host` front needs only this to find the socket).
+pub fn home_from_env() -> Result<PathBuf, ConfigError> {
+    match std::env::var_os("AGENT_HOST_HOME") {
+        Some(home) if !home.is_empty() => Ok(PathBuf::from(home)),
+        _ => {
+            let user_home = std::env::var_os("HOME").ok_or(ConfigError::NoHome)?;
+            Ok(PathBuf::from(user_home).join(".agent-host"))
+        }
+    }
+}
+
+/// The IPC socket of the host of `home`.
+pub fn ipc_path_in(home: &Path) -> PathBuf {
+    home.join("host.sock")
+}
+
 impl Config {
     /// Build from the environment: `AGENT_HOST_HOME`, else `$HOME/.agent-host`;
     /// `AGENT_HOST_LOG` overrides the log level.
     pub fn from_env() -> Result<Config, ConfigError> {
-        let home = match std::env::var_os("AGENT_HOST_HOME") {
-            Some(home) if !home.is_empty() => PathBuf::from(home),
-            _ => {
-                let user_home = std::env::var_os("HOME").ok_or(ConfigError::NoHome)?;
-                PathBuf::from(user_home).join(".agent-host")
-            }
-        };
-        let mut config = Config::with_home(home)?;
+        let mut config = Config::with_home(home_from_env()?)?;
         // Only variables that are valid UTF-8 (`vars()` would panic on the others).
         config.env = std::env::vars_os()
             .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
@@ -538,7 +548,7 @@ impl Config {
     }
 
     pub fn ipc_path(&self) -> PathBuf {
-        self.home.join("host.sock")
+        ipc_path_in(&self.home)
     }
 
     /// The port the last host of this home listened on (when none is configured, the next

@@ -1,65 +1,30 @@
-//! The `agent-host` binary: argv → command envelope → route → one JSON reply line on stdout.
-//! Exit status 0 exactly when the reply's code is 0. Thin on purpose: routing lives in
-//! `agent_host::client`, the host in `agent_host::daemon`.
+//! The `agent-host` command: a small front that answers the commands run most often — `version`,
+//! and every `ipc` command and `host.status` when a host answers — with one blocking socket
+//! exchange, and hands everything else to the full binary, `agent-hostd`, installed beside it.
+//!
+//! Why two binaries: a one-shot command's cost was the loading of the whole daemon (a 24 MB
+//! position-independent binary whose relocated data the loader writes page by page before
+//! `main`), not anything the command did. This front links only argv routing, the envelope, the
+//! IPC client and the reply; the host, the agents, the store, the web UI and `follow` are in
+//! `agent-hostd`, which also takes every command itself.
+//!
+//! It parses no options: argv of the shape `INPUT [PARAMS]` (neither starting with `-`, except
+//! `-` itself for standard input) is a command; anything else — `--help`, `--version`, a flag,
+//! `follow`, `open`, a usage error — goes to `agent-hostd` unchanged, whose command-line parser
+//! answers it. A command read from standard input is handed on as its envelope, so nothing is
+//! read twice. Output and exit status are byte for byte the full binary's.
 
+use std::ffi::OsString;
 use std::io::Write;
+use std::os::unix::process::CommandExt;
 use std::process::ExitCode;
 
-use agent_host::client;
-use agent_host::config::Config;
-use agent_host::protocol::envelope::{COMMANDS, Command, ErrorCode, Reply};
-use clap::{CommandFactory, FromArgMatches, Parser};
+use agent_host::client::{self, FULL_BINARY, FrontStep};
+use agent_host::protocol::envelope::{ErrorCode, Reply, RequestError};
 
-/// Runs coding-agent CLIs and lets many clients drive and follow the same session.
-#[derive(Parser, Debug)]
-#[command(name = "agent-host", version, arg_required_else_help = true)]
-struct Cli {
-    /// A whole envelope `{"command":…,"params":…}`, or a command name.
-    input: String,
-    /// The params JSON, when INPUT is a command name (for `follow` and `open`: a session id).
-    /// `-` reads it from standard input (as `-` for INPUT reads a whole envelope).
-    params: Option<String>,
-    /// `follow` only: print raw canonical events, one JSON object per line.
-    #[arg(long)]
-    json: bool,
-    /// `open` only: print the web UI's URL without starting a browser.
-    #[arg(long)]
-    print: bool,
-}
-
-fn commands_help() -> String {
-    let mut text = String::from(
-        "Commands (route: local runs here, ipc needs the host, hybrid falls back to the lock file):\n",
-    );
-    for spec in COMMANDS {
-        text.push_str(&format!(
-            "  {:<16} [{}] {}\n  {:<16}        params {}\n",
-            spec.name,
-            spec.route.name(),
-            spec.summary,
-            "",
-            spec.params
-        ));
-    }
-    text.push_str(
-        "  follow           [cli]   follow a live stream: agent-host follow [session_id] [--json]\n                          (interactive on a terminal: type to send, Esc cancels, y/n/a answer, /help)\n",
-    );
-    text.push_str(
-        "  open             [cli]   print and open the web UI's URL: agent-host open [session_id] [--print]\n",
-    );
-    text.push_str(
-        "\nExamples:\n  agent-host host.start\n  agent-host '{\"command\":\"session.create\",\"params\":{\"agent_type\":\"claude\",\"cwd\":\"/some/dir\"}}'\n  agent-host session.history '{\"session_id\":\"…\",\"after_seq\":0}'\n\nEnvironment: AGENT_HOST_HOME (default ~/.agent-host), AGENT_HOST_LOG (log filter).\nReply codes: docs/commands.md.",
-    );
-    text
-}
-
-fn print_reply(reply: &Reply) {
-    // The reader may be gone (a detached host's parent exits after the ready line): ignore.
+fn print_reply(reply: &Reply) -> ExitCode {
     let mut out = std::io::stdout().lock();
     let _gone = writeln!(out, "{}", reply.to_line()).and_then(|()| out.flush());
-}
-
-fn exit_code(reply: &Reply) -> ExitCode {
     if reply.is_ok() {
         ExitCode::SUCCESS
     } else {
@@ -67,192 +32,81 @@ fn exit_code(reply: &Reply) -> ExitCode {
     }
 }
 
-/// The configuration, or the printed refusal's exit code.
-fn load_config() -> Result<Config, ExitCode> {
-    Config::from_env().map_err(|e| {
-        let reply = Reply::error(
-            ErrorCode::HomeUnusable,
-            e.to_string(),
-            serde_json::Value::Null,
-        );
-        print_reply(&reply);
-        exit_code(&reply)
-    })
+/// `INPUT [PARAMS]` when argv is exactly a command the front may answer, else `None`.
+fn command_args(args: &[OsString]) -> Option<(String, Option<String>)> {
+    let plain = |arg: &OsString| {
+        let text = arg.to_str()?;
+        (text == client::STDIN_ARG || !text.starts_with('-')).then(|| text.to_owned())
+    };
+    let (input, params) = match args {
+        [input] => (plain(input)?, None),
+        [input, params] => (plain(input)?, Some(plain(params)?)),
+        _ => return None,
+    };
+    // The commands of the full binary only (they own the terminal or a browser).
+    if input == "follow" || input == "open" {
+        return None;
+    }
+    Some((input, params))
 }
 
-/// `agent-host follow [session_id] [--json]`: a live stream on stdout until Ctrl-C — on a
-/// terminal the interactive follower, which owns the screen (tracing goes to
-/// `logs/follow.log`, never onto it); a failure to start is one JSON reply line, as for every
-/// command.
-fn follow(cli: Cli) -> anyhow::Result<ExitCode> {
-    let options = agent_host::follow::FollowOptions {
-        session_id: cli.params,
-        json: cli.json,
-    };
-    let interactive = agent_host::follow::interactive(&options);
-    if !interactive {
-        agent_host::logging::init_cli_logging();
-    }
-    let config = match load_config() {
-        Ok(config) => config,
-        Err(reply) => return Ok(reply),
-    };
-    if interactive {
-        agent_host::logging::init_tui_logging(&config);
-    }
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?;
-    let reply = runtime.block_on(async {
-        if interactive {
-            return agent_host::follow::run_interactive(&config, options).await;
+/// Replace this process with `agent-hostd ARGS`; returns only when that cannot start.
+fn delegate(args: &[OsString]) -> ExitCode {
+    let argv0 = std::env::args_os()
+        .next()
+        .unwrap_or_else(|| OsString::from("agent-host"));
+    let full = match std::env::current_exe() {
+        Ok(exe) => exe.with_file_name(FULL_BINARY),
+        Err(e) => {
+            return print_reply(&Reply::error(
+                ErrorCode::Internal,
+                format!("cannot find this binary to find {FULL_BINARY} beside it: {e}"),
+                serde_json::Value::Null,
+            ));
         }
-        let mut out = std::io::stdout();
-        let mut status = std::io::stderr();
-        agent_host::follow::run(&config, options, &mut out, &mut status).await
-    });
-    if !reply.is_ok() {
-        print_reply(&reply);
-    }
-    Ok(exit_code(&reply))
-}
-
-/// `agent-host open [session_id] [--print]`: one URL line on stdout (and a browser, unless
-/// `--print`); a failure is one JSON reply line, as for every command.
-fn open(cli: Cli) -> anyhow::Result<ExitCode> {
-    agent_host::logging::init_cli_logging();
-    let config = match load_config() {
-        Ok(config) => config,
-        Err(reply) => return Ok(reply),
     };
-    let options = agent_host::open::OpenOptions {
-        session_id: cli.params,
-        print_only: cli.print,
+    let e = std::process::Command::new(&full)
+        .arg0(argv0)
+        .args(args)
+        .exec();
+    let code = match e.kind() {
+        // An envelope read from standard input is handed on as one argument.
+        std::io::ErrorKind::ArgumentListTooLong => ErrorCode::RequestTooLarge,
+        std::io::ErrorKind::NotFound | std::io::ErrorKind::PermissionDenied => {
+            ErrorCode::InstallIncomplete
+        }
+        _ => ErrorCode::Internal,
     };
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    let reply = runtime.block_on(async {
-        let mut out = std::io::stdout();
-        let mut status = std::io::stderr();
-        agent_host::open::run(&config, options, &mut out, &mut status).await
-    });
-    if !reply.is_ok() {
-        print_reply(&reply);
-    }
-    Ok(exit_code(&reply))
-}
-
-/// A usage error, answered with one JSON line like every other.
-fn usage_error(first: &str) -> ExitCode {
-    let reply = Reply::error(
-        ErrorCode::InvalidEnvelope,
-        format!("{first}; usage: agent-host '<envelope>' | agent-host <command> ['<params>']"),
+    print_reply(&Reply::error(
+        code,
+        format!(
+            "cannot run {}: {e}; it is built and installed with agent-host (`cargo build \
+             --release`, `cargo install --path .`)",
+            full.display()
+        ),
         serde_json::Value::Null,
-    );
-    print_reply(&reply);
-    exit_code(&reply)
+    ))
 }
 
-/// argv as [`Cli`], or the exit code of what was printed instead (help, the version, a usage
-/// error's reply line). The commands' list is formatted only when help is shown.
-fn parse_cli() -> Result<Cli, ExitCode> {
-    use clap::error::ErrorKind;
-    let parsed = Cli::command()
-        .try_get_matches()
-        .and_then(|m| Cli::from_arg_matches(&m));
-    let e = match parsed {
-        Ok(cli) => return Ok(cli),
-        Err(e) => e,
+fn main() -> ExitCode {
+    let args: Vec<OsString> = std::env::args_os().skip(1).collect();
+    let Some((input, params)) = command_args(&args) else {
+        return delegate(&args);
     };
-    match e.kind() {
-        ErrorKind::DisplayHelp | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
-            // The same parse again, now with the commands' list: help is asked for rarely.
-            let again = Cli::command()
-                .after_help(commands_help())
-                .try_get_matches()
-                .err()
-                .unwrap_or(e);
-            again.exit()
-        }
-        ErrorKind::DisplayVersion => e.exit(),
-        _ => {
-            // A usage error is still answered with one JSON line.
-            let message = e.render().to_string();
-            let first = message
-                .lines()
-                .next()
-                .unwrap_or("usage error")
-                .trim_start_matches("error: ");
-            Err(usage_error(first))
-        }
-    }
-}
-
-fn main() -> anyhow::Result<ExitCode> {
-    let cli = match parse_cli() {
-        Ok(cli) => cli,
-        Err(code) => return Ok(code),
-    };
-    if cli.input == "follow" {
-        return follow(cli);
-    }
-    if cli.input == "open" {
-        return open(cli);
-    }
-    if cli.print {
-        return Ok(usage_error("--print is an option of `open` only"));
-    }
-    // `-` in either place is read from standard input.
     let stdin = &mut std::io::stdin().lock();
-    let args = client::stdin_arg(Some(cli.input), stdin).and_then(|input| {
-        Ok((
-            input.unwrap_or_default(),
-            client::stdin_arg(cli.params, stdin)?,
-        ))
-    });
-    let parsed = args.and_then(|(input, params)| client::parse_argv(&input, params.as_deref()));
+    let parsed = client::stdin_arg(Some(input), stdin)
+        .and_then(|input| Ok((input.unwrap_or_default(), client::stdin_arg(params, stdin)?)))
+        .and_then(|(input, params)| client::parse_argv(&input, params.as_deref()));
     let (command, envelope) = match parsed {
         Ok(parsed) => parsed,
-        Err(e) => {
-            let reply = e.into_reply();
-            print_reply(&reply);
-            return Ok(exit_code(&reply));
-        }
+        Err(e) => return print_reply(&RequestError::into_reply(e)),
     };
-    if matches!(command, Command::Version) {
-        // Nothing to read or ask: no configuration, runtime or logging.
-        let reply = client::version();
-        print_reply(&reply);
-        return Ok(exit_code(&reply));
+    let Ok(home) = agent_host::config::home_from_env() else {
+        // The full binary says what is wrong with the home, as for every command.
+        return delegate(&[OsString::from(envelope.to_string())]);
+    };
+    match client::front(&command, &envelope, &home) {
+        FrontStep::Answered(reply) => print_reply(&reply),
+        FrontStep::Delegate => delegate(&[OsString::from(envelope.to_string())]),
     }
-    let config = match load_config() {
-        Ok(config) => config,
-        Err(reply) => return Ok(reply),
-    };
-    let reply = match command {
-        Command::HostStart(params) if params.foreground => {
-            let _guard =
-                agent_host::logging::init_host_logging(&config, !client::is_detached_host());
-            // This process is the host: the daemon's runtime.
-            let runtime = tokio::runtime::Builder::new_multi_thread()
-                .enable_all()
-                .build()?;
-            let reply =
-                runtime.block_on(client::run_foreground(config, |ready| print_reply(&ready)));
-            // Success was announced when the host became ready; only a failure is printed now.
-            if !reply.is_ok() {
-                print_reply(&reply);
-            }
-            reply
-        }
-        command => {
-            // One request, one reply: `execute` sets up a runtime and logging only if it
-            // needs them.
-            let reply = client::execute(command, envelope, &config);
-            print_reply(&reply);
-            reply
-        }
-    };
-    Ok(exit_code(&reply))
 }

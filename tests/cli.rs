@@ -25,6 +25,8 @@ use serde_json::{Value, json};
 use tempfile::TempDir;
 
 const BIN: &str = env!("CARGO_BIN_EXE_agent-host");
+/// The full binary the `agent-host` front hands every other command to.
+const FULL_BIN: &str = env!("CARGO_BIN_EXE_agent-hostd");
 /// Bound on one CLI invocation (the CLI's own waits are shorter than this).
 const CLI_TIMEOUT: Duration = Duration::from_secs(25);
 /// Bound on a host letting go of its lock after a signal.
@@ -527,6 +529,121 @@ async fn argv_errors() {
     }
     // Refused before any routing: no home was needed or made.
     assert!(!home.home.exists());
+}
+
+/// Runs `bin args` (stdin `input`) on `home`; stdout and whether it exited 0.
+async fn run_bin(bin: &Path, home: &Home, args: &[&str], input: &str) -> (String, bool) {
+    use tokio::io::AsyncWriteExt;
+    let mut child = tokio::process::Command::new(bin)
+        .args(args)
+        .env("AGENT_HOST_HOME", &home.home)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(input.as_bytes()).await.unwrap();
+    drop(stdin);
+    let output = tokio::time::timeout(CLI_TIMEOUT, child.wait_with_output())
+        .await
+        .unwrap()
+        .unwrap();
+    (
+        String::from_utf8(output.stdout).unwrap(),
+        output.status.success(),
+    )
+}
+
+/// Issue 19: `agent-host` is a small front that answers `version`, the `ipc` commands and a
+/// live host's `host.status` itself and runs `agent-hostd` for the rest. What it prints must be
+/// what the full binary prints, byte for byte, for both kinds; a command it hands on keeps
+/// what it read from standard input; alone, it says what is missing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_front_answers_as_the_full_binary_does_and_hands_it_the_rest() {
+    let home = Home::new();
+    let (front, full) = (Path::new(BIN), Path::new(FULL_BIN));
+    let alike = |args: &'static [&'static str], input: &'static str| {
+        let home = &home;
+        async move {
+            let a = run_bin(front, home, args, input).await;
+            let b = run_bin(full, home, args, input).await;
+            assert_eq!(a, b, "agent-host and agent-hostd differ on {args:?}");
+            assert!(
+                a.0.ends_with('\n') && a.0.matches('\n').count() == 1,
+                "{args:?}: {a:?}"
+            );
+            a
+        }
+    };
+    // No host: answered by the front (version, an ipc command's refusal), handed on (host.status
+    // reads the lock file), refused before routing (argv errors), parsed by the full binary.
+    alike(&["version"], "").await;
+    assert!(!alike(&["session.list"], "").await.1);
+    assert!(
+        alike(&["host.status"], "")
+            .await
+            .0
+            .contains(r#""running":false"#)
+    );
+    alike(&["nope.cmd"], "").await;
+    alike(&["session.get", "{}"], "").await;
+    alike(&["session.get", "{}", "extra"], "").await;
+    alike(&["--version"], "").await;
+    alike(&["follow", "--print"], "").await;
+    alike(&["-"], r#"{"command":"version"}"#).await;
+    assert!(!home.home.exists(), "a local command created the home");
+
+    let pid = home.start().await;
+    let listed = alike(&["session.list"], "").await;
+    assert!(listed.1, "{listed:?}");
+    alike(&["session.get", r#"{"session_id":"nope"}"#], "").await;
+    alike(&["session.list", "-"], r#"{"limit":1}"#).await;
+    // host.status answered by the front: the same host.
+    let (status, ok) = run_bin(front, &home, &["host.status"], "").await;
+    assert!(ok, "{status}");
+    let status: Value = serde_json::from_str(&status).unwrap();
+    assert_eq!(pid_of(&status["data"]), pid, "{status}");
+    // A command the front hands on, with its params read from standard input: `host.start`
+    // with a host running is refused by the full binary, which got the params.
+    let again = alike(&["host.start", "-"], r#"{"foreground":false}"#).await;
+    assert!(again.0.contains("already_running"), "{again:?}");
+    let bad = alike(&["host.start", "-"], r#"{"foreground":"yes"}"#).await;
+    assert!(bad.0.contains("invalid_params"), "{bad:?}");
+
+    // The front alone: what it answers still works, the rest names the binary it lacks.
+    let alone = tempfile::tempdir().unwrap();
+    let lonely = alone.path().join("agent-host");
+    std::fs::copy(front, &lonely).unwrap();
+    let (version, ok) = run_bin(&lonely, &home, &["version"], "").await;
+    assert!(ok && version.contains(agent_host::VERSION), "{version}");
+    let (listed_alone, ok) = run_bin(&lonely, &home, &["session.list"], "").await;
+    assert!(ok, "{listed_alone}");
+    assert_eq!(listed_alone, listed.0);
+    for args in [&["host.start"][..], &["--help"], &["follow"]] {
+        let (out, ok) = run_bin(&lonely, &home, args, "").await;
+        assert!(!ok, "{args:?}: {out}");
+        let reply: Value = serde_json::from_str(out.trim_end()).unwrap();
+        assert_eq!(
+            reply["data"]["error"],
+            json!("install_incomplete"),
+            "{args:?}: {reply}"
+        );
+        let message = reply["message"].as_str().unwrap();
+        assert!(message.contains("agent-hostd"), "{args:?}: {message}");
+    }
+
+    // The front links a small part of the crate: that is what makes it fast to start (release:
+    // 2.1 MB against 24 MB; a debug build keeps more of both, about 1 to 3).
+    let size = |p: &Path| std::fs::metadata(p).unwrap().len();
+    assert!(
+        size(front) * 2 < size(full),
+        "the front is {} bytes, the full binary {}: something heavy is linked into the front",
+        size(front),
+        size(full)
+    );
+    home.shutdown().await;
 }
 
 /// Defect: the CLI could not send a prompt over ~128 KiB (the kernel's limit on one argument).

@@ -39,6 +39,7 @@ pub enum ErrorCode {
     HomeUnusable,
     StoreUnavailable,
     StoreCorrupt,
+    InstallIncomplete,
     SessionNotFound,
     CwdNotFound,
     RunNotFound,
@@ -86,6 +87,7 @@ impl ErrorCode {
         ErrorCode::HomeUnusable,
         ErrorCode::StoreUnavailable,
         ErrorCode::StoreCorrupt,
+        ErrorCode::InstallIncomplete,
         ErrorCode::SessionNotFound,
         ErrorCode::CwdNotFound,
         ErrorCode::RunNotFound,
@@ -133,6 +135,7 @@ impl ErrorCode {
             ErrorCode::HomeUnusable => 2008,
             ErrorCode::StoreUnavailable => 2009,
             ErrorCode::StoreCorrupt => 2010,
+            ErrorCode::InstallIncomplete => 2011,
             ErrorCode::SessionNotFound => 3001,
             ErrorCode::CwdNotFound => 3002,
             ErrorCode::RunNotFound => 3003,
@@ -181,6 +184,7 @@ impl ErrorCode {
             ErrorCode::HomeUnusable => "home_unusable",
             ErrorCode::StoreUnavailable => "store_unavailable",
             ErrorCode::StoreCorrupt => "store_corrupt",
+            ErrorCode::InstallIncomplete => "install_incomplete",
             ErrorCode::SessionNotFound => "session_not_found",
             ErrorCode::CwdNotFound => "cwd_not_found",
             ErrorCode::RunNotFound => "run_not_found",
@@ -244,6 +248,9 @@ impl ErrorCode {
             ErrorCode::StoreCorrupt => {
                 "`host.db` fails SQLite's integrity check; the host refuses to start on it and \
                  never writes it: `data.path` names the file; move it aside or recover it"
+            }
+            ErrorCode::InstallIncomplete => {
+                "`agent-hostd`, the full binary, is not beside `agent-host`: build or install both"
             }
             ErrorCode::SessionNotFound => "no session with that id",
             ErrorCode::CwdNotFound => "the `cwd` given does not exist or is not a directory",
