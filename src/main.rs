@@ -9,8 +9,9 @@
 //! `agent-hostd`, which also takes every command itself.
 //!
 //! It parses no options: argv of the shape `INPUT [PARAMS]` (neither starting with `-`, except
-//! `-` itself for standard input) is a command; anything else — `--help`, `--version`, a flag,
-//! `follow`, `open`, a usage error — goes to `agent-hostd` unchanged, whose command-line parser
+//! `-` itself for standard input), where INPUT is an envelope, `-` or a name in the command
+//! table, is a command; anything else — `--help`, `--version`, a flag, `follow`, `open`, an
+//! unknown word, a usage error — goes to `agent-hostd` unchanged, whose command-line parser
 //! answers it. A command read from standard input is handed on as its envelope, so nothing is
 //! read twice. Output and exit status are byte for byte the full binary's.
 
@@ -43,11 +44,12 @@ fn command_args(args: &[OsString]) -> Option<(String, Option<String>)> {
         [input, params] => (plain(input)?, Some(plain(params)?)),
         _ => return None,
     };
-    // The commands of the full binary only (they own the terminal or a browser).
-    if input == "follow" || input == "open" {
-        return None;
-    }
-    Some((input, params))
+    // An envelope, standard input, or a command of the table; any other word (`follow`,
+    // `open`, and every command of the full binary's own) is the full binary's to parse.
+    let command = input.trim_start().starts_with(['{', '[', '"'])
+        || input == client::STDIN_ARG
+        || agent_host::protocol::envelope::spec(&input).is_some();
+    command.then_some((input, params))
 }
 
 /// Replace this process with `agent-hostd ARGS`; returns only when that cannot start.
