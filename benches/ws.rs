@@ -13,7 +13,8 @@
 //!    until every client has the end bracket; the drop rate is what the host did not send.
 //! 3. Latency: brackets at 1,000 events/s to 10 subscribers, publish→receive p50/p99 over the
 //!    real WebSocket, beside the fsync floor (a raw `synchronous=FULL` one-row commit's
-//!    duration at the same pace, on the same disk).
+//!    duration at the same pace, on the same disk), the two alternated in blocks of 500 events
+//!    (six of each a round) so a load that drifts during the round weighs on both alike.
 //!
 //! Clients are identical in raw and host runs: they decode each binary message as a frame.
 //! The ratio is taken per round; the summary gives its median, min and max.
@@ -37,6 +38,9 @@ use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::http::{HeaderValue, header};
 
 const CLIENTS: usize = 100;
+/// Latency: events per block, and blocks of the floor and of the host alternated per round.
+const LATENCY_BLOCK: usize = 500;
+const LATENCY_BLOCKS: usize = 6;
 
 type WsRead = futures_util::stream::SplitStream<
     tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>,
@@ -398,14 +402,22 @@ fn quantile_ms(sorted: &[u64], p: f64) -> f64 {
         / 1e6
 }
 
-/// The fsync floor: a raw one-row `synchronous=FULL` WAL commit every millisecond; the
-/// commits' durations, p50/p99 in ms. Runs on a blocking thread, like the store's writer.
-fn fsync_floor(path: &std::path::Path, events: usize) -> anyhow::Result<[f64; 2]> {
-    let mut conn = rusqlite::Connection::open(path)?;
+/// A raw database for the fsync floor.
+fn floor_db(path: &std::path::Path) -> anyhow::Result<rusqlite::Connection> {
+    let conn = rusqlite::Connection::open(path)?;
     conn.pragma_update(None, "journal_mode", "WAL")?;
     conn.pragma_update(None, "synchronous", "FULL")?;
     conn.pragma_update(None, "wal_autocheckpoint", 0)?;
     conn.execute_batch(include_str!("../schema.sql"))?;
+    Ok(conn)
+}
+
+/// The fsync floor: a raw one-row `synchronous=FULL` WAL commit every millisecond; the
+/// commits' durations in ns. Runs on a blocking thread, like the store's writer.
+fn fsync_floor(
+    mut conn: rusqlite::Connection,
+    events: usize,
+) -> anyhow::Result<(Vec<u64>, rusqlite::Connection)> {
     let payload = serde_json::to_string(&event("raw", "lorem ipsum".into()))?;
     let mut samples = Vec::with_capacity(events);
     let mut next = Instant::now();
@@ -424,8 +436,7 @@ fn fsync_floor(path: &std::path::Path, events: usize) -> anyhow::Result<[f64; 2]
         tx.commit()?;
         samples.push(began.elapsed().as_nanos() as u64);
     }
-    samples.sort_unstable();
-    Ok([quantile_ms(&samples, 0.5), quantile_ms(&samples, 0.99)])
+    Ok((samples, conn))
 }
 
 async fn latency(
@@ -433,7 +444,7 @@ async fn latency(
     session: &str,
     streams: Vec<WsRead>,
     events: usize,
-) -> anyhow::Result<([f64; 2], Vec<WsRead>)> {
+) -> anyhow::Result<(Vec<u64>, Vec<WsRead>)> {
     let base = Instant::now();
     let samples = Arc::new(std::sync::Mutex::new(Vec::with_capacity(
         events * streams.len(),
@@ -483,9 +494,8 @@ async fn latency(
     for r in readers {
         back.push(r.await?);
     }
-    let mut all = samples.lock().unwrap_or_else(|p| p.into_inner()).clone();
-    all.sort_unstable();
-    Ok(([quantile_ms(&all, 0.5), quantile_ms(&all, 0.99)], back))
+    let all = samples.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    Ok((all, back))
 }
 
 /// (median, min, max) of a list of figures.
@@ -551,12 +561,24 @@ fn main() -> anyhow::Result<()> {
             delta_ratios.push(ours / raw);
             drop_rates.push(100.0 * dropped);
 
-            let floor_db = host.home.path().join(format!("floor-{round}.db"));
-            let [f50, f99] =
-                tokio::task::spawn_blocking(move || fsync_floor(&floor_db, 3000)).await??;
-            let ([l50, l99], back) =
-                latency(&host, &latency_session, latency_streams, 3000).await?;
-            latency_streams = back;
+            // The floor and the host alternate in blocks of 500 events (A B A B …), so a
+            // disk or a machine whose load drifts during the round weighs on both alike.
+            let mut conn = floor_db(&host.home.path().join(format!("floor-{round}.db")))?;
+            let (mut floor, mut ours) = (Vec::new(), Vec::new());
+            for _block in 0..LATENCY_BLOCKS {
+                let (samples, back) =
+                    tokio::task::spawn_blocking(move || fsync_floor(conn, LATENCY_BLOCK)).await??;
+                conn = back;
+                floor.extend(samples);
+                let (samples, back) =
+                    latency(&host, &latency_session, latency_streams, LATENCY_BLOCK).await?;
+                latency_streams = back;
+                ours.extend(samples);
+            }
+            floor.sort_unstable();
+            ours.sort_unstable();
+            let [f50, f99] = [quantile_ms(&floor, 0.5), quantile_ms(&floor, 0.99)];
+            let [l50, l99] = [quantile_ms(&ours, 0.5), quantile_ms(&ours, 0.99)];
             println!(
                 "round {round} latency:  fsync floor (raw one-row commit at 1000/s) p50 {f50:.3} \
                  p99 {f99:.3} ms | host publish->receive, 10 subscribers at 1000/s: p50 \
