@@ -42,6 +42,15 @@ impl<'a> Vars<'a> {
     }
 }
 
+/// A variable an agent's own configuration names ([`AgentFamily::config_env`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NamedVar {
+    pub name: String,
+    /// Where it is named, for people: "`env_key` of `[model_providers.mock]` in
+    /// /home/u/.codex/config.toml".
+    pub named_by: String,
+}
+
 /// What a probe needs: the binary found, the arguments the agent type adds, the environment.
 pub struct ProbeSpec<'a> {
     pub binary: &'a Path,
@@ -86,6 +95,17 @@ pub trait AgentFamily: Send + Sync + 'static {
     /// agents get. A new vendor's keys are declared here, not in the spawn policy.
     fn own_env(&self) -> &'static [&'static str] {
         &[]
+    }
+
+    /// Variables the agent's own configuration names as ones it reads from its environment
+    /// (Codex's `env_key` of a model provider, say), as that configuration says now (`vars`:
+    /// what the agent runs with, to find its files). The host passes each from its own
+    /// environment though no prefix of the spawn policy covers it (`spawn::named_by_config`).
+    /// Only the user's own configuration counts, never a workspace's: a repository must not
+    /// be able to name the host's variables. A file that is missing or does not parse names
+    /// nothing.
+    fn config_env(&self, _vars: &Vars<'_>) -> Vec<NamedVar> {
+        Vec::new()
     }
 
     /// Start its driver on a new, resumed or forked native session.

@@ -7,6 +7,9 @@
 //! less the other vendors' keys for the families that only talk to one vendor (claude gets no
 //! `OPENAI_*`, codex no `ANTHROPIC_*`; ACP agents can be anything, so they get all), then its
 //! family's `[agents.<type>] env` from `config.toml`, which wins (and can add a key back).
+//! Between the two, the variables the agent's own configuration names
+//! (`AgentFamily::config_env`: a Codex provider's `env_key`) pass from the host's whole
+//! environment as it has them (`spawn::named_by_config`), read at each start of an agent.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -14,7 +17,7 @@ use std::time::Duration;
 
 use super::family::{AgentFamily, FAMILIES, Vars, family_of_protocol, protocol_names};
 use super::reap::HomeMarker;
-use super::spawn::filter_env;
+use super::spawn::{HostEnv, filter_env, named_by_config};
 use super::{AdapterError, AgentSession, Capabilities, Native, OpenSpec, OptionCaps, Support};
 use crate::adapter;
 use crate::config::Config;
@@ -166,6 +169,10 @@ pub fn agent_defs(config: &Config) -> (BTreeMap<String, AgentDef>, Vec<BadAgent>
 #[derive(Debug, Clone, Default)]
 pub struct AgentSettings {
     base_env: Vec<(String, String)>,
+    /// The host's whole environment, for the variables agents' own configurations name.
+    host_env: HostEnv,
+    /// The host's `config.toml`, named in hints.
+    config_path: std::path::PathBuf,
     /// What marks this home's agent processes (none for settings built without a home).
     home: Option<HomeMarker>,
     agents: BTreeMap<String, AgentDef>,
@@ -198,6 +205,8 @@ impl AgentSettings {
         }
         AgentSettings {
             base_env: filter_env(config.env.iter().cloned()),
+            host_env: HostEnv::new(config.env.iter().cloned()),
+            config_path: config.home.join("config.toml"),
             home: Some(HomeMarker::of(&config.home)),
             agents,
             idle_timeout: Some(config.agent_idle_timeout),
@@ -233,7 +242,7 @@ impl AgentSettings {
             self.search_path(),
             cwd,
         )?;
-        let base_env = scoped_env(&self.base_env, def.family);
+        let base_env = self.agent_base_env(def);
         Ok(OpenSpec {
             program,
             args: def.args(),
@@ -357,8 +366,38 @@ impl Launcher for AgentSettings {
         if def.registered && def.family.foreign_env().is_empty() {
             return None;
         }
-        let lookup = |name: &str| self.var(def, name);
+        let vars = self.agent_env(def);
+        let lookup = |name: &str| vars.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone());
         def.family.provider(&Vars::new(&lookup))
+    }
+
+    /// Which variable the message says is missing ([`adapter::env_hint::missing_variable`]),
+    /// and what the host knows of it: in its environment or not, passed to this agent or
+    /// not, and where the agent's own configuration names it.
+    fn env_hint(&self, agent_type: &str, message: &str) -> Option<String> {
+        use adapter::env_hint::{Presence, hint, missing_variable};
+        let var = missing_variable(message)?;
+        let def = self.agents.get(agent_type)?;
+        let named = def
+            .family
+            .config_env(&Vars::new(&|name: &str| self.var(def, name)));
+        let named_by = named
+            .iter()
+            .find(|n| n.name == var)
+            .map(|n| &n.named_by[..]);
+        let given = self
+            .agent_env(def)
+            .into_iter()
+            .find(|(k, _)| k == var)
+            .map(|(_, v)| v);
+        let presence = match (given, self.host_env.get(var)) {
+            (Some(v), _) if v.trim().is_empty() => Presence::Blank,
+            (Some(_), _) => Presence::Passed,
+            (None, Some(v)) if v.trim().is_empty() => Presence::Blank,
+            (None, Some(_)) => Presence::NotPassed,
+            (None, None) => Presence::Absent,
+        };
+        hint(var, agent_type, presence, named_by, &self.config_path)
     }
 
     fn default_model(&self, agent_type: &str) -> Option<String> {
@@ -416,6 +455,26 @@ impl Launcher for AgentSettings {
 }
 
 impl AgentSettings {
+    /// The host's variables an agent of `def` starts with: the spawn policy's, scoped to its
+    /// family, and those its own configuration names (read now).
+    fn agent_base_env(&self, def: &AgentDef) -> Vec<(String, String)> {
+        let mut env = scoped_env(&self.base_env, def.family);
+        let named = def
+            .family
+            .config_env(&Vars::new(&|name: &str| self.var(def, name)));
+        let extra = named_by_config(&self.host_env, &env, named.iter().map(|n| n.name.as_str()));
+        env.extend(extra);
+        env
+    }
+
+    /// Every variable an agent of `def` starts with, as it sees them: its own env over
+    /// [`Self::agent_base_env`].
+    fn agent_env(&self, def: &AgentDef) -> Vec<(String, String)> {
+        let mut env: Vec<(String, String)> = def.env.iter().rev().cloned().collect();
+        env.extend(self.agent_base_env(def));
+        env
+    }
+
     /// A variable as an agent of `def` sees it: its own env over the host's snapshot.
     fn var(&self, def: &AgentDef, name: &str) -> Option<String> {
         def.env

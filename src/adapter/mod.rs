@@ -17,6 +17,7 @@ pub mod claude_process;
 pub mod codex;
 pub mod codex_native;
 pub mod codex_process;
+pub mod env_hint;
 pub mod families;
 pub mod family;
 pub mod gemini;

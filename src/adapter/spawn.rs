@@ -3,7 +3,9 @@
 //! - an explicit environment: only what an agent needs passes through from the host's own
 //!   (HOME, PATH, locale, proxies, CA bundles, provider keys and base URLs such as
 //!   `ANTHROPIC_*` / `OPENAI_*`, `CLAUDE_CONFIG_DIR`, `CODEX_HOME`, telemetry switches), plus
-//!   the agent's own `env` from config, plus our markers `AGENTHOST_SESSION_ID`,
+//!   the variables the agent's own configuration names (a Codex provider's `env_key`:
+//!   [`named_by_config`]), plus the agent's own `env` from config, plus our markers
+//!   `AGENTHOST_SESSION_ID`,
 //!   `AGENTHOST_OWNED=1`, `AGENTHOST_SPAWN_ID` and `AGENTHOST_HOME` (see [`super::reap`]).
 //!   Nesting markers of a surrounding agent (`CLAUDECODE`, …) never pass;
 //! - its own process group, so stopping it reaches wrappers (`npx`, node shims) and tools;
@@ -129,6 +131,77 @@ pub fn passes_to_all(name: &str) -> bool {
 /// once at start).
 pub fn filter_env(env: impl IntoIterator<Item = (String, String)>) -> Vec<(String, String)> {
     env.into_iter().filter(|(k, _)| passes(k)).collect()
+}
+
+/// The host's whole environment as it was at start, kept for the variables agents' own
+/// configurations name ([`named_by_config`]); its `Debug` shows names only.
+#[derive(Clone, Default)]
+pub struct HostEnv(Arc<[(String, String)]>);
+
+impl HostEnv {
+    pub fn new(env: impl IntoIterator<Item = (String, String)>) -> HostEnv {
+        HostEnv(env.into_iter().collect())
+    }
+
+    /// A variable's value, as the host has it (empty included).
+    pub fn get(&self, name: &str) -> Option<&str> {
+        self.0
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+impl std::fmt::Debug for HostEnv {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list()
+            .entries(self.0.iter().map(|(k, _)| k))
+            .finish()
+    }
+}
+
+/// Whether `name` can be a variable at all (what a configuration names is the user's text).
+fn valid_name(name: &str) -> bool {
+    let mut chars = name.chars();
+    chars
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+}
+
+/// The variables an agent's own configuration names (`names`, from
+/// [`AgentFamily::config_env`]) that are not in `passed` already (the common list and the
+/// family's prefixes), each with the host's own value exactly as the host has it: the agent
+/// sees what it would in the user's terminal. Even a name another vendor's prefix covers
+/// passes (the user's file names it for this agent); the variables it does not name stay
+/// scoped as before. A name the host does not have, one that cannot be a variable, and the
+/// nesting and host markers ([`BLOCKED`]) never pass. Logs the names passed, never a value.
+///
+/// [`AgentFamily::config_env`]: super::family::AgentFamily::config_env
+pub fn named_by_config<'a>(
+    host: &HostEnv,
+    passed: &[(String, String)],
+    names: impl IntoIterator<Item = &'a str>,
+) -> Vec<(String, String)> {
+    let mut out: Vec<(String, String)> = Vec::new();
+    for name in names {
+        if !valid_name(name)
+            || BLOCKED.contains(&name)
+            || passed.iter().chain(&out).any(|(k, _)| k == name)
+        {
+            continue;
+        }
+        if let Some(value) = host.get(name) {
+            out.push((name.to_owned(), value.to_owned()));
+        }
+    }
+    if !out.is_empty() {
+        tracing::debug!(
+            names = ?out.iter().map(|(k, _)| k.as_str()).collect::<Vec<_>>(),
+            "passing the variables the agent's own configuration names"
+        );
+    }
+    out
 }
 
 /// Everything needed to start one agent process.
@@ -547,6 +620,53 @@ pub(crate) mod tests {
                 "OPENAI_API_KEY",
                 "PATH"
             ]
+        );
+    }
+
+    #[test]
+    fn what_a_config_names_passes_as_the_host_has_it() {
+        let host = HostEnv::new(
+            [
+                ("X_KEY", "  spaced value  "),
+                ("EMPTY_KEY", ""),
+                ("OPENAI_API_KEY", "o"),
+                ("ANTHROPIC_API_KEY", "a"),
+                ("AGENTHOST_OWNED", "1"),
+                ("CLAUDECODE", "1"),
+            ]
+            .map(|(k, v)| (k.to_owned(), v.to_owned())),
+        );
+        let passed = vec![("OPENAI_API_KEY".to_owned(), "o".to_owned())];
+        let got = named_by_config(
+            &host,
+            &passed,
+            [
+                "X_KEY",
+                "X_KEY",
+                "EMPTY_KEY",
+                "OPENAI_API_KEY",
+                "ANTHROPIC_API_KEY",
+                "NOT_SET",
+                "AGENTHOST_OWNED",
+                "CLAUDECODE",
+                "BAD=NAME",
+                "1BAD",
+                "",
+            ],
+        );
+        let pairs: Vec<(&str, &str)> = got.iter().map(|(k, v)| (&k[..], &v[..])).collect();
+        assert_eq!(
+            pairs,
+            [
+                ("X_KEY", "  spaced value  "),
+                ("EMPTY_KEY", ""),
+                ("ANTHROPIC_API_KEY", "a")
+            ]
+        );
+        assert_eq!(
+            format!("{host:?}"),
+            "[\"X_KEY\", \"EMPTY_KEY\", \"OPENAI_API_KEY\", \"ANTHROPIC_API_KEY\", \
+             \"AGENTHOST_OWNED\", \"CLAUDECODE\"]"
         );
     }
 

@@ -639,6 +639,13 @@ pub trait Launcher: Send + Sync {
         None
     }
 
+    /// A hint for an agent's error `message` when it says an environment variable is
+    /// missing: which one, whether the host had it, and how to supply it (never a value).
+    /// `None`: no such words, or nothing to add. Reads files: call off the runtime.
+    fn env_hint(&self, _agent_type: &str, _message: &str) -> Option<String> {
+        None
+    }
+
     /// The agent's own sessions of `cwd`, as its files tell them (`session.discover`), in any
     /// order; `None`: this family's sessions cannot be listed. Blocking (files): called off the
     /// runtime.

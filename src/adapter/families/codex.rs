@@ -1,10 +1,15 @@
 //! Codex (`codex app-server`, JSON-RPC over stdio): the family. Its rollout files live under
 //! `$CODEX_HOME/sessions/…/rollout-*-<thread id>.jsonl`; Codex refuses a second writer by
 //! itself, so there is no registry of live holders.
+//!
+//! Its `$CODEX_HOME/config.toml` is read here, each time it is needed (a change applies to the
+//! next agent started): the provider and model it selects (top level, or the `profile` it
+//! names), and every variable it names for Codex to read from its environment
+//! ([`named_vars`]), which the host then passes on from its own environment.
 
 use std::path::Path;
 
-use crate::adapter::family::{AgentFamily, Vars};
+use crate::adapter::family::{AgentFamily, NamedVar, Vars};
 use crate::adapter::{
     AdapterError, AgentSession, Capabilities, Descriptor, ModelSwitch, OpenSpec, OptionCaps,
     ProcessModel, ResumeKind, Support, codex, codex_native, codex_process,
@@ -84,19 +89,24 @@ impl AgentFamily for Codex {
         codex_process::open(prefer_native(spec))
     }
 
-    /// `$CODEX_HOME/config.toml`'s `model_provider` (its `[model_providers.<name>]`
-    /// `base_url`, and the value of its `env_key` variable); else OpenAI's
-    /// (`OPENAI_BASE_URL`, `OPENAI_API_KEY`).
+    /// `$CODEX_HOME/config.toml`'s selected provider ([`selected`]: its
+    /// `[model_providers.<name>]` `base_url`, and the value of its `env_key` variable); else
+    /// OpenAI's (`OPENAI_BASE_URL`, `OPENAI_API_KEY`).
     fn provider(&self, vars: &Vars<'_>) -> Option<crate::protocol::options::ProviderIdentity> {
-        codex_provider(vars, codex_config(vars).as_ref())
+        codex_provider(vars, codex_config(vars).as_ref().map(|(_, c)| c))
     }
 
-    /// `$CODEX_HOME/config.toml`'s `model`.
+    /// `$CODEX_HOME/config.toml`'s `model` (its selected profile's first).
     fn default_model(&self, vars: &Vars<'_>) -> Option<String> {
-        codex_config(vars)?
-            .get("model")?
-            .as_str()
-            .map(str::to_owned)
+        let (_, config) = codex_config(vars)?;
+        selected(&config, "model").map(str::to_owned)
+    }
+
+    /// What `$CODEX_HOME/config.toml` names ([`named_vars`]).
+    fn config_env(&self, vars: &Vars<'_>) -> Vec<NamedVar> {
+        codex_config(vars)
+            .map(|(path, config)| named_vars(&config, &path))
+            .unwrap_or_default()
     }
 
     fn native_file(&self, vars: &Vars<'_>, _cwd: &Path, native_id: &str) -> NativeFile {
@@ -206,14 +216,113 @@ fn prefer_native(mut spec: OpenSpec) -> OpenSpec {
     spec
 }
 
-/// `$CODEX_HOME/config.toml`, parsed; `None` if there is none or it does not parse (Codex
-/// itself then refuses to start, which is said where it runs).
-fn codex_config(vars: &Vars<'_>) -> Option<toml::Table> {
+/// `$CODEX_HOME/config.toml` (its path, and its table); `None` if there is none or it does
+/// not parse (Codex itself then refuses to start, which is said where it runs).
+fn codex_config(vars: &Vars<'_>) -> Option<(std::path::PathBuf, toml::Table)> {
     let path = vars
         .dir_or_home("CODEX_HOME", ".codex")?
         .join("config.toml");
-    let text = std::fs::read_to_string(path).ok()?;
-    text.parse::<toml::Table>().ok()
+    let text = std::fs::read_to_string(&path).ok()?;
+    match text.parse::<toml::Table>() {
+        Ok(table) => Some((path, table)),
+        Err(e) => {
+            tracing::debug!(path = %path.display(), error = %e, "Codex's config.toml does not parse; nothing read from it");
+            None
+        }
+    }
+}
+
+/// A top-level setting as Codex resolves it: the selected profile's (`profile = "<name>"`,
+/// its `[profiles.<name>]`), else the top level's.
+fn selected<'a>(config: &'a toml::Table, key: &str) -> Option<&'a str> {
+    config
+        .get("profile")
+        .and_then(toml::Value::as_str)
+        .and_then(|p| config.get("profiles")?.get(p)?.get(key)?.as_str())
+        .or_else(|| config.get(key)?.as_str())
+}
+
+/// Every variable a Codex configuration names for Codex to read from its environment, in
+/// the file's order, each once:
+/// - `env_key` (the API key) and the values of `env_http_headers` (header name → variable)
+///   of every `[model_providers.<name>]`;
+/// - `env_vars` (passed through to the server), `bearer_token_env_var` and the values of
+///   `env_http_headers` of every enabled `[mcp_servers.<name>]`.
+///
+/// Of *every* provider defined, not only the one selected now: Codex picks the provider at
+/// several levels the host does not see whole (`model_provider`, the `profile` in use and its
+/// `[profiles.<name>] model_provider`, `--profile`, `-c` overrides, a thread's own
+/// `modelProvider`), and a key missing for the one it picked is exactly the failure this
+/// avoids. Each is a variable the user's own file names as Codex's, so it crosses no
+/// vendor's scope: the variables it does not name stay where the spawn policy puts them.
+pub fn named_vars(config: &toml::Table, path: &Path) -> Vec<NamedVar> {
+    let mut out: Vec<NamedVar> = Vec::new();
+    let mut add = |name: &str, named_by: String| {
+        if !name.is_empty() && !out.iter().any(|n| n.name == name) {
+            out.push(NamedVar {
+                name: name.to_owned(),
+                named_by: format!("{named_by} in {}", path.display()),
+            });
+        }
+    };
+    let tables = |key: &str| {
+        config
+            .get(key)
+            .and_then(toml::Value::as_table)
+            .into_iter()
+            .flatten()
+            .filter_map(|(id, v)| Some((id, v.as_table()?)))
+    };
+    let headers = |entry: &toml::Table| -> Vec<(String, String)> {
+        entry
+            .get("env_http_headers")
+            .and_then(toml::Value::as_table)
+            .into_iter()
+            .flatten()
+            .filter_map(|(header, var)| Some((header.clone(), var.as_str()?.to_owned())))
+            .collect()
+    };
+    for (id, provider) in tables("model_providers") {
+        if let Some(key) = provider.get("env_key").and_then(toml::Value::as_str) {
+            add(key, format!("`env_key` of `[model_providers.{id}]`"));
+        }
+        for (header, var) in headers(provider) {
+            add(
+                &var,
+                format!("`env_http_headers.{header}` of `[model_providers.{id}]`"),
+            );
+        }
+    }
+    for (id, server) in tables("mcp_servers") {
+        if server.get("enabled").and_then(toml::Value::as_bool) == Some(false) {
+            continue;
+        }
+        let passed = server
+            .get("env_vars")
+            .and_then(toml::Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter_map(|v| v.as_str().or_else(|| v.get("name")?.as_str()));
+        for var in passed {
+            add(var, format!("`env_vars` of `[mcp_servers.{id}]`"));
+        }
+        if let Some(var) = server
+            .get("bearer_token_env_var")
+            .and_then(toml::Value::as_str)
+        {
+            add(
+                var,
+                format!("`bearer_token_env_var` of `[mcp_servers.{id}]`"),
+            );
+        }
+        for (header, var) in headers(server) {
+            add(
+                &var,
+                format!("`env_http_headers.{header}` of `[mcp_servers.{id}]`"),
+            );
+        }
+    }
+    out
 }
 
 /// The provider a Codex configuration names.
@@ -228,10 +337,7 @@ fn codex_provider(
             vars.get("OPENAI_API_KEY").as_deref(),
         )
     };
-    let Some(name) = config
-        .and_then(|c| c.get("model_provider"))
-        .and_then(toml::Value::as_str)
-    else {
+    let Some(name) = config.and_then(|c| selected(c, "model_provider")) else {
         return openai();
     };
     let entry = config
@@ -300,5 +406,260 @@ mod binding_tests {
             Some(&crate::session::binding::key_hash("mock-secret")[..])
         );
         assert_eq!(Codex.default_model(&vars).as_deref(), Some("gpt-mock"));
+    }
+}
+
+#[cfg(test)]
+mod config_env_tests {
+    use std::path::Path;
+
+    use super::*;
+    use crate::adapter::Native;
+    use crate::adapter::launch::AgentSettings;
+    use crate::config::Config;
+    use crate::protocol::options::SessionOptions;
+    use crate::session::agent::Launcher;
+
+    const CONFIG: &str = r#"
+model = "top-model"
+model_provider = "mock"
+profile = "work"
+
+[model_providers.mock]
+name = "Mock"
+base_url = "http://127.0.0.1:9/v1"
+env_key = "X_KEY"
+env_http_headers = { "X-Org" = "X_ORG", "X-Project" = "X_KEY" }
+
+[model_providers.other]
+base_url = "http://127.0.0.1:8/v1"
+env_key = "OTHER_KEY"
+
+[profiles.work]
+model = "work-model"
+model_provider = "other"
+
+[profiles.home]
+model_provider = "mock"
+
+[mcp_servers.db]
+command = "db-mcp"
+env_vars = ["DB_URL", { name = "DB_PASSWORD", source = "local" }]
+
+[mcp_servers.web]
+url = "http://127.0.0.1:7/mcp"
+bearer_token_env_var = "WEB_TOKEN"
+env_http_headers = { "X-Web" = "WEB_ORG" }
+
+[mcp_servers.off]
+command = "off-mcp"
+enabled = false
+env_vars = ["OFF_SECRET"]
+"#;
+
+    fn names(config: &str) -> Vec<String> {
+        let table: toml::Table = config.parse().unwrap();
+        named_vars(&table, Path::new("/c/config.toml"))
+            .into_iter()
+            .map(|n| n.name)
+            .collect()
+    }
+
+    #[test]
+    fn every_provider_and_mcp_server_names_its_variables_once() {
+        assert_eq!(
+            names(CONFIG),
+            [
+                "X_KEY",
+                "X_ORG",
+                "OTHER_KEY",
+                "DB_URL",
+                "DB_PASSWORD",
+                "WEB_TOKEN",
+                "WEB_ORG"
+            ]
+        );
+        let table: toml::Table = CONFIG.parse().unwrap();
+        let named = named_vars(&table, Path::new("/c/config.toml"));
+        assert_eq!(
+            named[0].named_by,
+            "`env_key` of `[model_providers.mock]` in /c/config.toml"
+        );
+        assert_eq!(
+            named[1].named_by,
+            "`env_http_headers.X-Org` of `[model_providers.mock]` in /c/config.toml"
+        );
+        // Nothing named, or named in shapes Codex would refuse: nothing passes, nothing breaks.
+        assert!(names("model = \"m\"").is_empty());
+        assert!(names("model_providers = 3\nmcp_servers = \"x\"").is_empty());
+        assert!(names("[model_providers.m]\nenv_key = 5\nenv_http_headers = [1]").is_empty());
+    }
+
+    #[test]
+    fn the_selected_profile_picks_provider_and_model() {
+        let table: toml::Table = CONFIG.parse().unwrap();
+        assert_eq!(selected(&table, "model_provider"), Some("other"));
+        assert_eq!(selected(&table, "model"), Some("work-model"));
+        let table: toml::Table = CONFIG
+            .replace("profile = \"work\"", "profile = \"home\"")
+            .parse()
+            .unwrap();
+        assert_eq!(selected(&table, "model_provider"), Some("mock"));
+        // The profile sets no model: the top level's.
+        assert_eq!(selected(&table, "model"), Some("top-model"));
+        let table: toml::Table = CONFIG
+            .replace("profile = \"work\"", "profile = \"gone\"")
+            .parse()
+            .unwrap();
+        assert_eq!(selected(&table, "model_provider"), Some("mock"));
+    }
+
+    /// A host whose environment has `host_env`, with Codex's `config.toml` holding
+    /// `codex_config` (none: `None`), and Codex's binary a file that exists.
+    fn host_with(
+        dir: &Path,
+        host_env: &[(&str, &str)],
+        codex_config: Option<&str>,
+    ) -> (AgentSettings, Config) {
+        let codex_home = dir.join("codex-home");
+        std::fs::create_dir_all(&codex_home).unwrap();
+        if let Some(text) = codex_config {
+            std::fs::write(codex_home.join("config.toml"), text).unwrap();
+        }
+        let bin = dir.join("codex");
+        std::fs::write(&bin, "").unwrap();
+        std::fs::set_permissions(&bin, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .unwrap();
+        let home = dir.join("host");
+        std::fs::create_dir_all(&home).unwrap();
+        let mut config = Config::with_home(&home).unwrap();
+        config.env = [
+            ("PATH", "/usr/bin:/bin"),
+            ("CODEX_HOME", codex_home.to_str().unwrap()),
+        ]
+        .iter()
+        .chain(host_env)
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect();
+        for family in ["codex", "claude"] {
+            config.agents.insert(
+                family.into(),
+                crate::config::AgentConfig {
+                    binary: Some(bin.display().to_string()),
+                    ..Default::default()
+                },
+            );
+        }
+        (AgentSettings::from_config(&config), config)
+    }
+
+    fn env_of(settings: &AgentSettings, agent_type: &str) -> Vec<(String, String)> {
+        settings
+            .open_spec(
+                agent_type,
+                Path::new("/"),
+                "s",
+                Native::New("n".into()),
+                &SessionOptions::default(),
+            )
+            .unwrap()
+            .base_env
+    }
+
+    #[test]
+    fn codex_gets_what_its_config_names_from_the_hosts_environment_and_no_one_else_does() {
+        let dir = tempfile::tempdir().unwrap();
+        let host_env = [
+            ("X_KEY", "x-secret"),
+            ("X_ORG", "org"),
+            ("DB_PASSWORD", "pw"),
+            ("OFF_SECRET", "never"),
+            ("UNNAMED_SECRET", "never"),
+            ("OPENAI_API_KEY", "o"),
+        ];
+        let (settings, _) = host_with(dir.path(), &host_env, Some(CONFIG));
+        let codex = env_of(&settings, "codex");
+        let names: Vec<&str> = codex.iter().map(|(k, _)| k.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "PATH",
+                "CODEX_HOME",
+                "OPENAI_API_KEY",
+                "X_KEY",
+                "X_ORG",
+                "DB_PASSWORD"
+            ]
+        );
+        assert!(codex.contains(&("X_KEY".to_owned(), "x-secret".to_owned())));
+        // Another family is not given what Codex's config names.
+        let claude = env_of(&settings, "claude");
+        assert!(
+            claude.iter().all(|(k, _)| !k.starts_with("X_")),
+            "{claude:?}"
+        );
+        // The binding's provider is the selected profile's, its key as Codex gets it.
+        let (settings, _) = settings_with_profile(dir.path(), &host_env);
+        let provider = settings.provider("codex").unwrap();
+        assert_eq!(provider.host, "127.0.0.1:9");
+        assert_eq!(
+            provider.key_sha256.as_deref(),
+            Some(&crate::session::binding::key_hash("x-secret")[..])
+        );
+    }
+
+    fn settings_with_profile(dir: &Path, host_env: &[(&str, &str)]) -> (AgentSettings, Config) {
+        let config = CONFIG.replace("profile = \"work\"", "profile = \"home\"");
+        host_with(dir, host_env, Some(&config))
+    }
+
+    #[test]
+    fn a_malformed_or_missing_config_names_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        for config in [
+            Some("model_provider = \"mock\"\n[model_providers.mock\nenv_key = \"X_KEY\""),
+            None,
+        ] {
+            let (settings, _) = host_with(dir.path(), &[("X_KEY", "x")], config);
+            let names: Vec<String> = env_of(&settings, "codex")
+                .into_iter()
+                .map(|(k, _)| k)
+                .collect();
+            assert_eq!(names, ["PATH", "CODEX_HOME"], "{config:?}");
+        }
+    }
+
+    #[test]
+    fn a_missing_variable_gets_a_hint_that_says_where_to_set_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let message = "Missing environment variable: `X_KEY`.";
+        let (settings, config) = host_with(dir.path(), &[], Some(CONFIG));
+        let hint = settings.env_hint("codex", message).unwrap();
+        let host_config = config.home.join("config.toml");
+        for part in [
+            "X_KEY (named by `env_key` of `[model_providers.mock]` in ".to_owned(),
+            "was not in agent-host's environment".to_owned(),
+            format!(
+                "{}: [agents.codex] env = {{ X_KEY = \"…\" }}",
+                host_config.display()
+            ),
+        ] {
+            assert!(hint.contains(&part), "{part:?} not in {hint}");
+        }
+        // Blank in the host's environment (passed as it is; Codex calls it missing).
+        let (settings, _) = host_with(dir.path(), &[("X_KEY", "  ")], Some(CONFIG));
+        let hint = settings.env_hint("codex", message).unwrap();
+        assert!(hint.contains("is empty"), "{hint}");
+        // Passed with a value: nothing to add. No missing variable: no hint.
+        let (settings, _) = host_with(dir.path(), &[("X_KEY", "x-secret")], Some(CONFIG));
+        assert_eq!(settings.env_hint("codex", message), None);
+        assert_eq!(settings.env_hint("codex", "unexpected status 500"), None);
+        // The host has it, but Codex's config does not name it: scoped away.
+        let (settings, _) = host_with(dir.path(), &[("Y_KEY", "y-secret")], Some(CONFIG));
+        let hint = settings
+            .env_hint("codex", "Missing environment variable: `Y_KEY`.")
+            .unwrap();
+        assert!(hint.contains("does not pass it to codex"), "{hint}");
+        assert!(!hint.contains("y-secret"), "{hint}");
     }
 }

@@ -65,6 +65,8 @@ impl Actor {
     /// End the current run as failed with `e`'s category.
     pub(super) async fn fail_run(&mut self, e: AdapterError) {
         tracing::warn!(error = %e.message, category = ?e.category, "the run failed");
+        let (message, category) = self.with_env_hint(e.message, e.category).await;
+        let e = AdapterError::new(category, message);
         let run_id = self.state.run_id();
         // A run the store outage cut short publishes nothing more (its end comes later).
         if !self.state.run().is_some_and(|r| r.is_cut()) {
@@ -84,6 +86,40 @@ impl Actor {
             message: Some(e.message),
         })
         .await;
+    }
+
+    /// An agent's error `message` with the launcher's hint when it says an environment
+    /// variable is missing (`Launcher::env_hint`, which reads files: off the runtime), the
+    /// agent's own words first; and its category then (a missing credential is
+    /// `auth_required` rather than the catch-all `agent_failed`).
+    pub(super) async fn with_env_hint(
+        &self,
+        message: String,
+        category: ErrorCategory,
+    ) -> (String, ErrorCategory) {
+        if !message
+            .to_ascii_lowercase()
+            .contains("environment variable")
+        {
+            return (message, category);
+        }
+        let launcher = self.cx.launcher.clone();
+        let agent_type = self.cx.agent_type.clone();
+        let text = message.clone();
+        let hint = tokio::task::spawn_blocking(move || launcher.env_hint(&agent_type, &text))
+            .await
+            .ok()
+            .flatten();
+        match hint {
+            Some(hint) => {
+                let category = match category {
+                    ErrorCategory::AgentFailed => ErrorCategory::AuthRequired,
+                    other => other,
+                };
+                (format!("{message} — hint: {hint}"), category)
+            }
+            None => (message, category),
+        }
     }
 
     /// Publish the current run's `run.end`, save it, and dispatch the next queued prompt.
@@ -183,6 +219,25 @@ impl Actor {
             tracing::debug!(kind = body.kind(), "dropped: the store cannot commit");
             return;
         }
+        let body = match body {
+            EventBody::Error(notice) => {
+                let (message, category) = self.with_env_hint(notice.message, notice.category).await;
+                EventBody::Error(ErrorNotice { category, message })
+            }
+            EventBody::RunEnd(RunEnd {
+                state,
+                category: Some(category),
+                message: Some(message),
+            }) => {
+                let (message, category) = self.with_env_hint(message, category).await;
+                EventBody::RunEnd(RunEnd {
+                    state,
+                    category: Some(category),
+                    message: Some(message),
+                })
+            }
+            other => other,
+        };
         match body {
             EventBody::RunEnd(end) => {
                 // A cancelled prompt is not re-run in a fresh session: the run just ends.
