@@ -381,3 +381,61 @@ fn marked_finds_a_marked_process() {
     assert_eq!(found.len(), 1, "{found:?}");
     assert_eq!(found[0].command, "sleep");
 }
+
+/// Defect: a binary host, which reaps the zombies of children it does not own, took the exit
+/// status of the `git` it runs to read a session's workspace before that run's own wait
+/// (`No child processes`), so the workspace was "unknown" and never checked. Every git run is
+/// now registered as owned while it runs. Twenty sessions created at once in a repository
+/// (forty git runs racing the reaper): each is bound to that repository.
+#[test]
+fn the_hosts_own_git_runs_are_never_reaped_from_under_it() {
+    let Some(runtime) = in_ns("the_hosts_own_git_runs_are_never_reaped_from_under_it") else {
+        return;
+    };
+    runtime.block_on(async {
+        let host = BinHost::start().await;
+        let git = |args: &[&str]| {
+            let status = std::process::Command::new("git")
+                .arg("-C")
+                .arg(&host.work)
+                .args(args)
+                .env("GIT_CONFIG_GLOBAL", "/dev/null")
+                .env("GIT_CONFIG_NOSYSTEM", "1")
+                .stdout(Stdio::null())
+                .status()
+                .unwrap();
+            assert!(status.success(), "git {args:?}");
+        };
+        git(&["init", "-q"]);
+        git(&[
+            "remote",
+            "add",
+            "origin",
+            "https://example.invalid/repo.git",
+        ]);
+        let root = std::fs::canonicalize(&host.work).unwrap();
+        let creates = (0..20).map(|_| {
+            host.ipc(
+                "session.create",
+                json!({"agent_type": "claude", "cwd": host.work.display().to_string()}),
+            )
+        });
+        let created = futures_util::future::join_all(creates).await;
+        for data in created {
+            let id = data["session_id"].as_str().unwrap();
+            let got = host.ipc("session.get", json!({"session_id": id})).await;
+            assert_eq!(
+                got["binding"]["workspace"]["root"],
+                json!(root.display().to_string()),
+                "session {id} is not bound to its repository: {got}\nhost log:\n{}",
+                host.log()
+            );
+        }
+        assert!(
+            !host.log().contains("No child processes"),
+            "a git run lost its exit status:\n{}",
+            host.log()
+        );
+        host.shutdown().await;
+    });
+}

@@ -229,7 +229,16 @@ async fn git(cwd: &Path, args: &[&str]) -> Result<GitSaid, String> {
     ] {
         command.env_remove(var);
     }
-    let output = match tokio::time::timeout(GIT_TIMEOUT, command.output()).await {
+    // Registered while it runs: a binary host reaps the zombies of children it does not own,
+    // and would otherwise take git's exit status before this wait (`ECHILD`).
+    let child = crate::adapter::reap::spawn_registered(&mut command)
+        .map_err(|e| format!("git could not be run: {e}"))?;
+    let pid = child.id();
+    let waited = tokio::time::timeout(GIT_TIMEOUT, child.wait_with_output()).await;
+    if let Some(pid) = pid {
+        crate::adapter::reap::unregister(pid);
+    }
+    let output = match waited {
         Ok(Ok(output)) => output,
         Ok(Err(e)) => return Err(format!("git could not be run: {e}")),
         Err(_) => {
