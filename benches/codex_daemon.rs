@@ -20,6 +20,12 @@
 //! process alone, its Codex child excluded; the daemon process with its descendants and its
 //! updater). Per-round ratios host/daemon are printed, and the median over rounds.
 //!
+//! Each side also reports its turns' first two chunks apart from the rest: on the host those
+//! follow the turn's first brackets, which are sent only once committed. The processes are
+//! listed (`/proc/<pid>/exe`), which shows that the host runs the native Codex binary, not
+//! the node launcher. `AGENT_HOST_BENCH_WORKERS=N` sets the host runtime's worker count
+//! (`TOKIO_WORKER_THREADS`), an experiment knob; unset, the host runs as it ships.
+//!
 //! Everything runs in a loopback-only network namespace (as the tests do).
 //!
 //! Run: `cargo bench --bench codex_daemon -- [rounds] [turns] [chunks] [delay_ms]`
@@ -213,6 +219,13 @@ impl Host {
             .envs(agent_env(&agent_home))
             .env("AGENT_HOST_HOME", &home)
             .env("AGENT_HOST_LOG", "warn")
+            // An experiment knob: the host runtime's worker count (tokio reads this variable
+            // when the builder sets none); unset, the host runs as it ships.
+            .envs(
+                std::env::var("AGENT_HOST_BENCH_WORKERS")
+                    .ok()
+                    .map(|n| ("TOKIO_WORKER_THREADS", n)),
+            )
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -612,6 +625,11 @@ fn sample_rss(
 #[derive(Default)]
 struct Leg {
     latencies: Vec<Duration>,
+    /// The latencies of each turn's first two chunks, kept apart too: those follow the
+    /// turn's first brackets (the host sends a delta only after the brackets before it are
+    /// committed), so a slow fsync shows there first.
+    first_chunks: Vec<Duration>,
+    later_chunks: Vec<Duration>,
     spreads: Vec<Duration>,
     unmatched: usize,
     incomplete: usize,
@@ -626,7 +644,18 @@ impl Leg {
         for (_, text, at) in &deltas {
             match writes.get(text) {
                 Some(written) => {
-                    self.latencies.push(at.saturating_duration_since(*written));
+                    let latency = at.saturating_duration_since(*written);
+                    self.latencies.push(latency);
+                    // Chunk texts are `<tag>.<i> `.
+                    let index = text
+                        .trim_end()
+                        .rsplit_once('.')
+                        .and_then(|(_, i)| i.parse::<usize>().ok());
+                    if index.is_some_and(|i| i < 2) {
+                        self.first_chunks.push(latency);
+                    } else {
+                        self.later_chunks.push(latency);
+                    }
                     by_chunk.entry(text).or_default().push(*at);
                 }
                 None => self.unmatched += 1,
@@ -699,6 +728,9 @@ async fn run(host: &mut Host, daemon: &mut Daemon, params: Params) -> anyhow::Re
          ({delay_ms} ms apart) x {FOLLOWERS} followers, host (A) and daemon (B) alternating",
         String::from_utf8_lossy(&version.stdout).trim()
     );
+    if let Ok(n) = std::env::var("AGENT_HOST_BENCH_WORKERS") {
+        println!("the host's runtime runs {n} worker thread(s) (AGENT_HOST_BENCH_WORKERS)");
+    }
     // Warm-up turn on each (not measured).
     host.turn(&format!("STREAM {chunks} {delay_ms} warmhost"))
         .await?;
@@ -706,6 +738,24 @@ async fn run(host: &mut Host, daemon: &mut Daemon, params: Params) -> anyhow::Re
         .turn(&format!("STREAM {chunks} {delay_ms} warmdaemon"))
         .await?;
     mock_model::take_chunk_writes();
+    // What the host runs for its session: the native binary, not the node launcher.
+    let host_pid = host.pids();
+    for pid in with_descendants(&host_pid).into_iter().skip(1) {
+        let exe = std::fs::read_link(format!("/proc/{pid}/exe")).unwrap_or_default();
+        println!(
+            "host child {pid}: {} ({:.1} MiB, not counted)",
+            exe.display(),
+            rss_kib(&[pid]) as f64 / 1024.0
+        );
+    }
+    for pid in daemon.pids() {
+        let exe = std::fs::read_link(format!("/proc/{pid}/exe")).unwrap_or_default();
+        println!(
+            "daemon process {pid}: {} ({:.1} MiB)",
+            exe.display(),
+            rss_kib(&[pid]) as f64 / 1024.0
+        );
+    }
     let (mut hosts, mut daemons) = (Vec::new(), Vec::new());
     for round in 0..rounds {
         for side in ["host", "daemon"] {
@@ -767,6 +817,8 @@ async fn run(host: &mut Host, daemon: &mut Daemon, params: Params) -> anyhow::Re
     for (name, legs) in [("host", &hosts), ("daemon", &daemons)] {
         let lat: Vec<Duration> = legs.iter().flat_map(|l| l.latencies.clone()).collect();
         let spread: Vec<Duration> = legs.iter().flat_map(|l| l.spreads.clone()).collect();
+        let first: Vec<Duration> = legs.iter().flat_map(|l| l.first_chunks.clone()).collect();
+        let later: Vec<Duration> = legs.iter().flat_map(|l| l.later_chunks.clone()).collect();
         let unmatched: usize = legs.iter().map(|l| l.unmatched).sum();
         let incomplete: usize = legs.iter().map(|l| l.incomplete).sum();
         let expected = rounds * turns * chunks * FOLLOWERS;
@@ -782,6 +834,16 @@ async fn run(host: &mut Host, daemon: &mut Daemon, params: Params) -> anyhow::Re
             ms(pct(&spread, 0.5)),
             ms(pct(&spread, 0.99)),
             legs.iter().map(|l| l.rss_max).max().unwrap_or(0) as f64 / 1024.0,
+        );
+        println!(
+            "{name:>6} first 2 chunks of each turn: p50 {:.2} p99 {:.2} max {:.2} ms; the other \
+             chunks: p50 {:.2} p99 {:.2} max {:.2} ms",
+            ms(pct(&first, 0.5)),
+            ms(pct(&first, 0.99)),
+            ms(pct(&first, 1.0)),
+            ms(pct(&later, 0.5)),
+            ms(pct(&later, 0.99)),
+            ms(pct(&later, 1.0)),
         );
     }
     let range = |v: &[f64]| {
