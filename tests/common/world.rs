@@ -96,8 +96,10 @@ impl World {
             Family::Claude => (agent_env(&home, &self.mock), Vec::new()),
             Family::Codex => {
                 write_codex_config(&home.join(".codex"), &self.mock);
-                // The mock provider's key is no variable the spawn policy passes on: it goes
-                // in `[agents.codex] env`, as a custom provider's key does for a user.
+                // The mock provider's key goes in `[agents.codex] env`: this world's host
+                // shares the test process's environment, which must not carry it. (A host
+                // also passes a key Codex's config.toml names from its own environment:
+                // tests/codex_provider.rs.)
                 codex_env(&home, &self.mock)
                     .into_iter()
                     .partition(|(k, _)| k != "MOCK_API_KEY")
