@@ -24,9 +24,6 @@ pub const CHROMIUM_ARGS: &[&str] = &[
     "--disable-sync",
 ];
 
-/// A global lock that keeps parallel tests (of any checkout) from running apt at once.
-const APT_LOCK: &str = "/tmp/agent-host-apt.lock";
-
 /// `web/` of this checkout.
 pub fn web_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("web")
@@ -101,33 +98,6 @@ fn chromium_runs(path: &Path) -> bool {
 /// Debian's Chromium, installed with apt (as root, under a global lock) when it does not run.
 pub fn ensure_chromium() -> PathBuf {
     let path = PathBuf::from(CHROMIUM);
-    if chromium_runs(&path) {
-        return path;
-    }
-    assert!(
-        nix::unistd::geteuid().is_root(),
-        "{CHROMIUM} is missing and this test is not root, so it cannot install it; install it \
-         with `sudo apt-get install chromium` (Debian's package) and run the test again"
-    );
-    let lock = File::create(APT_LOCK).unwrap();
-    let _held = nix::fcntl::Flock::lock(lock, nix::fcntl::FlockArg::LockExclusive).unwrap();
-    // Another test may have installed it while this one waited for the lock.
-    if !chromium_runs(&path) {
-        let update = Command::new("apt-get")
-            .arg("update")
-            .status()
-            .expect("apt-get installs Chromium");
-        assert!(update.success(), "apt-get update failed");
-        let install = Command::new("apt-get")
-            .args(["install", "-y", "chromium"])
-            .env("DEBIAN_FRONTEND", "noninteractive")
-            .status()
-            .expect("apt-get installs Chromium");
-        assert!(install.success(), "apt-get install chromium failed");
-    }
-    assert!(
-        chromium_runs(&path),
-        "{CHROMIUM} does not run `--version` after apt-get install chromium"
-    );
+    super::apt::ensure_package("chromium", CHROMIUM, || chromium_runs(&path));
     path
 }

@@ -4,6 +4,7 @@
 #![allow(dead_code, reason = "each test file uses part of this")]
 
 pub mod agents;
+pub mod apt;
 pub mod browser;
 pub mod mock_model;
 pub mod world;
