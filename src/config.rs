@@ -1,8 +1,8 @@
 //! Paths and settings. Environment variables are read here and only here, once, when a
 //! [`Config`] is built; every other module receives the values it needs.
 //!
-//! Variables: `AGENT_HOST_HOME`, `AGENT_HOST_LOG` (log filter), `AGENT_HOST_IPC_TIMEOUT_MS`,
-//! `AGENT_HOST_WS_PORT`.
+//! Variables: `AGENT_HOST_HOME`, `AGENT_HOST_LOG` (log filter), `RUST_LOG` (the same, when
+//! `AGENT_HOST_LOG` is not set), `AGENT_HOST_IPC_TIMEOUT_MS`, `AGENT_HOST_WS_PORT`.
 //!
 //! `$AGENT_HOST_HOME` (default `~/.agent-host`) holds `host.lock`, `host.sock`, `host.db`,
 //! `config.toml` and `logs/` (design §3). The directory is created with mode 0700.
@@ -53,6 +53,12 @@ pub enum ConfigError {
         max = crate::session::attachments::MAX_MAX_BYTES
     )]
     AttachmentMaxBytes { path: PathBuf, value: u64 },
+    #[error("{path} is not valid: {key} {reason}")]
+    Value {
+        path: PathBuf,
+        key: &'static str,
+        reason: String,
+    },
     #[error("{path} is not valid: {source}")]
     Hooks {
         path: PathBuf,
@@ -62,7 +68,8 @@ pub enum ConfigError {
 }
 
 /// The optional `config.toml`. Unknown keys are refused so a typo is not silently ignored.
-#[derive(Debug, Clone, Default, Deserialize)]
+/// Compared whole by a reload (`crate::reload`), which tells which keys changed.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct FileConfig {
     /// `tracing` filter for the host's log, e.g. `info` or `agent_host=debug`.
@@ -103,7 +110,28 @@ pub struct FileConfig {
     /// 10 MiB, at most 64 MiB.
     #[serde(default)]
     pub attachment_max_bytes: Option<u64>,
+    /// Days a subscriber may stay away (no connection, no `subscriber.grant`) before it is
+    /// removed with its cursor. Default 30; 0 removes every subscriber not connected.
+    #[serde(default)]
+    pub subscriber_max_idle_days: Option<u64>,
+    /// The size at which `logs/host.log` is rotated (to `host.log.1`, …). Default 10 MiB.
+    #[serde(default)]
+    pub log_max_bytes: Option<u64>,
+    /// How many rotated logs are kept besides `host.log`. Default 7.
+    #[serde(default)]
+    pub log_files: Option<usize>,
 }
+
+/// How long a subscriber may stay away when `config.toml` sets nothing.
+pub const DEFAULT_SUBSCRIBER_MAX_IDLE_DAYS: u64 = 30;
+/// The size `logs/host.log` is rotated at by default.
+pub const DEFAULT_LOG_MAX_BYTES: u64 = 10 * 1024 * 1024;
+/// The smallest rotation size accepted (a smaller one would rotate on nearly every line).
+pub const MIN_LOG_MAX_BYTES: u64 = 1024;
+/// Rotated logs kept by default.
+pub const DEFAULT_LOG_FILES: usize = 7;
+/// The most rotated logs `log_files` may keep.
+pub const MAX_LOG_FILES: usize = 100;
 
 /// The queue capacity when `config.toml` sets none (design §8).
 pub const DEFAULT_QUEUE_CAPACITY: usize = 3;
@@ -114,7 +142,7 @@ pub const MAX_QUEUE_CAPACITY: usize = 100;
 /// program, then its arguments). Read as raw TOML values so that a mistake gets a message
 /// naming the entry and the expected shape ([`HooksConfig::from_file`]) rather than serde's
 /// "invalid type".
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct HooksFile {
     #[serde(default)]
@@ -315,7 +343,7 @@ impl Default for RelayTiming {
 /// One agent's settings in `config.toml`: a built-in family's (`[agents.claude] binary = …`),
 /// or a user-registered agent's (`[agents.my-agent] command = ["my-agent", "--acp"]`,
 /// `protocol = "acp"`), which becomes an agent type of its own.
-#[derive(Clone, Default, Deserialize)]
+#[derive(Clone, Default, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct AgentConfig {
     /// A path, or a name looked up on `PATH`.
@@ -373,6 +401,10 @@ impl std::fmt::Debug for Config {
             .field("attachment_dirs", &self.attachment_dirs)
             .field("attachment_max_bytes", &self.attachment_max_bytes)
             .field("adopt_orphans", &self.adopt_orphans)
+            .field("log_level_env", &self.log_level_env)
+            .field("subscriber_max_idle", &self.subscriber_max_idle)
+            .field("log_max_bytes", &self.log_max_bytes)
+            .field("log_files", &self.log_files)
             .finish_non_exhaustive()
     }
 }
@@ -413,6 +445,15 @@ pub struct Config {
     /// subreaper of its agents' orphans and reap them (`adapter::reap`). Off when embedded:
     /// other code in the process owns children of its own.
     pub adopt_orphans: bool,
+    /// The variable that set [`Config::log_level`] (`AGENT_HOST_LOG`, else `RUST_LOG`), which
+    /// then wins over `config.toml`'s `log_level`, at start and at every reload.
+    pub log_level_env: Option<&'static str>,
+    /// A subscriber away longer than this is removed (`subscriber_max_idle_days`).
+    pub subscriber_max_idle: Duration,
+    /// `logs/host.log` is rotated at this size.
+    pub log_max_bytes: u64,
+    /// Rotated logs kept.
+    pub log_files: usize,
 }
 
 /// The home directory the environment names: `AGENT_HOST_HOME`, else `~/.agent-host`. Reads
@@ -447,8 +488,16 @@ impl Config {
         {
             config.ws_port = port;
         }
-        if let Ok(level) = std::env::var("AGENT_HOST_LOG") {
-            config.log_level = level;
+        // The environment wins over config.toml, and agent-host's own variable over the
+        // generic one (a RUST_LOG meant for another program in the same shell loses to it).
+        for name in ["AGENT_HOST_LOG", "RUST_LOG"] {
+            if let Ok(level) = std::env::var(name)
+                && !level.trim().is_empty()
+            {
+                config.log_level = level;
+                config.log_level_env = Some(name);
+                break;
+            }
         }
         if let Some(ms) = std::env::var("AGENT_HOST_IPC_TIMEOUT_MS")
             .ok()
@@ -462,8 +511,36 @@ impl Config {
     /// Build for an explicit home directory (tests, embedding), reading its `config.toml`.
     pub fn with_home(home: impl Into<PathBuf>) -> Result<Config, ConfigError> {
         let home = home.into();
+        let file = read_file_config(&home.join("config.toml"))?;
+        Config::from_file(home, file)
+    }
+
+    /// `config.toml` of `home` as written (missing: every default).
+    pub fn read_file(home: &Path) -> Result<FileConfig, ConfigError> {
+        read_file_config(&home.join("config.toml"))
+    }
+
+    /// This configuration with `file` (a `config.toml` read again) in place of the one it was
+    /// built from: what comes from the environment and the process stays (the environment
+    /// snapshot, the clock, the IPC timeout, a log level a variable set, orphan adoption), and
+    /// so does what only a restart can change here, the WebSocket port.
+    pub fn reloaded(&self, file: FileConfig) -> Result<Config, ConfigError> {
+        let mut next = Config::from_file(self.home.clone(), file)?;
+        next.env = self.env.clone();
+        next.clock = self.clock.clone();
+        next.ipc_read_timeout = self.ipc_read_timeout;
+        next.adopt_orphans = self.adopt_orphans;
+        next.ws_port = self.ws_port;
+        if self.log_level_env.is_some() {
+            next.log_level = self.log_level.clone();
+            next.log_level_env = self.log_level_env;
+        }
+        Ok(next)
+    }
+
+    /// Build from a `config.toml` already read, checking its values.
+    pub fn from_file(home: PathBuf, file: FileConfig) -> Result<Config, ConfigError> {
         let path = home.join("config.toml");
-        let file = read_file_config(&path)?;
         let queue_capacity = match file.queue_capacity {
             None => DEFAULT_QUEUE_CAPACITY,
             Some(n) => match usize::try_from(n) {
@@ -502,8 +579,39 @@ impl Config {
             .as_ref()
             .map(HooksConfig::from_file)
             .transpose()
-            .map_err(|source| ConfigError::Hooks { path, source })?
+            .map_err(|source| ConfigError::Hooks {
+                path: path.clone(),
+                source,
+            })?
             .unwrap_or_default();
+        let log_max_bytes = match file.log_max_bytes {
+            None => DEFAULT_LOG_MAX_BYTES,
+            Some(n) if n >= MIN_LOG_MAX_BYTES => n,
+            Some(n) => {
+                return Err(ConfigError::Value {
+                    path,
+                    key: "log_max_bytes",
+                    reason: format!("must be at least {MIN_LOG_MAX_BYTES}, not {n}"),
+                });
+            }
+        };
+        let log_files = match file.log_files {
+            None => DEFAULT_LOG_FILES,
+            Some(n) if n <= MAX_LOG_FILES => n,
+            Some(n) => {
+                return Err(ConfigError::Value {
+                    path,
+                    key: "log_files",
+                    reason: format!("must be at most {MAX_LOG_FILES}, not {n}"),
+                });
+            }
+        };
+        let idle_days = file
+            .subscriber_max_idle_days
+            .unwrap_or(DEFAULT_SUBSCRIBER_MAX_IDLE_DAYS)
+            // About 2.7 million years: past that a Duration of seconds is still fine, but no
+            // one means it.
+            .min(1_000_000_000);
         Ok(Config {
             home,
             log_level: file.log_level.unwrap_or_else(|| "info".to_owned()),
@@ -523,6 +631,10 @@ impl Config {
             attachment_dirs,
             attachment_max_bytes,
             adopt_orphans: false,
+            log_level_env: None,
+            subscriber_max_idle: Duration::from_secs(idle_days * 86_400),
+            log_max_bytes,
+            log_files,
         })
     }
 
@@ -563,6 +675,16 @@ impl Config {
 
     pub fn logs_dir(&self) -> PathBuf {
         self.home.join("logs")
+    }
+
+    /// The host's log (rotated beside itself: `host.log.1` is the newest older one).
+    pub fn log_path(&self) -> PathBuf {
+        self.logs_dir().join("host.log")
+    }
+
+    /// The optional `config.toml`.
+    pub fn config_path(&self) -> PathBuf {
+        self.home.join("config.toml")
     }
 
     /// Where prompts' attachments are copied, one directory per session.

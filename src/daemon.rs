@@ -1,8 +1,9 @@
 //! Wiring only: builds every part of the host, reports readiness, and tears it down in order.
 //!
 //! Start: home → instance lock → end what a dead host of this home left running → store → bus
-//! → hooks (if configured) → sessions → WebSocket listener (port into the lock file) → IPC socket → `ready`. Shutdown (on the caller's `shutdown` future or `host.shutdown`) is a tree, leaves
-//! first: stop accepting IPC and finish in-flight requests → session actors and their agents → drain the bus
+//! → hooks (if configured) → sessions → WebSocket listener (port into the lock file) → IPC socket → relay
+//! → the reload task (`config.toml` watched) and the pruning of subscribers that never come back → `ready`. Shutdown (on the caller's `shutdown` future or `host.shutdown`) is a tree, leaves
+//! first: stop accepting IPC and finish in-flight requests → stop reloading (the hooks running now come back) → session actors and their agents → drain the bus
 //! (queued brackets are committed and fanned out) → hooks finish within a short grace (or are killed) → flush and join the store threads →
 //! release the lock. The socket file goes with the listener, the lock with the last line.
 
@@ -152,14 +153,13 @@ async fn serve(
             tracing::error!(error = %e, "hooks cannot run");
             None
         });
-    let sessions = SessionManager::new(
-        store.clone(),
-        bus.clone(),
-        Arc::new(AgentSettings::from_config(&config)),
-    )
-    .with_queue_capacity(config.queue_capacity)
-    .with_attachments(crate::session::attachments::AttachmentSettings::from_config(&config))
-    .with_allow_bypass(config.allow_bypass);
+    // Agent definitions a reload can replace (`reload::LiveLauncher`).
+    let (launcher, agent_defs) =
+        crate::reload::LiveLauncher::new(AgentSettings::from_config(&config));
+    let sessions = SessionManager::new(store.clone(), bus.clone(), Arc::new(launcher))
+        .with_queue_capacity(config.queue_capacity)
+        .with_attachments(crate::session::attachments::AttachmentSettings::from_config(&config))
+        .with_allow_bypass(config.allow_bypass);
     // What a stopped host left open is closed (and published) before anyone can connect.
     if let Err(e) = sessions.recover().await {
         tracing::error!(error = %e, "closing the runs the last host left open failed");
@@ -193,6 +193,13 @@ async fn serve(
         grants,
         ws_port,
     );
+    // Subscribers that never come back: now, hourly, and when a reload changes the limit.
+    let (max_idle, max_idle_rx) = tokio::sync::watch::channel(config.subscriber_max_idle);
+    tracker.spawn(crate::subscribers::prune_task(
+        subscribers.clone(),
+        max_idle_rx,
+        root.child_token(),
+    ));
     // The one request layer every transport serves.
     let handler = Handler::new(
         sessions.clone(),
@@ -221,7 +228,19 @@ async fn serve(
     // The relay client dials out (if configured); its connection is a transport like the
     // others and closes with them.
     let relay = relay::client::spawn(link, config.relay.clone(), root.child_token(), &tracker);
-    handler.set_relay(Arc::new(relay.clone()));
+    let relay_control: Arc<dyn crate::request::RelayControl> = Arc::new(relay.clone());
+    handler.set_relay(relay_control.clone());
+    // `config.toml` watched and `host.reload`: it owns the hooks from here on.
+    let reloader = crate::reload::Reloader::spawn(crate::reload::Parts {
+        config: Arc::new(config.clone()),
+        agents: agent_defs,
+        subscriber_max_idle: max_idle,
+        hooks,
+        bus: bus.clone(),
+        store: store.clone(),
+        relay: relay_control,
+    });
+    handler.set_reloader(reloader.clone());
     let ipc_task = tokio::spawn(ipc::serve(
         listener,
         handler,
@@ -260,6 +279,8 @@ async fn serve(
     {
         tracing::warn!("IPC requests still running after the grace period; abandoning them");
     }
+    // No reload from here on; the hooks running now are ended after the bus drains.
+    let hooks = reloader.stop().await;
     // 2. Sessions: running turns interrupted, agents closed (queued prompts stay queued for
     //    the next start); their last events go onto the bus.
     sessions.shutdown().await;

@@ -21,8 +21,14 @@
 //!   open-file limit, raised at start; [`redact`] — secrets by
 //!   shape out of text agents write (their stderr).
 //! - [`daemon`] — wiring and ordered shutdown; [`run`] is its entry point.
+//! - [`export`] — `session.export`: a session's transcript as Markdown or JSON Lines, in
+//!   pages (the search it pairs with is the store's, `store::search`).
 //! - [`client`] — the CLI's routing: local, IPC or hybrid; [`follow`] — the terminal follower;
-//!   [`open`] — `agent-host open`, the web UI's link.
+//!   [`open`] — `agent-host open`, the web UI's link; [`human`] — replies as tables for a
+//!   person at a terminal.
+//! - [`service`] — `agent-host service install|uninstall|status`: the host as a systemd user
+//!   unit or a launchd agent; [`doctor`] — `agent-host doctor`, the checks of a home, its host,
+//!   store, agents, credentials, relay and disk.
 //!
 //! `docs/architecture.md` has the picture.
 
@@ -32,11 +38,14 @@ pub mod client;
 pub mod clock;
 pub mod config;
 pub mod daemon;
+pub mod doctor;
+pub mod export;
 pub mod follow;
 /// For the fuzz targets in `fuzz/` and the corpus replay test; not an API.
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod hooks;
+pub mod human;
 pub mod instance;
 pub mod ipc;
 pub mod limits;
@@ -46,7 +55,9 @@ pub mod open;
 pub mod protocol;
 pub mod redact;
 pub mod relay;
+pub mod reload;
 pub mod request;
+pub mod service;
 pub mod session;
 pub mod store;
 pub mod subscribers;

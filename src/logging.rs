@@ -6,12 +6,23 @@
 //! reach either. The cap only ever lowers tungstenite's level: at the CLI's `warn` its debug
 //! lines stay out.
 //!
+//! The host's log rotates by size ([`RotatingFile`]: `host.log`, then `host.log.1` … the
+//! newest older one first, a bounded number kept), and its filter can be replaced while the
+//! host runs ([`set_host_filter`], used by a `config.toml` reload): the filter sits in a
+//! `tracing_subscriber::reload` layer whose handle is kept here, beside the global subscriber
+//! it belongs to.
+//!
 //! Every line goes through [`Escaped`]: a logged string (a URL from a command, an agent's
 //! stderr, an error message) that holds a newline or a control sequence is written escaped,
 //! so it can neither forge a separate log line nor drive the terminal of whoever reads the
 //! log.
 
+use std::fs::{File, OpenOptions};
 use std::io::{self, Write};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
 use tracing_appender::non_blocking::WorkerGuard;
 
 use tracing::Subscriber;
@@ -20,7 +31,7 @@ use tracing_subscriber::filter::{FilterExt, LevelFilter, Targets};
 use tracing_subscriber::fmt::MakeWriter;
 use tracing_subscriber::fmt::writer::MakeWriterExt;
 use tracing_subscriber::layer::SubscriberExt;
-use tracing_subscriber::registry::LookupSpan;
+use tracing_subscriber::registry::{LookupSpan, Registry};
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{EnvFilter, Layer};
 
@@ -29,15 +40,155 @@ use crate::config::Config;
 /// Install the global subscriber. Keep the guard alive until exit so buffered lines are written.
 pub fn init_host_logging(config: &Config, also_stderr: bool) -> Option<WorkerGuard> {
     config.ensure_home().ok()?;
-    let file = tracing_appender::rolling::never(config.logs_dir(), "host.log");
+    let file = match RotatingFile::open(&config.log_path(), config.log_max_bytes, config.log_files)
+    {
+        Ok(file) => file,
+        Err(e) => {
+            // Nowhere to log to: say so where someone may see it, once.
+            let _unseen = writeln!(
+                io::stderr(),
+                "cannot open {}: {e}",
+                config.log_path().display()
+            );
+            return None;
+        }
+    };
     let (file, guard) = tracing_appender::non_blocking(file);
     let filter = EnvFilter::try_new(&config.log_level).unwrap_or_else(|_| EnvFilter::new("info"));
     let installed = if also_stderr {
-        install(Escaped(file.and(std::io::stderr)), filter)
+        install_reloadable(Escaped(file.and(std::io::stderr)), filter)
     } else {
-        install(Escaped(file), filter)
+        install_reloadable(Escaped(file), filter)
     };
     installed.then_some(guard)
+}
+
+/// Replaces the host log's filter; set once, by [`init_host_logging`].
+type SetFilter = Box<dyn Fn(EnvFilter) -> Result<(), String> + Send + Sync>;
+static HOST_FILTER: OnceLock<SetFilter> = OnceLock::new();
+
+/// Whether `directives` is a filter [`set_host_filter`] would take (`Err`: why not).
+pub fn check_filter(directives: &str) -> Result<(), String> {
+    EnvFilter::try_new(directives)
+        .map(|_| ())
+        .map_err(|e| e.to_string())
+}
+
+/// Log at `directives` from now on (a `config.toml` reload). `Ok(false)`: this process has no
+/// host log to change (the host embedded in a test or a benchmark, which logs as its caller
+/// set up). The handshake cap ([`quiet_handshakes`]) stays whatever is asked.
+pub fn set_host_filter(directives: &str) -> Result<bool, String> {
+    let filter = EnvFilter::try_new(directives).map_err(|e| e.to_string())?;
+    match HOST_FILTER.get() {
+        Some(set) => set(filter).map(|()| true),
+        None => Ok(false),
+    }
+}
+
+/// [`install`] with the filter in a reload layer, whose handle [`set_host_filter`] uses.
+fn install_reloadable<W>(writer: W, filter: EnvFilter) -> bool
+where
+    W: for<'w> MakeWriter<'w> + Send + Sync + 'static,
+{
+    let (filter, handle) =
+        tracing_subscriber::reload::Layer::new(quiet_handshakes::<Registry>(filter));
+    let layer = tracing_subscriber::fmt::layer()
+        .with_ansi(false)
+        .with_writer(writer)
+        .with_filter(filter);
+    if tracing_subscriber::registry()
+        .with(layer)
+        .try_init()
+        .is_err()
+    {
+        return false;
+    }
+    let _set_once = HOST_FILTER.set(Box::new(move |filter| {
+        handle
+            .reload(quiet_handshakes::<Registry>(filter))
+            .map_err(|e| e.to_string())
+    }));
+    true
+}
+
+/// The host's log file, rotated by size: once a line would take `host.log` past `max_bytes`,
+/// `host.log.{n-1}` becomes `host.log.{n}` (the oldest, `host.log.{keep}`, is replaced), …,
+/// `host.log` becomes `host.log.1`, and a new `host.log` is started. So at most `keep` older
+/// logs stay, and `tail -F host.log` follows across a rotation. Files are 0600: a log can name
+/// sessions and paths. Written only by the non-blocking writer's one thread.
+pub struct RotatingFile {
+    path: PathBuf,
+    max_bytes: u64,
+    keep: usize,
+    file: File,
+    written: u64,
+}
+
+impl RotatingFile {
+    /// Open (append to) `path`, which rotates at `max_bytes` keeping `keep` older files.
+    pub fn open(path: &Path, max_bytes: u64, keep: usize) -> io::Result<RotatingFile> {
+        let file = open_log(path)?;
+        let written = file.metadata()?.len();
+        Ok(RotatingFile {
+            path: path.to_owned(),
+            max_bytes,
+            keep,
+            file,
+            written,
+        })
+    }
+
+    /// The `n`th older file: `host.log.n`.
+    fn older(&self, n: usize) -> PathBuf {
+        let mut name = self.path.clone().into_os_string();
+        name.push(format!(".{n}"));
+        PathBuf::from(name)
+    }
+
+    fn rotate(&mut self) -> io::Result<()> {
+        self.file.flush()?;
+        if self.keep == 0 {
+            self.file.set_len(0)?;
+        } else {
+            for n in (1..self.keep).rev() {
+                match std::fs::rename(self.older(n), self.older(n + 1)) {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            std::fs::rename(&self.path, self.older(1))?;
+            self.file = open_log(&self.path)?;
+        }
+        self.written = 0;
+        Ok(())
+    }
+}
+
+fn open_log(path: &Path) -> io::Result<File> {
+    OpenOptions::new()
+        .create(true)
+        .append(true)
+        .mode(0o600)
+        .open(path)
+}
+
+impl Write for RotatingFile {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let len = u64::try_from(buf.len()).unwrap_or(u64::MAX);
+        if self.written > 0 && self.written.saturating_add(len) > self.max_bytes {
+            // A rotation that fails (a full disk, a renamed directory) keeps writing where it
+            // was: a log that grows beats a log that stops.
+            let _kept_writing = self.rotate();
+        }
+        self.file.write_all(buf)?;
+        self.written = self.written.saturating_add(len);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.file.flush()
+    }
 }
 
 /// One fmt layer writing to `writer`, filtered by `filter` with [`quiet_handshakes`], as the
@@ -222,6 +373,37 @@ mod tests {
             ]
         );
         assert_eq!(passed("agent_host=debug,warn").len(), 2);
+    }
+
+    #[test]
+    fn the_log_rotates_by_size_and_keeps_a_bounded_number() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("host.log");
+        let mut log = RotatingFile::open(&path, 100, 3).unwrap();
+        let line = |i: usize| format!("{i:02} {}\n", "x".repeat(46)); // 50 bytes
+        for i in 0..12 {
+            log.write_all(line(i).as_bytes()).unwrap();
+        }
+        log.flush().unwrap();
+        let read = |p: &Path| std::fs::read_to_string(p).unwrap();
+        // Two lines a file; the newest in host.log, then .1, .2, .3; older ones are gone.
+        assert_eq!(read(&path), format!("{}{}", line(10), line(11)));
+        assert_eq!(read(&log.older(1)), format!("{}{}", line(8), line(9)));
+        assert_eq!(read(&log.older(3)), format!("{}{}", line(4), line(5)));
+        assert!(!log.older(4).exists());
+        let mode = std::os::unix::fs::PermissionsExt::mode(
+            &std::fs::metadata(&path).unwrap().permissions(),
+        );
+        assert_eq!(mode & 0o777, 0o600);
+        // Reopened, it counts what the file already holds.
+        drop(log);
+        let mut log = RotatingFile::open(&path, 100, 3).unwrap();
+        log.write_all(line(12).as_bytes()).unwrap();
+        assert_eq!(read(&path), line(12));
+        // A line longer than the limit still goes out whole, alone in its file.
+        let long = format!("{}\n", "y".repeat(300));
+        log.write_all(long.as_bytes()).unwrap();
+        assert_eq!(read(&path), long);
     }
 
     #[test]

@@ -13,7 +13,10 @@
 //! table, is a command; anything else — `--help`, `--version`, a flag, `follow`, `open`, an
 //! unknown word, a usage error — goes to `agent-hostd` unchanged, whose command-line parser
 //! answers it. A command read from standard input is handed on as its envelope, so nothing is
-//! read twice. Output and exit status are byte for byte the full binary's.
+//! read twice. Output and exit status are byte for byte the full binary's: on a terminal, a
+//! list-like command's reply is the same table ([`agent_host::human`], linked here rather than
+//! handed to the full binary: it adds about 150 KB to this 2.2 MB front and nothing measurable
+//! to its start), elsewhere the same envelope line.
 
 use std::ffi::OsString;
 use std::io::Write;
@@ -21,11 +24,16 @@ use std::os::unix::process::CommandExt;
 use std::process::ExitCode;
 
 use agent_host::client::{self, FULL_BINARY, FrontStep};
+use agent_host::human;
 use agent_host::protocol::envelope::{ErrorCode, Reply, RequestError};
 
 fn print_reply(reply: &Reply) -> ExitCode {
     let mut out = std::io::stdout().lock();
     let _gone = writeln!(out, "{}", reply.to_line()).and_then(|()| out.flush());
+    exit_code(reply)
+}
+
+fn exit_code(reply: &Reply) -> ExitCode {
     if reply.is_ok() {
         ExitCode::SUCCESS
     } else {
@@ -108,7 +116,15 @@ fn main() -> ExitCode {
         return delegate(&[OsString::from(envelope.to_string())]);
     };
     match client::front(&command, &envelope, &home) {
-        FrontStep::Answered(reply) => print_reply(&reply),
+        // A person at a terminal reads a list-like reply as a table (`--json`, a flag, is the
+        // full binary's to honour); everyone else gets the envelope line.
+        FrontStep::Answered(reply) => match human::terminal(command.name()) {
+            Some(screen) => {
+                human::show(command.name(), &reply, &screen);
+                exit_code(&reply)
+            }
+            None => print_reply(&reply),
+        },
         FrontStep::Delegate => delegate(&[OsString::from(envelope.to_string())]),
     }
 }

@@ -410,6 +410,21 @@ async fn script_for(c: &mut Clients, t: Transport, cwd: &Path) -> Vec<(String, V
     if t != Transport::Relay {
         step!("subscriber.grant", json!({"subscriber_id": own}));
     }
+    // Search and export: the same answers (a word no session says, a query FTS5 cannot read,
+    // the empty page past a session's end, a format that is none).
+    step!(
+        "session.search",
+        json!({"query": "nowhere-said-word", "session_id": s})
+    );
+    step!(
+        "session.search",
+        json!({"query": "NEAR(", "syntax": "fts5"})
+    );
+    step!(
+        "session.export",
+        json!({"session_id": s, "format": "jsonl", "after_seq": 9_007_199_254_740_991_i64})
+    );
+    step!("session.export", json!({"session_id": s, "format": "pdf"}));
     // Errors: unknown session, bad params, unknown command, a command not on the wire.
     step!("session.get", json!({"session_id": "no-such-session"}));
     step!("session.get", json!({}));

@@ -40,6 +40,9 @@ pub enum ErrorCode {
     StoreUnavailable,
     StoreCorrupt,
     InstallIncomplete,
+    ChecksFailed,
+    ServiceFailed,
+    ConfigInvalid,
     SessionNotFound,
     CwdNotFound,
     RunNotFound,
@@ -88,6 +91,9 @@ impl ErrorCode {
         ErrorCode::StoreUnavailable,
         ErrorCode::StoreCorrupt,
         ErrorCode::InstallIncomplete,
+        ErrorCode::ChecksFailed,
+        ErrorCode::ServiceFailed,
+        ErrorCode::ConfigInvalid,
         ErrorCode::SessionNotFound,
         ErrorCode::CwdNotFound,
         ErrorCode::RunNotFound,
@@ -136,6 +142,9 @@ impl ErrorCode {
             ErrorCode::StoreUnavailable => 2009,
             ErrorCode::StoreCorrupt => 2010,
             ErrorCode::InstallIncomplete => 2011,
+            ErrorCode::ChecksFailed => 2012,
+            ErrorCode::ServiceFailed => 2013,
+            ErrorCode::ConfigInvalid => 2014,
             ErrorCode::SessionNotFound => 3001,
             ErrorCode::CwdNotFound => 3002,
             ErrorCode::RunNotFound => 3003,
@@ -185,6 +194,9 @@ impl ErrorCode {
             ErrorCode::StoreUnavailable => "store_unavailable",
             ErrorCode::StoreCorrupt => "store_corrupt",
             ErrorCode::InstallIncomplete => "install_incomplete",
+            ErrorCode::ChecksFailed => "checks_failed",
+            ErrorCode::ServiceFailed => "service_failed",
+            ErrorCode::ConfigInvalid => "config_invalid",
             ErrorCode::SessionNotFound => "session_not_found",
             ErrorCode::CwdNotFound => "cwd_not_found",
             ErrorCode::RunNotFound => "run_not_found",
@@ -251,6 +263,18 @@ impl ErrorCode {
             }
             ErrorCode::InstallIncomplete => {
                 "`agent-hostd`, the full binary, is not beside `agent-host`: build or install both"
+            }
+            ErrorCode::ChecksFailed => {
+                "`doctor`: at least one check failed; `data.checks` says which, and what to do"
+            }
+            ErrorCode::ServiceFailed => {
+                "`service`: the unit could not be written or removed (a file `service install` did \
+                 not write is never overwritten or removed); `data.path` names it"
+            }
+            ErrorCode::ConfigInvalid => {
+                "`host.reload`: `config.toml` does not parse or holds a value the host refuses (the \
+                 message names the file, and the line when it does not parse); nothing was \
+                 applied, the running configuration stays"
             }
             ErrorCode::SessionNotFound => "no session with that id",
             ErrorCode::CwdNotFound => "the `cwd` given does not exist or is not a directory",
@@ -434,7 +458,7 @@ pub const COMMANDS: &[CommandSpec] = &[
         name: "host.status",
         route: Route::Hybrid,
         params: "{}",
-        summary: "{running, pid, version, ipc_path, ws_port, started_at, sessions, store: {state, error, since}, limits: {open_files: {soft, hard}}}",
+        summary: "{running, pid, version, ipc_path, ws_port, started_at, sessions, store: {state, error, since}, limits: {open_files: {soft, hard}}, log_path, config: {path, reloads, last_reload_at, last_error}}",
         wire: true,
     },
     CommandSpec {
@@ -630,7 +654,7 @@ pub const COMMANDS: &[CommandSpec] = &[
         name: "subscriber.list",
         route: Route::Ipc,
         params: "{}",
-        summary: "every subscriber with its cursor, whether connected, and deltas dropped",
+        summary: "every subscriber with its cursor, whether connected, when last seen (last_seen_at_ms: its last connection or subscriber.grant; null: never), and deltas dropped; one away longer than subscriber_max_idle_days (default 30) is removed, a connected one never",
         wire: false,
     },
     CommandSpec {
@@ -646,6 +670,27 @@ pub const COMMANDS: &[CommandSpec] = &[
         params: "{session_id: string, after_seq?: int, before_seq?: int (not with after_seq), limit?: int (default 200, max 5000)}",
         summary: "a page of bracket events, each with its sequence_id: the oldest after after_seq, or the newest before before_seq; {events, count, next_after_seq, next_before_seq, has_more}",
         wire: true,
+    },
+    CommandSpec {
+        name: "session.search",
+        route: Route::Ipc,
+        params: "{query: string (at most 1024 bytes), session_id?: string, limit?: int (default 20, max 100), syntax?: \"words\"|\"fts5\" (default words)}",
+        summary: "full-text search of prompts, answers and tool calls (docs/search.md), best match first: {query, hits: [{session_id, sequence_id, run_id, kind, created_at_ms, snippet, score}]}; words: every word must match, word* a prefix, nothing else is syntax; fts5: SQLite FTS5 query syntax as written; a query that is none or that FTS5 cannot parse: invalid_params",
+        wire: true,
+    },
+    CommandSpec {
+        name: "session.export",
+        route: Route::Ipc,
+        params: "{session_id: string, format: \"markdown\"|\"jsonl\", after_seq?: int, thinking?: bool (markdown; default false)}",
+        summary: "a transcript, in pages of at most 1 MiB (always at least one event): {session_id, format, content, events, next_after_seq, has_more}; markdown: prompts, answers, tool calls with input and output, permissions and who answered, run ends and errors; jsonl: the stored canonical events, one a line; pass next_after_seq back as after_seq while has_more",
+        wire: true,
+    },
+    CommandSpec {
+        name: "host.reload",
+        route: Route::Ipc,
+        params: "{}",
+        summary: "read config.toml again and apply it now (the host also does on every change of the file): {path, applied, needs_restart, overridden}; log_level, [agents.*], agent_idle_timeout_s, [hooks], [relay] and subscriber_max_idle_days apply at once (a running agent process keeps its definition; the next one started uses the new); needs_restart names the keys changed since start that only a restart applies; a file that does not parse or a value refused: config_invalid, and nothing changes",
+        wire: false,
     },
 ];
 
@@ -1166,6 +1211,50 @@ pub struct SubscriberIdParams {
     pub subscriber_id: String,
 }
 
+/// How `session.search` reads its query.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SearchSyntax {
+    /// Words, every one of which must match; `word*` is a prefix. Nothing is query syntax.
+    #[default]
+    Words,
+    /// SQLite FTS5's query syntax, as written.
+    Fts5,
+}
+
+/// `session.search`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SessionSearchParams {
+    pub query: String,
+    #[serde(default)]
+    pub session_id: Option<String>,
+    #[serde(default)]
+    pub limit: Option<u32>,
+    #[serde(default)]
+    pub syntax: SearchSyntax,
+}
+
+/// What `session.export` writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ExportFormat {
+    Markdown,
+    Jsonl,
+}
+
+/// `session.export`: one page of a session's transcript, from after `after_seq`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SessionExportParams {
+    pub session_id: String,
+    pub format: ExportFormat,
+    #[serde(default)]
+    pub after_seq: Option<i64>,
+    #[serde(default)]
+    pub thinking: bool,
+}
+
 /// A parsed, typed command. After this, nothing matches on strings.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Command {
@@ -1201,6 +1290,9 @@ pub enum Command {
     SubscriberGrant(SubscriberIdParams),
     SubscriberList,
     SubscriberRemove(SubscriberIdParams),
+    SessionSearch(SessionSearchParams),
+    SessionExport(SessionExportParams),
+    HostReload,
 }
 
 /// The most a request line may hold, for IPC and argv alike.
@@ -1318,6 +1410,9 @@ impl Command {
                 typed::<EmptyParams>(name, params).map(|_| Command::SubscriberList)?
             }
             "subscriber.remove" => Command::SubscriberRemove(typed(name, params)?),
+            "session.search" => Command::SessionSearch(typed(name, params)?),
+            "session.export" => Command::SessionExport(typed(name, params)?),
+            "host.reload" => typed::<EmptyParams>(name, params).map(|_| Command::HostReload)?,
             _ => {
                 return Err(RequestError::new(
                     ErrorCode::UnknownCommand,
@@ -1363,6 +1458,9 @@ impl Command {
             Command::SubscriberGrant(_) => "subscriber.grant",
             Command::SubscriberList => "subscriber.list",
             Command::SubscriberRemove(_) => "subscriber.remove",
+            Command::SessionSearch(_) => "session.search",
+            Command::SessionExport(_) => "session.export",
+            Command::HostReload => "host.reload",
         }
     }
 
@@ -1437,6 +1535,8 @@ mod tests {
                 }
                 "subscriber.add" => json!({"type": "local"}),
                 "subscriber.grant" | "subscriber.remove" => json!({"subscriber_id": "x"}),
+                "session.search" => json!({"query": "q"}),
+                "session.export" => json!({"session_id": "x", "format": "jsonl"}),
                 _ => json!({}),
             };
             let cmd = Command::parse_named(spec.name, params).unwrap();
@@ -1715,6 +1815,13 @@ of them), `/steer <text>`, `/fork`, `/queue` (`/queue rm N`, `/queue clear`), `/
 `/quit` or Ctrl-C to leave; its log goes to `logs/follow.log`, never onto the screen. With `--json`, or
 when stdout is not a terminal, it prints lines: readable text, or one canonical event as JSON
 per line.
+
+On a terminal, `session.list`, `session.get`, `session.history`, `agent.list`, `host.status`,
+`subscriber.list` and `doctor` print a table or summary for people (an error as one
+`error: <message> (<name>)` line on stderr); with `--json`, or when stdout is not a terminal,
+every command prints the reply line described here, and the exit status is the same either
+way. `agent-host completions bash|zsh|fish` prints shell completions and `agent-host man` the
+man page, both generated from this table.
 
 ## Commands
 

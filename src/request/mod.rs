@@ -52,6 +52,9 @@ pub struct Handler {
     shutdown: CancellationToken,
     /// Set once the relay client runs (it needs a handler itself, so it comes second).
     relay: Arc<OnceLock<Arc<dyn RelayControl>>>,
+    /// Set once the reload task runs (it needs the relay): `host.reload`, and the running
+    /// configuration a reload replaces (`agent.list`).
+    reloader: Arc<OnceLock<crate::reload::Reloader>>,
 }
 
 impl Handler {
@@ -69,7 +72,20 @@ impl Handler {
             config,
             shutdown,
             relay: Arc::new(OnceLock::new()),
+            reloader: Arc::new(OnceLock::new()),
         }
+    }
+
+    /// The reload task, for `host.reload` and the running configuration.
+    pub fn set_reloader(&self, reloader: crate::reload::Reloader) {
+        let _already = self.reloader.set(reloader);
+    }
+
+    /// The configuration running now: the last reload's, else the start's.
+    fn config(&self) -> Arc<Config> {
+        self.reloader
+            .get()
+            .map_or_else(|| self.config.clone(), crate::reload::Reloader::config)
     }
 
     /// The relay client, for `host.status` and `host.relay.set`.
@@ -199,7 +215,7 @@ impl Handler {
                 "this command runs locally in the CLI, not in the host",
                 Value::Null,
             ),
-            Command::AgentList => Reply::ok(crate::adapter::agents_report(&self.config).await),
+            Command::AgentList => Reply::ok(crate::adapter::agents_report(&self.config()).await),
             Command::HostStatus => {
                 if let Some(ids) = access.sessions() {
                     // A client limited to some sessions learns the host is up and how it
@@ -224,8 +240,27 @@ impl Handler {
                 if let Some(relay) = self.relay.get() {
                     status["relay"] = relay.status();
                 }
+                status["log_path"] = json!(self.config.log_path().display().to_string());
+                if let Some(reloader) = self.reloader.get() {
+                    status["config"] = json!(reloader.status());
+                }
                 Reply::ok(status)
             }
+            Command::HostReload => match self.reloader.get() {
+                None => Reply::error(
+                    ErrorCode::Internal,
+                    "this host does not reload its configuration",
+                    Value::Null,
+                ),
+                Some(reloader) => match reloader.reload().await {
+                    Ok(report) => Reply::ok(report),
+                    Err(message) => Reply::error(
+                        ErrorCode::ConfigInvalid,
+                        message,
+                        json!({"path": self.config.config_path().display().to_string()}),
+                    ),
+                },
+            },
             Command::HostRelaySet(p) => self.relay_set(p),
             Command::HostShutdown => {
                 tracing::info!("shutdown requested over IPC");
@@ -468,7 +503,46 @@ impl Handler {
                     .map_err(subscriber_error)?;
                 Reply::ok(json!({"removed": p.subscriber_id}))
             }
+            Command::SessionSearch(p) => self.search(access, p).await?,
+            Command::SessionExport(p) => Reply::ok(
+                crate::export::export(&self.sessions, p)
+                    .await
+                    .map_err(session_error)?,
+            ),
         })
+    }
+
+    /// `session.search`: in the named session, else in every session the caller's scope holds.
+    async fn search(
+        &self,
+        access: &Access,
+        p: crate::protocol::envelope::SessionSearchParams,
+    ) -> Result<Reply, Reply> {
+        let sessions = match p.session_id {
+            Some(id) => {
+                self.sessions.get(&id).await.map_err(session_error)?;
+                Some(vec![id])
+            }
+            None => access.sessions(),
+        };
+        let query = crate::store::SearchQuery {
+            query: p.query.clone(),
+            syntax: p.syntax,
+            sessions,
+            limit: p.limit.unwrap_or(crate::store::DEFAULT_SEARCH_LIMIT),
+        };
+        let hits = self
+            .sessions
+            .store()
+            .search(query)
+            .await
+            .map_err(|e| match e {
+                crate::store::StoreError::BadQuery(why) => {
+                    session_error(crate::session::SessionError::InvalidParams(why))
+                }
+                other => session_error(other.into()),
+            })?;
+        Ok(Reply::ok(json!({"query": p.query, "hits": hits})))
     }
 
     async fn history(&self, p: SessionHistoryParams) -> Reply {
@@ -643,6 +717,13 @@ fn authorize(caller: &Caller, command: &Command) -> Result<(), Reply> {
             access.session(&p.session_id)?;
             access.allows(scope.permissions, "answering permission requests")
         }
+        // Reading, as history is: a named session must be in scope; without one, the search
+        // runs over the scope's sessions only (the handler passes them).
+        Command::SessionSearch(p) => p
+            .session_id
+            .as_deref()
+            .map_or(Ok(()), |id| access.session(id)),
+        Command::SessionExport(p) => access.session(&p.session_id),
         // A wire client renews its own grant only.
         Command::SubscriberGrant(p) => match &caller.via {
             Via::Ipc => Ok(()),
@@ -660,6 +741,7 @@ fn authorize(caller: &Caller, command: &Command) -> Result<(), Reply> {
         | Command::Version
         | Command::HostStart(_)
         | Command::HostRelaySet(_)
+        | Command::HostReload
         | Command::HostShutdown
         | Command::SubscriberAdd(_)
         | Command::SubscriberList

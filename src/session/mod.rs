@@ -413,6 +413,12 @@ impl SessionManager {
         }
     }
 
+    /// The store, for the request layer's read-only queries that no session state takes part
+    /// in (`session.search`).
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
     /// Whether the store can commit now.
     pub fn store_health(&self) -> StoreHealth {
         self.health.borrow().clone()

@@ -27,6 +27,8 @@
 
 mod runs;
 mod schema;
+mod search;
+mod seen;
 mod sessions;
 mod sql;
 
@@ -45,6 +47,9 @@ use tokio::sync::{mpsc, oneshot};
 
 pub use runs::{PermissionRow, QueuedRun, Resolve, RunInsert, StoredBaseline};
 pub use schema::SCHEMA_VERSION;
+pub use search::{
+    DEFAULT_SEARCH_LIMIT, MAX_QUERY_BYTES, MAX_SEARCH_LIMIT, SearchHit, SearchQuery, Syntax,
+};
 pub use sessions::{
     DEFAULT_SESSION_PAGE, MAX_SESSION_PAGE, PREVIEW_CHARS, SessionListRow, SessionPage,
     SessionQuery,
@@ -78,6 +83,10 @@ pub enum StoreError {
     /// params at the edge).
     #[error("malformed cursor: {0}")]
     BadCursor(String),
+    /// A `session.search` query that is none (empty, too long) or that FTS5 cannot parse (the
+    /// caller's fault: invalid params at the edge).
+    #[error("{0}")]
+    BadQuery(String),
 }
 
 impl StoreError {
@@ -605,6 +614,8 @@ impl Store {
             let tx = conn.transaction()?;
             let n = tx.execute(sql::DELETE_SESSION, [&session_id])?;
             for rows in [
+                // The index rows first: they are found through the session's messages.
+                sql::DELETE_SESSION_FTS,
                 sql::DELETE_SESSION_MESSAGES,
                 sql::DELETE_SESSION_RUNS,
                 sql::DELETE_SESSION_PERMISSIONS,
@@ -1135,6 +1146,23 @@ fn check_integrity(conn: &Connection, path: &Path) -> StoreResult<()> {
     Err(corrupt(lines.join("; ")))
 }
 
+/// `quick_check` of the database at `path` on a read-only connection of its own (`doctor`):
+/// never creates, migrates or writes the file, so it is safe while a host holds it. A missing
+/// file is [`StoreError::Open`]; one that fails the check, [`StoreError::Corrupt`] as at open.
+pub fn check_file(path: &Path) -> StoreResult<()> {
+    use rusqlite::OpenFlags;
+    let conn = Connection::open_with_flags(
+        path,
+        OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )
+    .map_err(|e| StoreError::Open {
+        path: path.to_owned(),
+        source: Box::new(e),
+    })?;
+    conn.busy_timeout(Duration::from_secs(5))?;
+    check_integrity(&conn, path)
+}
+
 fn writer_loop(mut conn: Connection, mut rx: mpsc::Receiver<WriteCmd>, health: Health) {
     // A command taken off the queue while gathering a group that is not an append; it runs
     // after the group commits, which keeps FIFO order.
@@ -1230,6 +1258,8 @@ fn commit_group(conn: &mut Connection, group: Vec<(Vec<NewEvent>, AppendReply)>,
                     ])?;
                     seqs.push(tx.last_insert_rowid());
                 }
+                // Searchable text commits with its event (`search.rs`).
+                search::index_group(&tx, events.iter().zip(seqs.iter().copied()))?;
                 all.push(seqs);
             }
         }
@@ -1689,12 +1719,27 @@ mod tests {
         }
         drop(store);
         threads.shutdown().await;
+        check_file(&path).unwrap();
         let len = std::fs::metadata(&path).unwrap().len();
         let mut file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
         file.seek(SeekFrom::Start(len / 2)).unwrap();
         file.write_all(&[0xA5; 8192]).unwrap();
         drop(file);
         let before = std::fs::read(&path).unwrap();
+        // `doctor`'s read-only check finds it too, and writes nothing either.
+        assert!(
+            matches!(check_file(&path), Err(StoreError::Corrupt { .. })),
+            "check_file passed a corrupt file"
+        );
+        assert!(
+            std::fs::read(&path).unwrap() == before,
+            "check_file wrote the corrupt file"
+        );
+        assert!(matches!(
+            check_file(&dir.path().join("missing.db")),
+            Err(StoreError::Open { .. })
+        ));
+        assert!(!dir.path().join("missing.db").exists());
         match Store::open(&path) {
             Err(StoreError::Corrupt {
                 path: named,

@@ -7,7 +7,7 @@ use rusqlite::Connection;
 use super::{StoreError, StoreResult};
 
 /// The schema version this build writes.
-pub const SCHEMA_VERSION: i64 = 10;
+pub const SCHEMA_VERSION: i64 = 12;
 
 /// Migration `i` takes a database from version `i` to `i + 1`.
 const MIGRATIONS: &[&str] = &[
@@ -21,7 +21,51 @@ const MIGRATIONS: &[&str] = &[
     MIGRATION_8,
     MIGRATION_9,
     MIGRATION_10,
+    MIGRATION_11,
+    MIGRATION_12,
 ];
+
+/// Version 12: when each subscriber was last seen (`last_seen_at`, ms): its last connection or
+/// `subscriber.grant`. A subscriber away longer than `subscriber_max_idle_days` is removed,
+/// with its cursor (which lives in its row). Rows from before: seen at their last change (a
+/// cursor save moves `updated_at`, so a subscriber that was following counts from then). The
+/// index serves the pruning's range.
+const MIGRATION_12: &str = "
+ALTER TABLE subscribers ADD COLUMN last_seen_at INTEGER;
+UPDATE subscribers SET last_seen_at = max(created_at, updated_at);
+CREATE INDEX IF NOT EXISTS subscribers_last_seen ON subscribers (last_seen_at);
+";
+
+/// Version 11: full-text search (`session.search`, `store/search.rs`). `messages_fts` is an
+/// FTS5 table keyed by `sequence_id` (its rowid) holding each searchable bracket's text:
+/// `user.text` and `text.end` (the prompt's and the answer's `text`), and `tool.call.end` (the
+/// tool's name, then every string of its input: the command, the path). It keeps its own copy
+/// of the text, so `snippet()` works without reading `messages`; the append path writes its
+/// row in the same transaction as the event's, and a session's rows go with the session. The
+/// backfill indexes every such bracket already stored, as the append path would have (a row
+/// whose payload is not JSON is skipped). `unicode61 remove_diacritics 2`: case and accents
+/// fold (`cafe` finds `Café`), no stemming (code identifiers stay as written).
+const MIGRATION_11: &str = "
+CREATE VIRTUAL TABLE IF NOT EXISTS messages_fts
+    USING fts5(text, tokenize = 'unicode61 remove_diacritics 2');
+INSERT INTO messages_fts (rowid, text)
+SELECT sequence_id, t FROM (
+    SELECT sequence_id, CASE WHEN json_valid(payload) THEN
+               CASE WHEN json_type(payload, '$.text') = 'text'
+                    THEN json_extract(payload, '$.text') END
+           END AS t
+    FROM messages WHERE kind IN ('user.text', 'text.end'))
+WHERE t IS NOT NULL AND t <> '';
+INSERT INTO messages_fts (rowid, text)
+SELECT sequence_id, t FROM (
+    SELECT sequence_id, CASE WHEN json_valid(payload) THEN trim(
+               coalesce(json_extract(payload, '$.name'), '') || ' ' ||
+               coalesce((SELECT group_concat(value, ' ') FROM json_tree(payload, '$.input')
+                         WHERE type = 'text'), ''))
+           END AS t
+    FROM messages WHERE kind = 'tool.call.end')
+WHERE t IS NOT NULL AND t <> '';
+";
 
 /// Version 10: every query of the store reads an index (a test holds each statement to it).
 /// `permissions_state`: the pending requests of every session are a range of it, not a scan of
@@ -241,6 +285,101 @@ mod tests {
             )
             .unwrap();
         assert_eq!(n, 1);
+    }
+
+    /// A version 10 database with prompts, answers and a tool call: after the upgrade every
+    /// one of them is searchable (the backfill indexes what the append path would), a broken
+    /// payload is skipped, and the first append after it is indexed too.
+    #[tokio::test]
+    async fn version_11_backfills_the_search_index() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("old.db");
+        {
+            let conn = Connection::open(&path).unwrap();
+            for step in &MIGRATIONS[..10] {
+                conn.execute_batch(step).unwrap();
+            }
+            conn.execute_batch("PRAGMA user_version = 10;").unwrap();
+            let add = |session: &str, kind: &str, payload: &str| {
+                conn.execute(
+                    "INSERT INTO messages (message_id, session_id, kind, payload, created_at) \
+                     VALUES ('m', ?1, ?2, ?3, 1)",
+                    rusqlite::params![session, kind, payload],
+                )
+                .unwrap();
+            };
+            add(
+                "a",
+                "user.text",
+                r#"{"k":"user.text","text":"find the aardvark"}"#,
+            );
+            add(
+                "a",
+                "text.end",
+                r#"{"k":"text.end","text":"the aardvark sleeps"}"#,
+            );
+            add(
+                "b",
+                "tool.call.end",
+                r#"{"k":"tool.call.end","callId":"c","name":"Bash","input":{"command":"aardvark --version","n":3}}"#,
+            );
+            add(
+                "b",
+                "tool.exec.end",
+                r#"{"k":"tool.exec.end","output":"aardvark 1.0"}"#,
+            );
+            add("b", "text.end", "not json aardvark");
+            add("b", "text.end", r#"{"k":"text.end","text":""}"#);
+        }
+        let (store, threads) = crate::store::Store::open(&path).unwrap();
+        let q = |query: &str| crate::store::SearchQuery {
+            query: query.into(),
+            syntax: crate::store::Syntax::Words,
+            sessions: None,
+            limit: 10,
+        };
+        let mut hits: Vec<(i64, String)> = store
+            .search(q("aardvark"))
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|h| (h.sequence_id, h.kind))
+            .collect();
+        hits.sort();
+        assert_eq!(
+            hits,
+            [
+                (1, "user.text".to_owned()),
+                (2, "text.end".to_owned()),
+                (3, "tool.call.end".to_owned())
+            ]
+        );
+        // The backfilled text is the append path's text.
+        let call = store.search(q("bash")).await.unwrap();
+        assert_eq!(call.len(), 1);
+        assert_eq!(call[0].snippet, "**Bash** aardvark --version");
+        drop(store);
+        threads.shutdown().await;
+    }
+
+    /// A version 11 database's subscribers count as seen at their last change; a subscriber
+    /// added after the upgrade is never seen until it connects.
+    #[test]
+    fn version_12_backfills_last_seen() {
+        let mut conn = Connection::open_in_memory().unwrap();
+        for step in &MIGRATIONS[..11] {
+            conn.execute_batch(step).unwrap();
+        }
+        conn.execute_batch(
+            "PRAGMA user_version = 11;
+             INSERT INTO subscribers (id, type, created_at, updated_at) VALUES ('s', 'local', 5, 9);",
+        )
+        .unwrap();
+        migrate(&mut conn).unwrap();
+        let seen: i64 = conn
+            .query_row("SELECT last_seen_at FROM subscribers", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(seen, 9);
     }
 
     /// A version 3 database: activity from the last event (or the row), the preview from the

@@ -221,6 +221,14 @@ WHERE id = ?1";
     SAVE_CURSOR = "UPDATE subscribers SET \
         most_recent_sequence_id = max(most_recent_sequence_id, ?2), \
         deltas_dropped = deltas_dropped + ?3, updated_at = ?4 WHERE id = ?1";
+    /// A subscriber was seen now (`?2`): it connected, or asked for a fresh grant (migration 12).
+    TOUCH_SUBSCRIBER = "UPDATE subscribers SET last_seen_at = ?2 WHERE id = ?1";
+    /// Every subscriber's last sighting, for `subscriber.list` (a row never seen: `NULL`).
+    LIST_SUBSCRIBERS_SEEN = "SELECT id, last_seen_at FROM subscribers";
+    /// The subscribers last seen before `?1`, or never seen and added before it: two ranges of
+    /// `subscribers_last_seen` (the never-seen ones are its `NULL` range).
+    STALE_SUBSCRIBERS = "SELECT id FROM subscribers WHERE last_seen_at < ?1 \
+        UNION ALL SELECT id FROM subscribers WHERE last_seen_at IS NULL AND created_at < ?1";
 
     // ---- upkeep ----
 
@@ -231,6 +239,28 @@ WHERE id = ?1";
     QUICK_CHECK = "PRAGMA quick_check(8)";
     CHECKPOINT_PASSIVE = "PRAGMA wal_checkpoint(PASSIVE)";
     CHECKPOINT_TRUNCATE = "PRAGMA wal_checkpoint(TRUNCATE)";
+
+    // ---- search (`search.rs`; the table is migration 11's) ----
+
+    /// A searchable bracket's text, under its `sequence_id`, in the append's transaction.
+    INSERT_FTS = "INSERT INTO messages_fts (rowid, text) VALUES (?1, ?2)";
+    /// A session's index rows, found through its range of `messages_session_seq`; run before
+    /// its messages go.
+    DELETE_SESSION_FTS = "DELETE FROM messages_fts WHERE rowid IN \
+        (SELECT sequence_id FROM messages WHERE session_id = ?1)";
+    /// Matches of `?1` (an FTS5 query) in every session, best first (bm25): `?2`/`?3` the
+    /// snippet's markers, `?4` its length in tokens, `?5` rows. The full-text index is the
+    /// outer loop (CROSS JOIN keeps it there); each match reads its row by primary key.
+    SEARCH_ALL = "SELECT m.session_id, m.sequence_id, m.run_id, m.kind, m.created_at, \
+        snippet(messages_fts, 0, ?2, ?3, '…', ?4), bm25(messages_fts) \
+        FROM messages_fts CROSS JOIN messages m ON m.sequence_id = messages_fts.rowid \
+        WHERE messages_fts MATCH ?1 ORDER BY rank LIMIT ?5";
+    /// [`SEARCH_ALL`] within the sessions of `?6` (a JSON array of ids).
+    SEARCH_IN = "SELECT m.session_id, m.sequence_id, m.run_id, m.kind, m.created_at, \
+        snippet(messages_fts, 0, ?2, ?3, '…', ?4), bm25(messages_fts) \
+        FROM messages_fts CROSS JOIN messages m ON m.sequence_id = messages_fts.rowid \
+        WHERE messages_fts MATCH ?1 AND m.session_id IN (SELECT value FROM json_each(?6)) \
+        ORDER BY rank LIMIT ?5";
 }
 
 // ---- the session list's fragments (`sessions::page_sql` composes them) ----
@@ -284,6 +314,11 @@ mod tests {
             "LIST_SUBSCRIBERS",
             "SCAN subscribers",
             "every subscriber, read whole at start",
+        ),
+        (
+            "LIST_SUBSCRIBERS_SEEN",
+            "SCAN subscribers",
+            "subscriber.list: every subscriber, as LIST_SUBSCRIBERS",
         ),
         (
             "session list, first page, no filter",

@@ -151,6 +151,16 @@ impl GrantStore {
         }
     }
 
+    /// The subscribers with a connection open now.
+    pub fn connected_ids(&self) -> Vec<String> {
+        self.connections
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .keys()
+            .cloned()
+            .collect()
+    }
+
     /// How many connections a subscriber has open now.
     pub fn connection_count(&self, subscriber_id: &str) -> usize {
         self.connections

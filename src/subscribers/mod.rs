@@ -6,6 +6,10 @@
 //! - [`grants`] — tokens and the connection registry.
 //! - [`Subscribers`] — what `subscriber.*` commands do, and [`Subscribers::open`], which starts
 //!   a connection's subscription per its row.
+//! - [`Subscribers::prune`] and [`prune_task`] — subscribers that never come back: one away
+//!   longer than `subscriber_max_idle_days` (last seen = its last connection or
+//!   `subscriber.grant`, and every sweep that finds it connected) is removed with its cursor,
+//!   at start and hourly; one with a live connection never is.
 
 pub mod grants;
 
@@ -60,7 +64,13 @@ pub struct SubscriberView {
     #[serde(flatten)]
     pub row: SubscriberRow,
     pub connected: bool,
+    /// When it last connected or asked for a grant (ms since the epoch); `null`: not since it
+    /// was added.
+    pub last_seen_at_ms: Option<i64>,
 }
+
+/// How often subscribers that never come back are looked for.
+pub const PRUNE_EVERY: std::time::Duration = std::time::Duration::from_secs(3600);
 
 /// Subscriber lifecycle: rows in the store, grants in memory.
 #[derive(Clone)]
@@ -174,6 +184,7 @@ impl Subscribers {
             }
         };
         let scope = scope_of(&row);
+        self.seen(&row.subscriber_id).await;
         let subscription = self
             .bus
             .subscribe(SubscribeOptions {
@@ -232,7 +243,55 @@ impl Subscribers {
             .get_subscriber(subscriber_id.to_owned())
             .await?
             .ok_or_else(|| SubscriberError::NotFound(subscriber_id.to_owned()))?;
+        self.seen(subscriber_id).await;
         self.grant_with(subscriber_id.to_owned(), RENEWED_TOKEN_TTL)
+    }
+
+    /// Record that `subscriber_id` was seen now. A failed write costs only an earlier pruning
+    /// (the subscriber has a live connection or a fresh grant, so it is asked again): logged.
+    async fn seen(&self, subscriber_id: &str) {
+        if let Err(e) = self
+            .store
+            .touch_subscriber(subscriber_id.to_owned(), now_ms())
+            .await
+        {
+            tracing::warn!(subscriber_id, error = %e, "could not record when a subscriber was seen");
+        }
+    }
+
+    /// Remove every subscriber last seen more than `max_idle` before `now_ms`, with its cursor
+    /// (its row), unless it has a live connection: those are marked seen at `now_ms` instead,
+    /// so a connection that lasts a month is not counted as a month away once it closes.
+    /// Returns the ids removed.
+    pub async fn prune(
+        &self,
+        now_ms: i64,
+        max_idle: std::time::Duration,
+    ) -> Result<Vec<String>, SubscriberError> {
+        for id in self.grants.connected_ids() {
+            self.store.touch_subscriber(id, now_ms).await?;
+        }
+        let idle_ms = i64::try_from(max_idle.as_millis()).unwrap_or(i64::MAX);
+        let before = now_ms.saturating_sub(idle_ms);
+        let mut removed = Vec::new();
+        for id in self.store.stale_subscribers(before).await? {
+            // Checked again for each: one may have connected since the sweep began.
+            if self.grants.connection_count(&id) > 0 {
+                continue;
+            }
+            if self.store.delete_subscriber(id.clone()).await? {
+                self.grants.revoke(&id);
+                removed.push(id);
+            }
+        }
+        if !removed.is_empty() {
+            tracing::info!(
+                count = removed.len(),
+                max_idle_days = max_idle.as_secs() / 86_400,
+                "removed subscribers that did not come back"
+            );
+        }
+        Ok(removed)
     }
 
     fn grant_for(&self, subscriber_id: String) -> Result<GrantReply, SubscriberError> {
@@ -255,10 +314,12 @@ impl Subscribers {
 
     pub async fn list(&self) -> Result<Vec<SubscriberView>, SubscriberError> {
         let rows = self.store.list_subscribers().await?;
+        let seen = self.store.subscribers_last_seen().await?;
         Ok(rows
             .into_iter()
             .map(|row| SubscriberView {
                 connected: self.grants.connection_count(&row.subscriber_id) > 0,
+                last_seen_at_ms: seen.get(&row.subscriber_id).copied().flatten(),
                 row,
             })
             .collect())
@@ -275,6 +336,36 @@ impl Subscribers {
         self.grants.revoke(subscriber_id);
         tracing::info!(subscriber_id, "subscriber removed");
         Ok(())
+    }
+}
+
+/// Prune subscribers that never come back ([`Subscribers::prune`]) now, then every
+/// [`PRUNE_EVERY`], and whenever `max_idle` changes (a `config.toml` reload), each time with
+/// its value then; until `stop`.
+pub async fn prune_task(
+    subscribers: Subscribers,
+    mut max_idle: tokio::sync::watch::Receiver<std::time::Duration>,
+    stop: tokio_util::sync::CancellationToken,
+) {
+    let mut tick = tokio::time::interval(PRUNE_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut watching = true;
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => return,
+            _ = tick.tick() => {}
+            changed = max_idle.changed(), if watching => {
+                if changed.is_err() {
+                    // Its sender is gone: the last value holds, and the hourly sweep goes on.
+                    watching = false;
+                    continue;
+                }
+            }
+        }
+        let idle = *max_idle.borrow_and_update();
+        if let Err(e) = subscribers.prune(now_ms(), idle).await {
+            tracing::warn!(error = %e, "pruning subscribers that did not come back failed");
+        }
     }
 }
 
@@ -301,4 +392,80 @@ pub fn scope_of(row: &SubscriberRow) -> Scope {
 /// How a stored subscriber's replay mode reads.
 pub fn replay_mode_of(row: &SubscriberRow) -> ReplayMode {
     ReplayMode::parse(&row.replay_mode).unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    const DAY_MS: i64 = 86_400_000;
+
+    /// The clock is the `now_ms` given to `prune`: days pass without waiting for them.
+    #[tokio::test]
+    async fn prune_removes_who_stayed_away_and_never_a_connected_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, threads) = Store::open(&dir.path().join("t.db")).unwrap();
+        let (bus, tasks) = Bus::start(store.clone()).await.unwrap();
+        let sessions = SessionManager::new(
+            store.clone(),
+            bus.clone(),
+            Arc::new(crate::session::NoAgents),
+        );
+        let grants = Arc::new(GrantStore::new(crate::clock::Clock::system()));
+        let subscribers = Subscribers::new(store.clone(), bus.clone(), sessions, grants.clone(), 1);
+        let add = || async {
+            let params = serde_json::from_value(serde_json::json!({"type": "local"})).unwrap();
+            subscribers.add(params).await.unwrap().subscriber_id
+        };
+        let (seen, connected, never) = (add().await, add().await, add().await);
+        subscribers.renew(&seen).await.unwrap();
+        let connection = grants.connected(&connected, tokio_util::sync::CancellationToken::new());
+        let listed = subscribers.list().await.unwrap();
+        let last_seen = |id: &str| {
+            listed
+                .iter()
+                .find(|v| v.row.subscriber_id == id)
+                .unwrap()
+                .last_seen_at_ms
+        };
+        assert!(last_seen(&seen).is_some());
+        assert_eq!(last_seen(&never), None);
+
+        let month = Duration::from_secs(30 * 86_400);
+        let now = now_ms();
+        // 29 days on: nobody is away long enough.
+        assert!(
+            subscribers
+                .prune(now + 29 * DAY_MS, month)
+                .await
+                .unwrap()
+                .is_empty()
+        );
+        // 31 days on: the two away go, with their rows (and so their cursors) and grants; the
+        // connected one stays, and counts as seen then.
+        let mut removed = subscribers.prune(now + 31 * DAY_MS, month).await.unwrap();
+        removed.sort();
+        let mut expected = vec![seen.clone(), never.clone()];
+        expected.sort();
+        assert_eq!(removed, expected);
+        assert!(store.get_subscriber(seen.clone()).await.unwrap().is_none());
+        assert!(subscribers.renew(&never).await.is_err());
+        // Disconnected: a month after it was last seen connected, it goes too.
+        grants.disconnected(&connected, connection);
+        assert!(
+            subscribers
+                .prune(now + 60 * DAY_MS, month)
+                .await
+                .unwrap()
+                .is_empty()
+        );
+        assert_eq!(
+            subscribers.prune(now + 62 * DAY_MS, month).await.unwrap(),
+            [connected]
+        );
+        drop((subscribers, bus, store));
+        tasks.shutdown().await;
+        threads.shutdown().await;
+    }
 }
