@@ -1,7 +1,7 @@
 //! Wiring only: builds every part of the host, reports readiness, and tears it down in order.
 //!
 //! Start: home → instance lock → end what a dead host of this home left running → store → bus
-//! → hooks (if configured) → sessions → WebSocket listener (port into the lock file) → IPC socket → relay
+//! → hooks (if configured) → sessions → WebSocket listener (port into the lock file) → the pairing registry → IPC socket → relay
 //! → the reload task (`config.toml` watched) and the pruning of subscribers that never come back → `ready`. Shutdown (on the caller's `shutdown` future or `host.shutdown`) is a tree, leaves
 //! first: stop accepting IPC and finish in-flight requests → stop reloading (the hooks running now come back) → session actors and their agents → drain the bus
 //! (queued brackets are committed and fanned out) → hooks finish within a short grace (or are killed) → flush and join the store threads →
@@ -42,6 +42,8 @@ pub struct Ready {
     pub bus: Bus,
     /// The relay client's handle (its status can be watched).
     pub relay: relay::RelayHandle,
+    /// The host's pairings (the same handle `pair.*` and the relay client use).
+    pub pairs: crate::seal::pairs::PairRegistry,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -208,6 +210,15 @@ async fn serve(
         Arc::new(config.clone()),
         root.clone(),
     );
+    // Pending pairings and paired bots: `pair.*`, and the relay client's handshakes through
+    // `Handler::pairs`. Its task ends with the root token.
+    let pairs = crate::seal::pairs::PairRegistry::spawn(
+        store.clone(),
+        config.home.clone(),
+        config.clock.clone(),
+        root.child_token(),
+    );
+    handler.set_pairs(pairs.clone());
     let link = Link {
         handler: handler.clone(),
     };
@@ -257,6 +268,7 @@ async fn serve(
         ipc_path: ipc_path.clone(),
         bus: bus.clone(),
         relay,
+        pairs,
     });
     tracing::info!(ipc = %ipc_path.display(), ws_port, "host ready");
 

@@ -1,6 +1,6 @@
 //! Output for people: the replies of the list-like commands (`session.list`, `session.get`,
-//! `session.history`, `agent.list`, `host.status`, `subscriber.list`, `doctor`) as aligned
-//! tables and short summaries, printed instead of the JSON envelope when standard output is a
+//! `session.history`, `agent.list`, `host.status`, `subscriber.list`, `pair.list`, `doctor`)
+//! as aligned tables and short summaries, and `pair.create`'s code as a QR to scan, printed instead of the JSON envelope when standard output is a
 //! terminal and `--json` was not given.
 //!
 //! Invariants: the envelope is the contract and this is only a view of it — a non-terminal
@@ -33,6 +33,8 @@ pub const COMMANDS: &[&str] = &[
     "agent.list",
     "host.status",
     "subscriber.list",
+    "pair.list",
+    "pair.create",
     "doctor",
 ];
 
@@ -136,6 +138,8 @@ pub fn render(command: &str, reply: &Reply, screen: &Screen) -> View {
         "agent.list" => agent_list(data, screen),
         "host.status" => host_status(data, screen),
         "subscriber.list" => subscriber_list(data, screen),
+        "pair.list" => pair_list(data, screen),
+        "pair.create" => pair_create(data, screen),
         "doctor" => doctor(data, screen),
         _ => format!("{}\n", reply.to_line()),
     };
@@ -636,6 +640,103 @@ fn subscriber_list(data: &Value, screen: &Screen) -> String {
         "{}",
         count(subscribers.len(), "subscriber", "subscribers")
     );
+    out
+}
+
+/// `pair.list`'s reply, `{bots: [{bot_id, name, scope, paired_at_ms, last_seen_at_ms,
+/// revoked_at_ms, connected}]}`.
+fn pair_list(data: &Value, screen: &Screen) -> String {
+    let bots = array(data, "bots");
+    if bots.is_empty() {
+        return "no paired bots (`agent-host pair` makes a code for one)\n".to_owned();
+    }
+    let rows: Vec<Vec<String>> = bots
+        .iter()
+        .map(|b| {
+            let scope = b.get("scope").unwrap_or(&Value::Null);
+            let sessions = match scope.get("sessions").and_then(Value::as_array) {
+                None => "all".to_owned(),
+                Some(ids) => count(ids.len(), "session", "sessions"),
+            };
+            let rights: Vec<&str> = [
+                ("prompt", "prompt"),
+                ("permissions", "permissions"),
+                ("create_sessions", "create"),
+            ]
+            .iter()
+            .filter(|(key, _)| scope.get(*key).and_then(Value::as_bool) == Some(true))
+            .map(|(_, label)| *label)
+            .collect();
+            let state = if b.get("revoked_at_ms").is_some_and(|v| !v.is_null()) {
+                format!("revoked {}", when(b.get("revoked_at_ms"), screen))
+            } else if b.get("connected").and_then(Value::as_bool) == Some(true) {
+                "connected".to_owned()
+            } else {
+                "paired".to_owned()
+            };
+            let seen = match b.get("last_seen_at_ms") {
+                Some(Value::Null) | None => "never".to_owned(),
+                Some(at) => when(Some(at), screen),
+            };
+            vec![
+                text(b, "bot_id"),
+                text(b, "name"),
+                state,
+                when(b.get("paired_at_ms"), screen),
+                seen,
+                sessions,
+                if rights.is_empty() {
+                    "read".to_owned()
+                } else {
+                    rights.join(", ")
+                },
+            ]
+        })
+        .collect();
+    let mut out = table(
+        &[
+            Column::new("BOT"),
+            Column::flex("NAME"),
+            Column::new("STATE"),
+            Column::new("PAIRED"),
+            Column::new("SEEN"),
+            Column::new("SESSIONS"),
+            Column::new("MAY"),
+        ],
+        &rows,
+        screen.width,
+    );
+    let _ = writeln!(out, "{}", count(bots.len(), "bot", "bots"));
+    out
+}
+
+/// `pair.create`'s reply: the QR to scan (only its block characters are drawn), the code to
+/// paste, and how long it works.
+fn pair_create(data: &Value, screen: &Screen) -> String {
+    let mut out = String::new();
+    let qr = data.get("qr").and_then(Value::as_str).unwrap_or("");
+    for line in qr.lines() {
+        let drawn: String = line
+            .chars()
+            .filter(|c| matches!(c, ' ' | '\u{2580}' | '\u{2584}' | '\u{2588}'))
+            .collect();
+        let _ = writeln!(out, "{drawn}");
+    }
+    let _ = writeln!(out, "{}", text(data, "code"));
+    if let Some(expires) = data.get("expires_at_ms").and_then(Value::as_i64) {
+        let _ = writeln!(
+            out,
+            "valid for {} (until {} UTC): it pairs one bot, once",
+            span(expires.saturating_sub(screen.now_ms)),
+            utc(expires)
+        );
+    }
+    if array(data, "relay_urls").is_empty() {
+        let _ = writeln!(
+            out,
+            "no relay is configured: the bot must be told where to reach this host"
+        );
+    }
     out
 }
 
@@ -1187,6 +1288,41 @@ mod tests {
              sub-2               s-1       now        now           7        3\n\
              sub-3               all       no         never         0        0\n\
              3 subscribers\n"
+        );
+    }
+
+    #[test]
+    fn pair_list_shows_each_bot_its_state_and_what_it_may_do() {
+        let r = reply(
+            r#"{"code":0,"message":"ok","data":{"bots":[{"bot_id":"a1b2c3d4e5f6a1b2c3d4e5f6","name":"phone\u001b[2J","scope":{"sessions":null,"prompt":true,"permissions":false,"create_sessions":false},"paired_at_ms":1796020000000,"last_seen_at_ms":1796194000000,"revoked_at_ms":null,"connected":true},{"bot_id":"0000aaaa0000aaaa0000aaaa","name":"old","scope":{"sessions":["s"],"prompt":false,"permissions":false,"create_sessions":false},"paired_at_ms":1796020000000,"last_seen_at_ms":null,"revoked_at_ms":1796193900000,"connected":false}]}}"#,
+        );
+        let out = render("pair.list", &r, &screen()).stdout;
+        assert_eq!(
+            out,
+            "BOT                       NAME        STATE              PAIRED   SEEN       SESSIONS   MAY\n\
+             a1b2c3d4e5f6a1b2c3d4e5f6  phone^[[2J  connected          2 d ago  3 min ago  all        prompt\n\
+             0000aaaa0000aaaa0000aaaa  old         revoked 5 min ago  2 d ago  never      1 session  read\n\
+             2 bots\n"
+        );
+        let none = reply(r#"{"code":0,"message":"ok","data":{"bots":[]}}"#);
+        assert!(
+            render("pair.list", &none, &screen())
+                .stdout
+                .starts_with("no paired bots")
+        );
+    }
+
+    #[test]
+    fn pair_create_is_the_qr_the_code_and_its_validity() {
+        let r = reply(&format!(
+            r#"{{"code":0,"message":"ok","data":{{"code":"ahpair1.abc","qr":"█▀▄ \u001b[31m\n▄▄▄","expires_at_ms":{},"relay_urls":[],"host_id":"h","secret_id":"i"}}}}"#,
+            NOW + 600_000
+        ));
+        let out = render("pair.create", &r, &screen()).stdout;
+        assert_eq!(
+            out,
+            "█▀▄ \n▄▄▄\nahpair1.abc\nvalid for 10 min (until 2026-12-02 07:00:00 UTC): it pairs one bot, once\n\
+             no relay is configured: the bot must be told where to reach this host\n"
         );
     }
 

@@ -15,7 +15,10 @@
 //!   dialed.
 //! - [`ipc`] — the Unix-socket transport; [`ws`] — the loopback WebSocket transport, which
 //!   also serves [`web`] (the embedded web UI and its headers) on the same port;
-//!   [`relay`] — the outbound relay connection.
+//!   [`relay`] — the outbound relay connection; [`seal`] — the Noise keys, handshakes and
+//!   sealed channels between the host and its remote bots, and their pairing.
+//! - [`relayd`] — the relay service itself (`agent-host-relay`): instances joined by NATS
+//!   JetStream that carry sealed frames between hosts and bots; its own binary.
 //! - [`watch`] — file watching (`notify`), handed to the session layer through its `Launcher`.
 //! - [`instance`], [`config`] — the lock file and where things live; [`limits`] — the
 //!   open-file limit, raised at start; [`redact`] — secrets by
@@ -55,8 +58,10 @@ pub mod open;
 pub mod protocol;
 pub mod redact;
 pub mod relay;
+pub mod relayd;
 pub mod reload;
 pub mod request;
+pub mod seal;
 pub mod service;
 pub mod session;
 pub mod store;

@@ -1,5 +1,5 @@
-//! `agent-hostd`, the full binary: the host itself (`host.start`), `follow`, `open`, and every
-//! other command too — argv → command envelope → route → one JSON reply line on stdout. Exit
+//! `agent-hostd`, the full binary: the host itself (`host.start`), `follow`, `open`, `pair`
+//! (a bot's pairing code as a QR), and every other command too — argv → command envelope → route → one JSON reply line on stdout. Exit
 //! status 0 exactly when the reply's code is 0 — on a terminal, the list-like commands print a
 //! table instead (`agent_host::human`; `--json` keeps the line). `completions` and `man` print
 //! shell completions and the man page, both generated from this command line and the command
@@ -33,6 +33,16 @@ struct Cli {
     /// `open` only: print the web UI's URL without starting a browser.
     #[arg(long)]
     print: bool,
+    /// `pair` only: what the paired bot may do, as JSON {sessions?, prompt?, permissions?,
+    /// create_sessions?} (default: every session and prompts, nothing more).
+    #[arg(long, value_name = "JSON")]
+    scope: Option<String>,
+    /// `pair` only: how long the code is valid, in seconds (default 600, at most 3600).
+    #[arg(long, value_name = "SECONDS")]
+    ttl: Option<u32>,
+    /// `pair` only: the bot's label in `pair.list`.
+    #[arg(long, value_name = "LABEL")]
+    name: Option<String>,
 }
 
 fn commands_help() -> String {
@@ -60,6 +70,9 @@ fn commands_help() -> String {
     );
     text.push_str(
         "  service          [cli]   the host as a login service: agent-host service install|uninstall|status\n  doctor           [cli]   check the home, host, store, agents, credentials, relay, disk\n",
+    );
+    text.push_str(
+        "  pair             [cli]   pair a remote bot: agent-host pair [--scope JSON] [--ttl SECONDS] [--name LABEL]\n                          (pair.create; on a terminal its QR, the code and how long it is valid)\n",
     );
     let tables: Vec<&str> = human::COMMANDS
         .iter()
@@ -102,6 +115,10 @@ const CLI_WORDS: &[(&str, &str)] = &[
     (
         "doctor",
         "check the home, host, store, agents, credentials, relay and disk: one verdict and fix per check",
+    ),
+    (
+        "pair",
+        "make a code that pairs a remote bot, shown as a QR: pair [--scope JSON] [--ttl SECONDS] [--name LABEL]",
     ),
 ];
 
@@ -374,6 +391,65 @@ fn doctor(cli: Cli) -> anyhow::Result<ExitCode> {
     Ok(exit_code(&reply))
 }
 
+/// `agent-host pair [--scope JSON] [--ttl SECONDS] [--name LABEL]`: `pair.create` with those
+/// params; on a terminal its QR, the code and how long it is valid, else (or with `--json`)
+/// the reply line, byte for byte `pair.create`'s.
+fn pair(cli: Cli) -> ExitCode {
+    if cli.params.is_some() {
+        return usage_error(
+            "pair takes options only: pair [--scope JSON] [--ttl SECONDS] [--name LABEL]",
+        );
+    }
+    let mut params = serde_json::Map::new();
+    if let Some(scope) = &cli.scope {
+        match agent_host::protocol::strict_json::parse(scope) {
+            Ok(scope) => {
+                params.insert("scope".to_owned(), scope);
+            }
+            Err(e) => {
+                let reply = Reply::error(
+                    ErrorCode::InvalidJson,
+                    format!("--scope is not valid JSON: {e}"),
+                    serde_json::Value::Null,
+                );
+                print_reply(&reply);
+                return exit_code(&reply);
+            }
+        }
+    }
+    if let Some(ttl) = cli.ttl {
+        params.insert("ttl_s".to_owned(), ttl.into());
+    }
+    if let Some(name) = cli.name {
+        params.insert("name".to_owned(), name.into());
+    }
+    let envelope =
+        agent_host::protocol::envelope::envelope("pair.create", serde_json::Value::Object(params));
+    let command = match Command::parse_value(envelope.clone()) {
+        Ok(command) => command,
+        Err(e) => {
+            let reply = e.into_reply();
+            print_reply(&reply);
+            return exit_code(&reply);
+        }
+    };
+    let config = match load_config() {
+        Ok(config) => config,
+        Err(code) => return code,
+    };
+    let screen = if cli.json {
+        None
+    } else {
+        human::terminal("pair.create")
+    };
+    let reply = client::execute(command, envelope, &config);
+    match screen {
+        Some(screen) => human::show("pair.create", &reply, &screen),
+        None => print_reply(&reply),
+    }
+    exit_code(&reply)
+}
+
 /// A usage error, answered with one JSON line like every other.
 fn usage_error(first: &str) -> ExitCode {
     let reply = Reply::error(
@@ -442,6 +518,14 @@ fn main() -> anyhow::Result<ExitCode> {
     }
     if cli.print {
         return Ok(usage_error("--print is an option of `open` only"));
+    }
+    if cli.input == "pair" {
+        return Ok(pair(cli));
+    }
+    if cli.scope.is_some() || cli.ttl.is_some() || cli.name.is_some() {
+        return Ok(usage_error(
+            "--scope, --ttl and --name are options of `pair` only",
+        ));
     }
     if cli.input == "service" {
         return Ok(service(cli.params.as_deref()));

@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 
 /// Every non-zero reply code. Numbers are stable and grouped by the hundreds digit block:
-/// 1xxx request, 2xxx host state, 3xxx session, 4xxx agent, 5xxx subscriber.
+/// 1xxx request, 2xxx host state, 3xxx session, 4xxx agent, 5xxx subscriber and paired bot.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ErrorCode {
     InvalidJson,
@@ -60,6 +60,7 @@ pub enum ErrorCode {
     AgentUnavailable,
     ResultDeliveryUnknown,
     SubscriberNotFound,
+    BotNotFound,
 }
 
 impl ErrorCode {
@@ -111,6 +112,7 @@ impl ErrorCode {
         ErrorCode::AgentUnavailable,
         ErrorCode::ResultDeliveryUnknown,
         ErrorCode::SubscriberNotFound,
+        ErrorCode::BotNotFound,
     ];
 
     /// The stable number carried in `code`.
@@ -162,6 +164,7 @@ impl ErrorCode {
             ErrorCode::AgentUnavailable => 4003,
             ErrorCode::ResultDeliveryUnknown => 4004,
             ErrorCode::SubscriberNotFound => 5001,
+            ErrorCode::BotNotFound => 5002,
         }
     }
 
@@ -214,6 +217,7 @@ impl ErrorCode {
             ErrorCode::AgentUnavailable => "agent_unavailable",
             ErrorCode::ResultDeliveryUnknown => "result_delivery_unknown",
             ErrorCode::SubscriberNotFound => "subscriber_not_found",
+            ErrorCode::BotNotFound => "bot_not_found",
         }
     }
 
@@ -320,6 +324,9 @@ impl ErrorCode {
                  unknown, so it was not queued either (a `warning` in the run says so)"
             }
             ErrorCode::SubscriberNotFound => "no subscriber with that id",
+            ErrorCode::BotNotFound => {
+                "no paired bot with that id (`pair.list` lists them); `data.bot_id` names it"
+            }
         }
     }
 
@@ -690,6 +697,27 @@ pub const COMMANDS: &[CommandSpec] = &[
         route: Route::Ipc,
         params: "{}",
         summary: "read config.toml again and apply it now (the host also does on every change of the file): {path, applied, needs_restart, overridden}; log_level, [agents.*], agent_idle_timeout_s, [hooks], [relay] and subscriber_max_idle_days apply at once (a running agent process keeps its definition; the next one started uses the new); needs_restart names the keys changed since start that only a restart applies; a file that does not parse or a value refused: config_invalid, and nothing changes",
+        wire: false,
+    },
+    CommandSpec {
+        name: "pair.create",
+        route: Route::Ipc,
+        params: "{scope?: {sessions?, prompt?, permissions?, create_sessions?}, ttl_s?: int (default 600, 1 to 3600), name?: string (1-64 characters)}",
+        summary: "a code that pairs one remote bot, once, until it expires: {code, qr, host_id, host_public, relay_urls, secret_id, expires_at_ms, scope}; the code holds the secret, which the host keeps in memory only (a restart voids the code: make a new one); scope: what the bot may do (default: every session and prompts, no permission answers, no new sessions); name labels the bot in pair.list; `agent-host pair` prints the code as a QR",
+        wire: false,
+    },
+    CommandSpec {
+        name: "pair.list",
+        route: Route::Ipc,
+        params: "{}",
+        summary: "every paired bot, revoked ones too, in the order they paired: {bots: [{bot_id, name, scope, paired_at_ms, last_seen_at_ms, revoked_at_ms, connected}]}",
+        wire: false,
+    },
+    CommandSpec {
+        name: "pair.revoke",
+        route: Route::Ipc,
+        params: "{bot: string (a bot_id)}",
+        summary: "revoke a paired bot: it can no longer connect and its open channels close: {bot_id, revoked: true}; it stays in pair.list with revoked_at_ms; an unknown id: bot_not_found",
         wire: false,
     },
 ];
@@ -1255,6 +1283,73 @@ pub struct SessionExportParams {
     pub thinking: bool,
 }
 
+/// `pair.create`: what a bot paired with the code may do, how long the code is valid, and the
+/// bot's label.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(try_from = "PairCreateFields")]
+pub struct PairCreateParams {
+    /// Absent: [`super::scope::Scope::default`], what a relay token grants by default.
+    pub scope: Option<super::scope::Scope>,
+    /// Seconds, 1 to [`PairCreateParams::MAX_TTL_S`].
+    pub ttl_s: u32,
+    pub name: Option<String>,
+}
+
+impl PairCreateParams {
+    pub const DEFAULT_TTL_S: u32 = 600;
+    pub const MAX_TTL_S: u32 = 3600;
+    /// The most characters of a bot's label.
+    pub const MAX_NAME_CHARS: usize = 64;
+}
+
+/// The fields `pair.create` takes, before the ranges are checked.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PairCreateFields {
+    #[serde(default)]
+    scope: Option<super::scope::Scope>,
+    #[serde(default)]
+    ttl_s: Option<u32>,
+    #[serde(default)]
+    name: Option<String>,
+}
+
+impl TryFrom<PairCreateFields> for PairCreateParams {
+    type Error = String;
+
+    fn try_from(f: PairCreateFields) -> Result<Self, Self::Error> {
+        let ttl_s = f.ttl_s.unwrap_or(PairCreateParams::DEFAULT_TTL_S);
+        if !(1..=PairCreateParams::MAX_TTL_S).contains(&ttl_s) {
+            return Err(format!(
+                "ttl_s must be 1 to {} seconds, got {ttl_s}",
+                PairCreateParams::MAX_TTL_S
+            ));
+        }
+        if let Some(name) = &f.name {
+            let chars = name.chars().count();
+            if !(1..=PairCreateParams::MAX_NAME_CHARS).contains(&chars) {
+                return Err(format!(
+                    "name must be 1 to {} characters, got {chars}",
+                    PairCreateParams::MAX_NAME_CHARS
+                ));
+            }
+        }
+        Ok(PairCreateParams {
+            scope: f.scope,
+            ttl_s,
+            name: f.name,
+        })
+    }
+}
+
+/// `pair.revoke`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PairRevokeParams {
+    /// The bot's id (`pair.list` `bot_id`).
+    pub bot: String,
+}
+
 /// A parsed, typed command. After this, nothing matches on strings.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Command {
@@ -1293,6 +1388,9 @@ pub enum Command {
     SessionSearch(SessionSearchParams),
     SessionExport(SessionExportParams),
     HostReload,
+    PairCreate(PairCreateParams),
+    PairList,
+    PairRevoke(PairRevokeParams),
 }
 
 /// The most a request line may hold, for IPC and argv alike.
@@ -1413,6 +1511,9 @@ impl Command {
             "session.search" => Command::SessionSearch(typed(name, params)?),
             "session.export" => Command::SessionExport(typed(name, params)?),
             "host.reload" => typed::<EmptyParams>(name, params).map(|_| Command::HostReload)?,
+            "pair.create" => Command::PairCreate(typed(name, params)?),
+            "pair.list" => typed::<EmptyParams>(name, params).map(|_| Command::PairList)?,
+            "pair.revoke" => Command::PairRevoke(typed(name, params)?),
             _ => {
                 return Err(RequestError::new(
                     ErrorCode::UnknownCommand,
@@ -1461,6 +1562,9 @@ impl Command {
             Command::SessionSearch(_) => "session.search",
             Command::SessionExport(_) => "session.export",
             Command::HostReload => "host.reload",
+            Command::PairCreate(_) => "pair.create",
+            Command::PairList => "pair.list",
+            Command::PairRevoke(_) => "pair.revoke",
         }
     }
 
@@ -1537,6 +1641,7 @@ mod tests {
                 "subscriber.grant" | "subscriber.remove" => json!({"subscriber_id": "x"}),
                 "session.search" => json!({"query": "q"}),
                 "session.export" => json!({"session_id": "x", "format": "jsonl"}),
+                "pair.revoke" => json!({"bot": "x"}),
                 _ => json!({}),
             };
             let cmd = Command::parse_named(spec.name, params).unwrap();
@@ -1658,6 +1763,42 @@ mod tests {
         }
     }
 
+    /// `pair.create`: a ttl of 1 to 3600 s (600 by default), a label of 1 to 64 characters,
+    /// a scope of the relay's shape; `pair.revoke` names its bot.
+    #[test]
+    fn pair_create_checks_its_ranges() {
+        let parse = |params: Value| Command::parse_named("pair.create", params);
+        match parse(json!({})) {
+            Ok(Command::PairCreate(p)) => {
+                assert_eq!((p.ttl_s, p.scope, p.name), (600, None, None));
+            }
+            other => panic!("{other:?}"),
+        }
+        match parse(json!({"ttl_s": 3600, "name": "é".repeat(64), "scope": {"sessions": ["s"]}})) {
+            Ok(Command::PairCreate(p)) => {
+                assert_eq!(p.ttl_s, 3600);
+                let scope = p.scope.unwrap();
+                assert_eq!(scope.sessions, Some(vec!["s".to_owned()]));
+                assert!(scope.prompt && !scope.permissions);
+            }
+            other => panic!("{other:?}"),
+        }
+        for bad in [
+            json!({"ttl_s": 0}),
+            json!({"ttl_s": 3601}),
+            json!({"ttl_s": -1}),
+            json!({"name": ""}),
+            json!({"name": "x".repeat(65)}),
+            json!({"scope": {"admin": true}}),
+            json!({"secret": "x"}),
+        ] {
+            let err = parse(bad.clone()).unwrap_err();
+            assert_eq!(err.code, ErrorCode::InvalidParams, "{bad}");
+        }
+        assert!(Command::parse_named("pair.revoke", json!({})).is_err());
+        assert_eq!(ErrorCode::BotNotFound.number(), 5002);
+    }
+
     /// `session.run` names its run exactly one way.
     #[test]
     fn session_run_takes_one_of_client_msg_id_and_run_id() {
@@ -1773,7 +1914,7 @@ mod tests {
                     2 => "Host state",
                     3 => "Session",
                     4 => "Agent",
-                    _ => "Subscriber",
+                    _ => "Subscriber and paired bot",
                 };
                 out.push_str(&format!("| | **{title}** | |\n"));
             }
@@ -1816,12 +1957,16 @@ of them), `/steer <text>`, `/fork`, `/queue` (`/queue rm N`, `/queue clear`), `/
 when stdout is not a terminal, it prints lines: readable text, or one canonical event as JSON
 per line.
 
+`agent-host pair [--scope '<json>'] [--ttl <s>] [--name <label>]` is not one either: it sends
+`pair.create` with those params and, on a terminal, prints the code's QR, the code and how
+long it is valid; piped, or with `--json`, the reply line, as `pair.create` prints it.
+
 On a terminal, `session.list`, `session.get`, `session.history`, `agent.list`, `host.status`,
-`subscriber.list` and `doctor` print a table or summary for people (an error as one
-`error: <message> (<name>)` line on stderr); with `--json`, or when stdout is not a terminal,
-every command prints the reply line described here, and the exit status is the same either
-way. `agent-host completions bash|zsh|fish` prints shell completions and `agent-host man` the
-man page, both generated from this table.
+`subscriber.list`, `pair.list`, `pair.create` (its QR) and `doctor` print a table or summary
+for people (an error as one `error: <message> (<name>)` line on stderr); with `--json`, or
+when stdout is not a terminal, every command prints the reply line described here, and the
+exit status is the same either way. `agent-host completions bash|zsh|fish` prints shell
+completions and `agent-host man` the man page, both generated from this table.
 
 ## Commands
 

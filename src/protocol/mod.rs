@@ -5,6 +5,7 @@ pub mod envelope;
 pub mod event_reference;
 pub mod events;
 pub mod options;
+pub mod relay_wire;
 pub mod replies;
 pub mod scope;
 pub mod states;

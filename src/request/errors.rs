@@ -9,6 +9,7 @@ use crate::instance::InstanceError;
 use crate::ipc::IpcError;
 use crate::protocol::envelope::{ErrorCode, Reply};
 use crate::protocol::wire::WireError;
+use crate::seal::pairs::PairError;
 use crate::session::SessionError;
 use crate::store::StoreError;
 use crate::subscribers::SubscriberError;
@@ -35,6 +36,35 @@ pub fn subscriber_error(e: SubscriberError) -> Reply {
         }
         SubscriberError::Grant(_) => {
             tracing::error!(error = %message, "minting a grant failed");
+            Reply::error(ErrorCode::Internal, message, Value::Null)
+        }
+    }
+}
+
+/// A pairing command's failure (`pair.*`).
+pub fn pair_error(e: PairError) -> Reply {
+    let message = e.to_string();
+    match e {
+        PairError::NotFound(bot_id) => {
+            Reply::error(ErrorCode::BotNotFound, message, json!({"bot_id": bot_id}))
+        }
+        // `relay.key` in the home cannot be read or made (a wider mode, a wrong size).
+        PairError::Key(_) => {
+            tracing::error!(error = %message, "the host key is unusable");
+            Reply::error(ErrorCode::HomeUnusable, message, Value::Null)
+        }
+        PairError::Store(StoreError::Unavailable(_)) => {
+            Reply::error(ErrorCode::StoreUnavailable, message, Value::Null)
+        }
+        PairError::Store(_) => {
+            tracing::error!(error = %message, "store failure while serving a command");
+            Reply::error(ErrorCode::StoreFailed, message, Value::Null)
+        }
+        PairError::Closed => Reply::error(ErrorCode::ShuttingDown, message, Value::Null),
+        // A handshake's refusal travels as the relay's `Closed{pairing_refused}`, never as a
+        // command's reply; reaching here is a bug, as the rest are.
+        PairError::Refused | PairError::Rng(_) | PairError::BadRow { .. } => {
+            tracing::error!(error = %message, "a pairing invariant broke");
             Reply::error(ErrorCode::Internal, message, Value::Null)
         }
     }

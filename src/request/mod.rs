@@ -18,7 +18,8 @@ use tokio_util::sync::CancellationToken;
 use crate::config::{Config, RelayConfig, RelayTiming};
 use crate::instance::LockInfo;
 use crate::protocol::envelope::{
-    Command, ErrorCode, HistoryFrom, HostRelaySetParams, Reply, SessionHistoryParams, spec,
+    Command, ErrorCode, HistoryFrom, HostRelaySetParams, PairCreateParams, Reply,
+    SessionHistoryParams, spec,
 };
 use crate::protocol::events::{PromptFrom, PromptVia};
 use crate::protocol::replies::{
@@ -26,13 +27,14 @@ use crate::protocol::replies::{
     SessionCreated, SessionDetail, SessionForkedReply, SessionRenamed,
 };
 use crate::protocol::scope::Scope;
+use crate::seal::pairs::{NewPairing, PairListReply, PairRegistry, PairRevokeReply};
 use crate::session::{DEFAULT_HISTORY_LIMIT, NewSession, SessionManager};
 use crate::store::{DEFAULT_SESSION_PAGE, SessionQuery, StoredEvent};
 
 use crate::subscribers::Subscribers;
 
 pub use access::{Access, Caller, Via};
-use errors::{session_error, subscriber_error};
+use errors::{pair_error, session_error, subscriber_error};
 
 /// What the host's relay client offers the request layer (`host.status`, `host.relay.set`).
 pub trait RelayControl: Send + Sync {
@@ -55,6 +57,9 @@ pub struct Handler {
     /// Set once the reload task runs (it needs the relay): `host.reload`, and the running
     /// configuration a reload replaces (`agent.list`).
     reloader: Arc<OnceLock<crate::reload::Reloader>>,
+    /// Set once the host runs its pairing registry: `pair.*`, and for the relay client the
+    /// paired bots, pending pairings and revocations ([`Handler::pairs`]).
+    pairs: Arc<OnceLock<PairRegistry>>,
 }
 
 impl Handler {
@@ -73,7 +78,43 @@ impl Handler {
             shutdown,
             relay: Arc::new(OnceLock::new()),
             reloader: Arc::new(OnceLock::new()),
+            pairs: Arc::new(OnceLock::new()),
         }
+    }
+
+    /// The pairing registry, for `pair.*` and the relay client.
+    pub fn set_pairs(&self, pairs: PairRegistry) {
+        let _already = self.pairs.set(pairs);
+    }
+
+    /// The host's pairings: what the relay client checks a bot's handshake against.
+    pub fn pairs(&self) -> Option<&PairRegistry> {
+        self.pairs.get()
+    }
+
+    fn registry(&self) -> Result<&PairRegistry, Reply> {
+        self.pairs.get().ok_or_else(|| {
+            Reply::error(
+                ErrorCode::Internal,
+                "this host keeps no pairings",
+                Value::Null,
+            )
+        })
+    }
+
+    /// `pair.create`: a code naming where bots reach this host's relay now.
+    async fn pair_create(&self, p: PairCreateParams) -> Result<Reply, Reply> {
+        let registry = self.registry()?;
+        let made = registry
+            .create(NewPairing {
+                scope: p.scope.unwrap_or_default(),
+                ttl: std::time::Duration::from_secs(u64::from(p.ttl_s)),
+                name: p.name,
+                relay_urls: bot_relay_urls(self.config().relay.as_ref()),
+            })
+            .await
+            .map_err(pair_error)?;
+        Ok(Reply::ok(made))
     }
 
     /// The reload task, for `host.reload` and the running configuration.
@@ -509,6 +550,17 @@ impl Handler {
                     .await
                     .map_err(session_error)?,
             ),
+            Command::PairCreate(p) => self.pair_create(p).await?,
+            Command::PairList => Reply::ok(PairListReply {
+                bots: self.registry()?.list().await.map_err(pair_error)?,
+            }),
+            Command::PairRevoke(p) => {
+                let bot = self.registry()?.revoke(&p.bot).await.map_err(pair_error)?;
+                Reply::ok(PairRevokeReply {
+                    bot_id: bot.bot_id,
+                    revoked: true,
+                })
+            }
         })
     }
 
@@ -570,6 +622,23 @@ impl Handler {
             Err(e) => session_error(e),
         }
     }
+}
+
+/// Where a bot dials the relay, for its pairing code: the relay the host dials, at its `/bot`
+/// endpoint where the host's URL ends in `/host` (the reference relay serves both,
+/// `docs/relay.md`), else that URL as it is. No relay: none (the code still pairs a bot that
+/// knows its relay).
+fn bot_relay_urls(relay: Option<&RelayConfig>) -> Vec<String> {
+    relay
+        .map(|r| {
+            let url = r.url.trim_end_matches('/');
+            match url.strip_suffix("/host") {
+                Some(base) => format!("{base}/bot"),
+                None => url.to_owned(),
+            }
+        })
+        .into_iter()
+        .collect()
 }
 
 /// `host.status` data; `sessions` is absent when answered from the lock file.
@@ -745,7 +814,10 @@ fn authorize(caller: &Caller, command: &Command) -> Result<(), Reply> {
         | Command::HostShutdown
         | Command::SubscriberAdd(_)
         | Command::SubscriberList
-        | Command::SubscriberRemove(_) => Ok(()),
+        | Command::SubscriberRemove(_)
+        | Command::PairCreate(_)
+        | Command::PairList
+        | Command::PairRevoke(_) => Ok(()),
     }
 }
 

@@ -25,6 +25,7 @@
 //! session layer read it). At open the database must pass SQLite's `quick_check`; one that
 //! fails it is refused ([`StoreError::Corrupt`]) and never written to.
 
+mod pairs;
 mod runs;
 mod schema;
 mod search;
@@ -45,6 +46,7 @@ use serde::Serialize;
 use crate::protocol::states::SessionState;
 use tokio::sync::{mpsc, oneshot};
 
+pub use pairs::{PairedBotRow, PairingSecretRow};
 pub use runs::{PermissionRow, QueuedRun, Resolve, RunInsert, StoredBaseline};
 pub use schema::SCHEMA_VERSION;
 pub use search::{

@@ -7,7 +7,7 @@ use rusqlite::Connection;
 use super::{StoreError, StoreResult};
 
 /// The schema version this build writes.
-pub const SCHEMA_VERSION: i64 = 12;
+pub const SCHEMA_VERSION: i64 = 13;
 
 /// Migration `i` takes a database from version `i` to `i + 1`.
 const MIGRATIONS: &[&str] = &[
@@ -23,7 +23,37 @@ const MIGRATIONS: &[&str] = &[
     MIGRATION_10,
     MIGRATION_11,
     MIGRATION_12,
+    MIGRATION_13,
 ];
+
+/// Version 13: pairing remote bots (issue 21, `crate::seal::pairs`). `pairing_secrets` is the
+/// audit trail of every `pair.create` and its single-use mark: the secret's id and SHA-256
+/// (never the secret, which lives in the host's memory only until it is used or expires), the
+/// scope a bot paired with it gets (JSON), the code's label, and when it was made, expires and
+/// was used. `paired_bots` holds every bot that paired, by `bot_id` (the id of its static
+/// key): the key, its name, its scope (JSON), when it paired, was last seen and was revoked (a
+/// revoked bot keeps its row, so `pair.list` still shows it). Every read is by primary key,
+/// but `pair.list`'s, which reads the few rows whole.
+const MIGRATION_13: &str = "
+CREATE TABLE IF NOT EXISTS pairing_secrets (
+    secret_id   TEXT PRIMARY KEY,
+    secret_hash BLOB NOT NULL,
+    scope       TEXT NOT NULL,
+    name        TEXT,
+    created_at  INTEGER NOT NULL,
+    expires_at  INTEGER NOT NULL,
+    used_at     INTEGER
+);
+CREATE TABLE IF NOT EXISTS paired_bots (
+    bot_id       TEXT PRIMARY KEY,
+    public_key   BLOB NOT NULL,
+    name         TEXT NOT NULL,
+    scope        TEXT NOT NULL,
+    paired_at    INTEGER NOT NULL,
+    last_seen_at INTEGER,
+    revoked_at   INTEGER
+);
+";
 
 /// Version 12: when each subscriber was last seen (`last_seen_at`, ms): its last connection or
 /// `subscriber.grant`. A subscriber away longer than `subscriber_max_idle_days` is removed,
@@ -247,6 +277,8 @@ mod tests {
             "agents",
             "permissions",
             "permission_rules",
+            "pairing_secrets",
+            "paired_bots",
         ] {
             let n: i64 = conn
                 .query_row(
@@ -380,6 +412,47 @@ mod tests {
             .query_row("SELECT last_seen_at FROM subscribers", [], |r| r.get(0))
             .unwrap();
         assert_eq!(seen, 9);
+    }
+
+    /// A version 12 database with sessions and subscribers gains the pairing tables, empty,
+    /// and keeps what it had.
+    #[test]
+    fn version_13_adds_the_pairing_tables() {
+        let mut conn = Connection::open_in_memory().unwrap();
+        for step in &MIGRATIONS[..12] {
+            conn.execute_batch(step).unwrap();
+        }
+        conn.execute_batch(
+            "PRAGMA user_version = 12;
+             INSERT INTO subscribers (id, type, created_at, updated_at) VALUES ('s', 'local', 5, 9);",
+        )
+        .unwrap();
+        migrate(&mut conn).unwrap();
+        for table in ["pairing_secrets", "paired_bots"] {
+            let n: i64 = conn
+                .query_row(&format!("SELECT count(*) FROM {table}"), [], |r| r.get(0))
+                .unwrap();
+            assert_eq!(n, 0, "{table}");
+        }
+        let subscribers: i64 = conn
+            .query_row("SELECT count(*) FROM subscribers", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(subscribers, 1);
+        conn.execute(
+            "INSERT INTO paired_bots (bot_id, public_key, name, scope, paired_at) \
+             VALUES ('b', x'00', 'n', '{}', 1)",
+            [],
+        )
+        .unwrap();
+        assert!(
+            conn.execute(
+                "INSERT INTO paired_bots (bot_id, public_key, name, scope, paired_at) \
+                 VALUES ('b', x'01', 'm', '{}', 2)",
+                [],
+            )
+            .is_err(),
+            "bot_id is the key"
+        );
     }
 
     /// A version 3 database: activity from the last event (or the row), the preview from the

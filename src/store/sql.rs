@@ -58,6 +58,14 @@ macro_rules! permission_select {
     };
 }
 
+/// The columns `pairs::paired_bot_from_row` reads.
+macro_rules! paired_bot_select {
+    () => {
+        "SELECT bot_id, public_key, name, scope, paired_at, last_seen_at, revoked_at \
+         FROM paired_bots"
+    };
+}
+
 statements! {
     // ---- events ----
 
@@ -230,6 +238,29 @@ WHERE id = ?1";
     STALE_SUBSCRIBERS = "SELECT id FROM subscribers WHERE last_seen_at < ?1 \
         UNION ALL SELECT id FROM subscribers WHERE last_seen_at IS NULL AND created_at < ?1";
 
+    // ---- pairing (`pairs.rs`; the tables are migration 13's) ----
+
+    INSERT_PAIRING_SECRET = "INSERT INTO pairing_secrets (secret_id, secret_hash, scope, name, \
+        created_at, expires_at, used_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, NULL)";
+    /// The single-use mark: `?1` the secret's id, `?2` now, `?3` its hash. Changes no row when
+    /// the secret is unknown, used or expired.
+    USE_PAIRING_SECRET = "UPDATE pairing_secrets SET used_at = ?2 WHERE secret_id = ?1 \
+        AND secret_hash = ?3 AND used_at IS NULL AND expires_at > ?2";
+    /// A bot paired: a new row, or a bot that pairs again (its key's id is its row) takes the
+    /// new name and scope and is no longer revoked.
+    UPSERT_PAIRED_BOT = "INSERT INTO paired_bots (bot_id, public_key, name, scope, paired_at, \
+        last_seen_at, revoked_at) VALUES (?1, ?2, ?3, ?4, ?5, NULL, NULL) \
+        ON CONFLICT (bot_id) DO UPDATE SET public_key = excluded.public_key, \
+        name = excluded.name, scope = excluded.scope, paired_at = excluded.paired_at, \
+        revoked_at = NULL";
+    GET_PAIRED_BOT = concat!(paired_bot_select!(), " WHERE bot_id = ?1");
+    /// Every paired bot, revoked ones too: the whole table, for `pair.list`.
+    LIST_PAIRED_BOTS = concat!(paired_bot_select!(), " ORDER BY paired_at, bot_id");
+    /// A revocation keeps the first time it was revoked.
+    REVOKE_PAIRED_BOT =
+        "UPDATE paired_bots SET revoked_at = coalesce(revoked_at, ?2) WHERE bot_id = ?1";
+    TOUCH_PAIRED_BOT = "UPDATE paired_bots SET last_seen_at = ?2 WHERE bot_id = ?1";
+
     // ---- upkeep ----
 
     /// The recovery probe's table and its one row.
@@ -290,6 +321,8 @@ mod tests {
         "permission_rules",
         "session_baselines",
         "subscribers",
+        "pairing_secrets",
+        "paired_bots",
     ];
 
     /// The scans allowed, each by statement and exact plan step, and why.
@@ -319,6 +352,11 @@ mod tests {
             "LIST_SUBSCRIBERS_SEEN",
             "SCAN subscribers",
             "subscriber.list: every subscriber, as LIST_SUBSCRIBERS",
+        ),
+        (
+            "LIST_PAIRED_BOTS",
+            "SCAN paired_bots",
+            "pair.list: every paired bot, each paired by hand (a handful)",
         ),
         (
             "session list, first page, no filter",

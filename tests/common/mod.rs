@@ -7,6 +7,7 @@ pub mod agents;
 pub mod apt;
 pub mod browser;
 pub mod mock_model;
+pub mod nats;
 pub mod world;
 
 use std::path::{Path, PathBuf};
