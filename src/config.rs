@@ -91,6 +91,10 @@ pub struct FileConfig {
     /// The remote relay the host dials out to (`[relay] url = "wss://…"`, `token = "…"`).
     #[serde(default)]
     pub relay: Option<RelayConfig>,
+    /// The sealed relay fleet the host dials out to (`[fleet] urls = ["wss://…/host"]`,
+    /// `token = "…"`): bots paired with `pair.create` reach the host through it.
+    #[serde(default)]
+    pub fleet: Option<FleetConfig>,
     /// Commands run when a session needs its user (`[hooks] on_permission = [[…]]`).
     #[serde(default)]
     pub hooks: Option<HooksFile>,
@@ -340,6 +344,98 @@ impl Default for RelayTiming {
     }
 }
 
+/// `[fleet]`: the relay fleet (`agent-host-relay` instances) the host dials out to, sealed end
+/// to end with its paired bots. Checked as `[relay]` is: every URL `wss://` (or `ws://` to a
+/// loopback address), the token a valid header value.
+#[derive(Clone, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct FleetConfig {
+    /// The instances' `/host` endpoints, dialed in turn.
+    pub urls: Vec<String>,
+    /// The relay's host token, sent as `Authorization: Bearer …`; never logged or shown.
+    #[serde(skip_serializing)]
+    pub token: String,
+    /// Where bots dial (written into pairing codes); absent: `urls` with `/host` → `/bot`.
+    #[serde(default)]
+    pub bot_urls: Option<Vec<String>>,
+    /// Timing, in milliseconds; the defaults suit a real network.
+    #[serde(default)]
+    pub timing: FleetTiming,
+}
+
+impl FleetConfig {
+    /// Where a bot dials, for its pairing code: `bot_urls` when given, else every URL with a
+    /// trailing `/host` replaced by `/bot` (the relay serves both).
+    pub fn bot_urls(&self) -> Vec<String> {
+        match &self.bot_urls {
+            Some(urls) if !urls.is_empty() => urls.clone(),
+            _ => self.urls.iter().map(|url| host_to_bot(url)).collect(),
+        }
+    }
+}
+
+/// A relay's `/host` URL as its `/bot` one (a URL not ending in `/host` as it is).
+pub fn host_to_bot(url: &str) -> String {
+    let url = url.trim_end_matches('/');
+    match url.strip_suffix("/host") {
+        Some(base) => format!("{base}/bot"),
+        None => url.to_owned(),
+    }
+}
+
+impl std::fmt::Debug for FleetConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FleetConfig")
+            .field("urls", &self.urls)
+            .field("token", &"<redacted>")
+            .field("bot_urls", &self.bot_urls)
+            .field("timing", &self.timing)
+            .finish()
+    }
+}
+
+/// Fleet connection timing (milliseconds).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct FleetTiming {
+    /// TCP connect, TLS, the upgrade and the relay's `Welcome` together.
+    pub connect_timeout_ms: u64,
+    /// A WebSocket ping this often.
+    pub ping_interval_ms: u64,
+    /// Nothing received for this long: the instance is gone, dial the next.
+    pub dead_peer_ms: u64,
+    /// A loop-back `Ping` (through NATS and back) this often.
+    pub probe_interval_ms: u64,
+    /// No loop-back `Pong` for this long: `degraded`, dial the next URL.
+    pub degraded_after_ms: u64,
+    /// Backoff between full rounds of the URLs: first delay, and the cap (with jitter).
+    pub backoff_min_ms: u64,
+    pub backoff_max_ms: u64,
+    /// A connection proven by a round trip that lasted this long resets the backoff.
+    pub stable_after_ms: u64,
+    /// A channel outlives a lost fleet connection this long, then is closed (`expired`).
+    pub channel_hold_ms: u64,
+    /// A channel whose bot sent nothing for this long is closed (`idle`); 0: never.
+    pub channel_idle_ms: u64,
+}
+
+impl Default for FleetTiming {
+    fn default() -> Self {
+        FleetTiming {
+            connect_timeout_ms: 10_000,
+            ping_interval_ms: 5_000,
+            dead_peer_ms: 15_000,
+            probe_interval_ms: 2_000,
+            degraded_after_ms: 6_000,
+            backoff_min_ms: 200,
+            backoff_max_ms: 10_000,
+            stable_after_ms: 10_000,
+            channel_hold_ms: 60_000,
+            channel_idle_ms: 600_000,
+        }
+    }
+}
+
 /// One agent's settings in `config.toml`: a built-in family's (`[agents.claude] binary = …`),
 /// or a user-registered agent's (`[agents.my-agent] command = ["my-agent", "--acp"]`,
 /// `protocol = "acp"`), which becomes an agent type of its own.
@@ -396,6 +492,7 @@ impl std::fmt::Debug for Config {
             .field("agent_idle_timeout", &self.agent_idle_timeout)
             .field("agents", &self.agents)
             .field("relay", &self.relay)
+            .field("fleet", &self.fleet)
             .field("queue_capacity", &self.queue_capacity)
             .field("allow_bypass", &self.allow_bypass)
             .field("attachment_dirs", &self.attachment_dirs)
@@ -431,6 +528,8 @@ pub struct Config {
     pub agents: std::collections::BTreeMap<String, AgentConfig>,
     /// The remote relay, if configured.
     pub relay: Option<RelayConfig>,
+    /// The sealed relay fleet, if configured.
+    pub fleet: Option<FleetConfig>,
     /// `[hooks]`: commands run when a session needs its user (none by default).
     pub hooks: HooksConfig,
     /// How many prompts may wait behind a busy run in one session.
@@ -625,6 +724,7 @@ impl Config {
             ),
             agents: file.agents,
             relay: file.relay,
+            fleet: file.fleet,
             hooks,
             queue_capacity,
             allow_bypass: file.allow_bypass,

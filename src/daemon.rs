@@ -2,6 +2,7 @@
 //!
 //! Start: home → instance lock → end what a dead host of this home left running → store → bus
 //! → hooks (if configured) → sessions → WebSocket listener (port into the lock file) → the pairing registry → IPC socket → relay
+//! and the fleet client
 //! → the reload task (`config.toml` watched) and the pruning of subscribers that never come back → `ready`. Shutdown (on the caller's `shutdown` future or `host.shutdown`) is a tree, leaves
 //! first: stop accepting IPC and finish in-flight requests → stop reloading (the hooks running now come back) → session actors and their agents → drain the bus
 //! (queued brackets are committed and fanned out) → hooks finish within a short grace (or are killed) → flush and join the store threads →
@@ -42,6 +43,8 @@ pub struct Ready {
     pub bus: Bus,
     /// The relay client's handle (its status can be watched).
     pub relay: relay::RelayHandle,
+    /// The fleet client's handle (its status can be watched).
+    pub fleet: relay::fleet::FleetHandle,
     /// The host's pairings (the same handle `pair.*` and the relay client use).
     pub pairs: crate::seal::pairs::PairRegistry,
 }
@@ -238,9 +241,24 @@ async fn serve(
     let listener = ipc::bind(&ipc_path)?;
     // The relay client dials out (if configured); its connection is a transport like the
     // others and closes with them.
-    let relay = relay::client::spawn(link, config.relay.clone(), root.child_token(), &tracker);
+    let relay = relay::client::spawn(
+        link.clone(),
+        config.relay.clone(),
+        root.child_token(),
+        &tracker,
+    );
     let relay_control: Arc<dyn crate::request::RelayControl> = Arc::new(relay.clone());
     handler.set_relay(relay_control.clone());
+    // The sealed fleet (if configured): its bots' channels are transports like the others.
+    let fleet = relay::fleet::spawn(
+        link,
+        pairs.clone(),
+        config.fleet.clone(),
+        root.child_token(),
+        &tracker,
+    );
+    let fleet_control: Arc<dyn crate::request::FleetControl> = Arc::new(fleet.clone());
+    handler.set_fleet(fleet_control.clone());
     // `config.toml` watched and `host.reload`: it owns the hooks from here on.
     let reloader = crate::reload::Reloader::spawn(crate::reload::Parts {
         config: Arc::new(config.clone()),
@@ -250,6 +268,7 @@ async fn serve(
         bus: bus.clone(),
         store: store.clone(),
         relay: relay_control,
+        fleet: fleet_control,
     });
     handler.set_reloader(reloader.clone());
     let ipc_task = tokio::spawn(ipc::serve(
@@ -268,6 +287,7 @@ async fn serve(
         ipc_path: ipc_path.clone(),
         bus: bus.clone(),
         relay,
+        fleet,
         pairs,
     });
     tracing::info!(ipc = %ipc_path.display(), ws_port, "host ready");

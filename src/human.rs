@@ -557,6 +557,27 @@ fn host_status(data: &Value, screen: &Screen) -> String {
         }
         fields.add("relay", line);
     }
+    if let Some(Value::Object(fleet)) = map.get("fleet") {
+        let mut line = text_in(fleet, "state");
+        if let Some(url) = fleet.get("url").and_then(scalar) {
+            let _ = write!(line, " {url}");
+        }
+        if let Some(instance) = fleet.get("instance").and_then(scalar) {
+            let _ = write!(line, " ({instance})");
+        }
+        if let Some(rtt) = fleet.get("round_trip_ms").and_then(Value::as_u64) {
+            let _ = write!(line, ", round trip {rtt} ms");
+        }
+        if let Some(channels) = fleet.get("channels").and_then(Value::as_u64)
+            && channels > 0
+        {
+            let _ = write!(line, ", {channels} bot channels");
+        }
+        if let Some(error) = fleet.get("last_error").and_then(scalar) {
+            let _ = write!(line, " (last error: {error})");
+        }
+        fields.add("fleet", line);
+    }
     if let Some(files) = data.pointer("/limits/open_files") {
         fields.add(
             "open files",
@@ -578,6 +599,7 @@ fn host_status(data: &Value, screen: &Screen) -> String {
         "ipc_path",
         "store",
         "relay",
+        "fleet",
         "limits",
     ];
     for (key, value) in map {

@@ -8,7 +8,9 @@
 //! `[hooks]` (the new hooks follow the bus from then on; the old ones stop as at a shutdown,
 //! with its short grace, so an event in the moment of the swap may run both),
 //! `[relay]` (the relay client is re-pointed as `host.relay.set` does; a reload whose `[relay]`
-//! did not change leaves a relay set over IPC alone) and `subscriber_max_idle_days`.
+//! did not change leaves a relay set over IPC alone), `[fleet]` (the fleet client dials the new
+//! URLs; its open channels are kept, as across any lost connection) and
+//! `subscriber_max_idle_days`.
 //! What it cannot: [`NEEDS_RESTART`], each named in the reply and kept at its running value
 //! until the next start (a key changed since the host started is named at every reload).
 //!
@@ -33,7 +35,7 @@ use crate::bus::Bus;
 use crate::config::{Config, FileConfig};
 use crate::hooks::Hooks;
 use crate::protocol::options::SessionOptions;
-use crate::request::RelayControl;
+use crate::request::{FleetControl, RelayControl};
 use crate::session::agent::{FileChanges, Launcher, NativeFile};
 use crate::session::discover::{Discovered, HistoryEntry};
 use crate::store::Store;
@@ -201,6 +203,7 @@ pub struct Parts {
     pub bus: Bus,
     pub store: Store,
     pub relay: Arc<dyn RelayControl>,
+    pub fleet: Arc<dyn FleetControl>,
 }
 
 impl Reloader {
@@ -239,6 +242,7 @@ impl Reloader {
             bus: parts.bus,
             store: parts.store,
             relay: parts.relay,
+            fleet: parts.fleet,
         };
         tokio::spawn(task.run(rx, watch));
         Reloader { tx, config, status }
@@ -292,6 +296,7 @@ struct ReloadTask {
     bus: Bus,
     store: Store,
     relay: Arc<dyn RelayControl>,
+    fleet: Arc<dyn FleetControl>,
 }
 
 impl ReloadTask {
@@ -397,6 +402,12 @@ impl ReloadTask {
                 .check(relay_config)
                 .map_err(|e| format!("{} is not valid: [relay]: {e}", path.display()))?;
         }
+        let fleet = file.fleet != old.fleet;
+        if fleet && let Some(fleet_config) = &next.fleet {
+            self.fleet
+                .check(fleet_config)
+                .map_err(|e| format!("{} is not valid: [fleet]: {e}", path.display()))?;
+        }
         // 2. Apply.
         if log_level && self.config.log_level_env.is_none() {
             match crate::logging::set_host_filter(&next.log_level) {
@@ -421,6 +432,10 @@ impl ReloadTask {
         if relay {
             self.relay.set(next.relay.clone());
             report.applied.push("relay".to_owned());
+        }
+        if fleet {
+            self.fleet.set(next.fleet.clone());
+            report.applied.push("fleet".to_owned());
         }
         if file.subscriber_max_idle_days != old.subscriber_max_idle_days {
             self.subscriber_max_idle

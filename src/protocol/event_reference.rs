@@ -387,8 +387,10 @@ pub const EVENTS: &[EventDoc] = &[
                 "Who sent the prompt: `via` `ipc` (a terminal command over the host's socket), \
                  `ws` (a loopback WebSocket client: `subscriberId` is its subscriber, `client` \
                  the label it was added with — `web` for the browser page of `agent-host open`, \
-                 `follow` for `agent-host follow`, or an app's own) or `relay` (a bot). Kept \
-                 with a queued prompt across a host restart; absent in events of older hosts.",
+                 `follow` for `agent-host follow`, or an app's own) or `relay` (a bot: through \
+                 the sealed fleet, `subscriberId` is `bot-<bot_id>` and `client` the bot's \
+                 name; through a `[relay]`, neither). Kept with a queued prompt across a host \
+                 restart; absent in events of older hosts.",
             ),
             opt(
                 "attachments",

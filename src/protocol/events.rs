@@ -373,7 +373,8 @@ pub struct UserText {
 #[serde(rename_all = "camelCase")]
 pub struct PromptFrom {
     pub via: PromptVia,
-    /// The loopback subscriber that sent it (`ws` only).
+    /// The subscriber that sent it: a loopback one (`ws`), or a paired bot's `bot-<bot_id>`
+    /// (`relay`, through the sealed fleet).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub subscriber_id: Option<String>,
     /// The label that subscriber was registered with (`subscriber.add` `client`: `web` for

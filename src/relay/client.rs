@@ -247,7 +247,7 @@ pub fn check(cfg: &RelayConfig) -> Result<(), DialError> {
     request_of(cfg).map(|_| ())
 }
 
-fn request_of(
+pub(super) fn request_of(
     cfg: &RelayConfig,
 ) -> Result<tokio_tungstenite::tungstenite::handshake::client::Request, DialError> {
     let mut request = cfg

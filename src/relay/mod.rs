@@ -6,13 +6,22 @@
 //!
 //! - [`client`]: the dial loop — TLS (`ws://` only to loopback), the token, pings and a
 //!   dead-peer timeout, capped exponential backoff with jitter, and the status it reports.
+//! - [`bot`]: the other end of the sealed relay fleet, a remote bot's client (pairing, the
+//!   Noise channel, requests and events, reconnects), shared by tests and `examples/bot.rs`.
+//! - [`fleet`] (with [`channel`]): the host's client of the sealed relay fleet
+//!   (`agent-host-relay`, `[fleet]`): one connection to an instance, its loop-back health
+//!   probe, and a channel per paired bot, sealed end to end and served by the same link.
+//!   The `[relay]` client above stays as it is: one relay, unsealed (legacy).
 //! - [`RelayHandle`]: what the rest of the host holds: the live status (`host.status`) and the
 //!   configuration it can change (`host.relay.set`).
 //!
 //! The relay is one subscriber, [`SUBSCRIBER_ID`], a row like any other: its cursor and
 //! replay mode survive restarts, and `subscriber.list` shows it.
 
+pub mod bot;
+pub mod channel;
 pub mod client;
+pub mod fleet;
 
 use serde::Serialize;
 use tokio::sync::watch;

@@ -19,6 +19,14 @@ pub enum Via {
     Loopback { subscriber_id: String },
     /// The relay connection.
     Relay,
+    /// A bot paired with this host, through the sealed relay fleet (`crate::relay::fleet`);
+    /// its rights are the scope it paired with, its subscriber [`bot_subscriber_id`].
+    Bot { bot_id: String },
+}
+
+/// The subscriber row of a paired bot's channels: `bot-<bot_id>`.
+pub fn bot_subscriber_id(bot_id: &str) -> String {
+    format!("bot-{bot_id}")
 }
 
 /// One connection's rights: its scope, and the sessions it created (which are in it too).
@@ -126,6 +134,7 @@ impl Caller {
             Via::Ipc => "ipc".to_owned(),
             Via::Loopback { subscriber_id } => subscriber_id.clone(),
             Via::Relay => "relay".to_owned(),
+            Via::Bot { bot_id } => bot_subscriber_id(bot_id),
         }
     }
 }

@@ -15,7 +15,7 @@ use std::sync::{Arc, OnceLock};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{Config, RelayConfig, RelayTiming};
+use crate::config::{Config, FleetConfig, RelayConfig, RelayTiming};
 use crate::instance::LockInfo;
 use crate::protocol::envelope::{
     Command, ErrorCode, HistoryFrom, HostRelaySetParams, PairCreateParams, Reply,
@@ -44,6 +44,15 @@ pub trait RelayControl: Send + Sync {
     fn check(&self, config: &RelayConfig) -> Result<(), String>;
 }
 
+/// What the host's fleet client offers the request layer (`host.status`, reloads of
+/// `[fleet]`).
+pub trait FleetControl: Send + Sync {
+    fn status(&self) -> Value;
+    fn set(&self, config: Option<FleetConfig>);
+    /// Whether a configuration could be dialed at all.
+    fn check(&self, config: &FleetConfig) -> Result<(), String>;
+}
+
 /// Serves every command inside the live host, for every transport.
 #[derive(Clone)]
 pub struct Handler {
@@ -60,6 +69,8 @@ pub struct Handler {
     /// Set once the host runs its pairing registry: `pair.*`, and for the relay client the
     /// paired bots, pending pairings and revocations ([`Handler::pairs`]).
     pairs: Arc<OnceLock<PairRegistry>>,
+    /// Set once the fleet client runs: `host.status` `fleet`.
+    fleet: Arc<OnceLock<Arc<dyn FleetControl>>>,
 }
 
 impl Handler {
@@ -79,7 +90,13 @@ impl Handler {
             relay: Arc::new(OnceLock::new()),
             reloader: Arc::new(OnceLock::new()),
             pairs: Arc::new(OnceLock::new()),
+            fleet: Arc::new(OnceLock::new()),
         }
+    }
+
+    /// The fleet client, for `host.status`.
+    pub fn set_fleet(&self, fleet: Arc<dyn FleetControl>) {
+        let _already = self.fleet.set(fleet);
     }
 
     /// The pairing registry, for `pair.*` and the relay client.
@@ -110,7 +127,7 @@ impl Handler {
                 scope: p.scope.unwrap_or_default(),
                 ttl: std::time::Duration::from_secs(u64::from(p.ttl_s)),
                 name: p.name,
-                relay_urls: bot_relay_urls(self.config().relay.as_ref()),
+                relay_urls: bot_relay_urls(&self.config()),
             })
             .await
             .map_err(pair_error)?;
@@ -168,6 +185,15 @@ impl Handler {
                 subscriber_id: None,
                 client: None,
             },
+            // A paired bot through the fleet: its subscriber row, labelled with its name.
+            Via::Bot { bot_id } => {
+                let subscriber_id = access::bot_subscriber_id(bot_id);
+                PromptFrom {
+                    via: PromptVia::Relay,
+                    client: self.subscribers.client_of(&subscriber_id).await,
+                    subscriber_id: Some(subscriber_id),
+                }
+            }
         }
     }
 
@@ -281,6 +307,10 @@ impl Handler {
                 if let Some(relay) = self.relay.get() {
                     status["relay"] = relay.status();
                 }
+                status["fleet"] = self
+                    .fleet
+                    .get()
+                    .map_or_else(|| json!({"state": "disabled"}), |fleet| fleet.status());
                 status["log_path"] = json!(self.config.log_path().display().to_string());
                 if let Some(reloader) = self.reloader.get() {
                     status["config"] = json!(reloader.status());
@@ -624,19 +654,22 @@ impl Handler {
     }
 }
 
-/// Where a bot dials the relay, for its pairing code: the relay the host dials, at its `/bot`
-/// endpoint where the host's URL ends in `/host` (the reference relay serves both,
-/// `docs/relay.md`), else that URL as it is. No relay: none (the code still pairs a bot that
+/// Where a bot dials the relay, for its pairing code: the fleet's bot URLs (`[fleet]
+/// bot_urls`, else its URLs at `/bot`); without a fleet, the relay the host dials, at its
+/// `/bot` endpoint where the host's URL ends in `/host` (the reference relay serves both,
+/// `docs/relay.md`), else that URL as it is. Neither: none (the code still pairs a bot that
 /// knows its relay).
-fn bot_relay_urls(relay: Option<&RelayConfig>) -> Vec<String> {
-    relay
-        .map(|r| {
-            let url = r.url.trim_end_matches('/');
-            match url.strip_suffix("/host") {
-                Some(base) => format!("{base}/bot"),
-                None => url.to_owned(),
-            }
-        })
+fn bot_relay_urls(config: &Config) -> Vec<String> {
+    if let Some(fleet) = &config.fleet {
+        let urls = fleet.bot_urls();
+        if !urls.is_empty() {
+            return urls;
+        }
+    }
+    config
+        .relay
+        .as_ref()
+        .map(|r| crate::config::host_to_bot(&r.url))
         .into_iter()
         .collect()
 }
@@ -797,7 +830,7 @@ fn authorize(caller: &Caller, command: &Command) -> Result<(), Reply> {
         Command::SubscriberGrant(p) => match &caller.via {
             Via::Ipc => Ok(()),
             Via::Loopback { subscriber_id } if *subscriber_id == p.subscriber_id => Ok(()),
-            Via::Loopback { .. } | Via::Relay => Err(Reply::error(
+            Via::Loopback { .. } | Via::Relay | Via::Bot { .. } => Err(Reply::error(
                 ErrorCode::OutOfScope,
                 "a connection may renew only its own subscriber's grant",
                 json!({"subscriber_id": p.subscriber_id}),
@@ -968,6 +1001,18 @@ mod tests {
             json!({"via": "ipc"})
         );
         assert_eq!(as_json(h.sender(&relay).await), json!({"via": "relay"}));
+        // A paired bot: relay, with its subscriber row (no row yet: no label).
+        let bot = Caller {
+            via: Via::Bot {
+                bot_id: "b0".to_owned(),
+            },
+            access: Access::new(Scope::all()),
+        };
+        assert_eq!(
+            as_json(h.sender(&bot).await),
+            json!({"via": "relay", "subscriberId": "bot-b0"})
+        );
+        assert_eq!(bot.by(), "bot-b0");
         assert_eq!(
             as_json(h.sender(&loopback(&web.subscriber_id)).await),
             json!({"via": "ws", "subscriberId": web.subscriber_id, "client": "web"})
