@@ -515,6 +515,114 @@ async fn a_bot_pairs_connects_and_is_cut_off_when_revoked() {
     host.stop().await;
 }
 
+/// A bot paired with a list of sessions and the right to create: a session it creates is in
+/// its scope on that channel at once, and stays in its stored scope, so a later channel (after
+/// a reconnect, a host restart) still sees it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_session_a_bot_creates_stays_in_its_scope() {
+    let nats = ensure_nats_server();
+    let dir = tempfile::tempdir().unwrap();
+    let relay = Relay::start(&nats, dir.path()).await;
+    let home = dir.path().join("home");
+    std::fs::create_dir_all(&home).unwrap();
+    std::fs::write(
+        home.join("config.toml"),
+        format!(
+            "[fleet]\nurls = [\"{}/host\"]\ntoken = \"{HOST_TOKEN}\"\n\
+             [fleet.timing]\nprobe_interval_ms = 200\n",
+            relay.url
+        ),
+    )
+    .unwrap();
+    let host = Host::start(&home).await;
+    host.fleet_reaches(FleetState::Connected, Some(&relay))
+        .await;
+    let scope = json!({"sessions": [], "prompt": true, "create_sessions": true});
+    let made = host
+        .ok("pair.create", json!({"name": "maker", "scope": scope}))
+        .await;
+    let code = PairingCode::decode(made["code"].as_str().unwrap()).unwrap();
+    let (mut bot, _) = Bot::connect(&code.relay_urls[0], &code.host_id).await;
+    let key = BotKey::generate().unwrap();
+    let first = channel_id();
+    let (half, m1) = BotHandshake::start(
+        HandshakeKind::Pair,
+        &key,
+        &code.host_public,
+        Some(&code.secret),
+        "maker",
+    )
+    .unwrap();
+    let m2 = bot
+        .open(&first, HandshakeKind::Pair, &code.secret_id, m1)
+        .await
+        .expect("the pairing is accepted");
+    let (mut paired, _) = half.finish(&m2).unwrap();
+    bot.hello(&mut paired, &first).await;
+    let cwd = dir.path().join("work");
+    std::fs::create_dir_all(&cwd).unwrap();
+    let created = bot
+        .request(
+            &mut paired,
+            &first,
+            2,
+            "session.create",
+            json!({"agent_type": "claude", "cwd": cwd}),
+        )
+        .await;
+    assert_eq!(created.code, 0, "{created:?}");
+    let session: Value = serde_json::from_str(&created.data_json).unwrap();
+    let session_id = session["session_id"].as_str().unwrap().to_owned();
+    let ids = |reply: &pb::Reply| -> Vec<String> {
+        let data: Value = serde_json::from_str(&reply.data_json).unwrap();
+        data["sessions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| s["session_id"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    let listed = bot
+        .request(&mut paired, &first, 3, "session.list", json!({}))
+        .await;
+    assert_eq!(ids(&listed), std::slice::from_ref(&session_id));
+
+    // The stored scope has it ...
+    let bots = host.ok("pair.list", json!({})).await;
+    assert_eq!(
+        bots["bots"][0]["scope"]["sessions"],
+        json!([session_id.clone()]),
+        "{bots}"
+    );
+    // ... so a new channel of the same bot sees it too; a session made over IPC stays out.
+    host.ok(
+        "session.create",
+        json!({"agent_type": "claude", "cwd": cwd}),
+    )
+    .await;
+    let second = channel_id();
+    let (half, m1) = BotHandshake::start(
+        HandshakeKind::Connect,
+        &key,
+        &code.host_public,
+        None,
+        "maker",
+    )
+    .unwrap();
+    let m2 = bot
+        .open(&second, HandshakeKind::Connect, "", m1)
+        .await
+        .expect("a paired bot connects");
+    let (mut connected, _) = half.finish(&m2).unwrap();
+    bot.hello(&mut connected, &second).await;
+    let listed = bot
+        .request(&mut connected, &second, 2, "session.list", json!({}))
+        .await;
+    assert_eq!(ids(&listed), [session_id]);
+
+    host.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_fleet_config_is_checked_and_reloaded() {
     let nats = ensure_nats_server();

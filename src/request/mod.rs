@@ -152,7 +152,7 @@ impl Handler {
     }
 
     /// A session the caller created joins its scope: for this connection at once, and for a
-    /// loopback subscriber's later connections through its stored scope.
+    /// loopback subscriber's or a paired bot's later connections through its stored scope.
     async fn created(&self, caller: &Caller, session_id: &str) {
         caller.access.created(session_id);
         if let Via::Loopback { subscriber_id } = &caller.via
@@ -163,6 +163,13 @@ impl Handler {
                 .await
         {
             tracing::warn!(error = %e, "a created session could not be saved in the grant's scope");
+        }
+        if let Via::Bot { bot_id } = &caller.via
+            && caller.access.scope().sessions.is_some()
+            && let Some(pairs) = self.pairs.get()
+            && let Err(e) = pairs.extend_scope(bot_id, session_id).await
+        {
+            tracing::warn!(error = %e, bot_id, "a created session could not be saved in the bot's scope");
         }
     }
 

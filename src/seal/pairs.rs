@@ -350,6 +350,30 @@ impl PairRegistry {
         }
     }
 
+    /// A session the bot created joins its stored scope, so its later channels see it too
+    /// (the channel that created it has it at once). A scope over every session, or one that
+    /// does not read, is left as it is.
+    pub async fn extend_scope(&self, bot_id: &str, session_id: &str) -> Result<(), PairError> {
+        let session_id = session_id.to_owned();
+        let found = self
+            .store
+            .update_paired_bot_scope(bot_id.to_owned(), move |text| {
+                let mut scope: Scope = serde_json::from_str(text).ok()?;
+                let sessions = scope.sessions.as_mut()?;
+                if sessions.contains(&session_id) {
+                    return None;
+                }
+                sessions.push(session_id);
+                serde_json::to_string(&scope).ok()
+            })
+            .await?;
+        if found {
+            Ok(())
+        } else {
+            Err(PairError::NotFound(bot_id.to_owned()))
+        }
+    }
+
     /// A channel of the bot opened (`pair.list` says `connected` while one is open).
     pub async fn channel_opened(&self, bot_id: &str) -> Result<(), PairError> {
         let bot_id = bot_id.to_owned();

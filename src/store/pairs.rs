@@ -141,6 +141,31 @@ impl Store {
         .await
     }
 
+    /// Change a bot's stored scope: `change` gets the scope's text and gives the new text
+    /// (`None`: leave it). Read and write are one transaction on the writer, so two changes at
+    /// once both stay. `false` when there is no such bot.
+    pub async fn update_paired_bot_scope<F>(&self, bot_id: String, change: F) -> StoreResult<bool>
+    where
+        F: FnOnce(&str) -> Option<String> + Send + 'static,
+    {
+        self.write(move |conn| {
+            let tx = conn.transaction()?;
+            let Some(row) = tx
+                .prepare_cached(sql::GET_PAIRED_BOT)?
+                .query_row([&bot_id], paired_bot_from_row)
+                .optional()?
+            else {
+                return Ok(false);
+            };
+            if let Some(scope) = change(&row.scope) {
+                tx.execute(sql::SET_PAIRED_BOT_SCOPE, params![bot_id, scope])?;
+            }
+            tx.commit()?;
+            Ok(true)
+        })
+        .await
+    }
+
     /// `bot_id` was seen at `at_ms`; `false` when there is no such bot.
     pub async fn touch_paired_bot(&self, bot_id: String, at_ms: i64) -> StoreResult<bool> {
         self.write(move |conn| Ok(conn.execute(sql::TOUCH_PAIRED_BOT, params![bot_id, at_ms])? > 0))

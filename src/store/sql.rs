@@ -260,6 +260,8 @@ WHERE id = ?1";
     REVOKE_PAIRED_BOT =
         "UPDATE paired_bots SET revoked_at = coalesce(revoked_at, ?2) WHERE bot_id = ?1";
     TOUCH_PAIRED_BOT = "UPDATE paired_bots SET last_seen_at = ?2 WHERE bot_id = ?1";
+    /// A bot's scope, changed (a session it created joins it).
+    SET_PAIRED_BOT_SCOPE = "UPDATE paired_bots SET scope = ?2 WHERE bot_id = ?1";
 
     // ---- upkeep ----
 
