@@ -744,6 +744,24 @@ async fn a_relay_whose_probe_never_returns_is_left_for_the_next() {
     );
     assert_eq!(now.instance.as_deref(), Some("relay-h"));
     assert!(now.round_trip_ms.is_some());
+    // Per relay: the mute one is degraded, with why, and never had a round trip; the real one
+    // is connected with its own.
+    let relays = serde_json::to_value(&now.relays).unwrap();
+    assert_eq!(relays[0]["url"], mute_url, "{relays}");
+    assert_eq!(relays[0]["state"], "degraded", "{relays}");
+    assert!(relays[0]["last_round_trip_at_ms"].is_null(), "{relays}");
+    assert!(
+        relays[0]["last_error"]
+            .as_str()
+            .is_some_and(|e| e.contains("no loop-back pong")),
+        "{relays}"
+    );
+    assert_eq!(relays[1]["state"], "connected", "{relays}");
+    assert!(relays[1]["round_trip_ms"].as_u64().is_some(), "{relays}");
+    // host.status carries the same list (its round trips move on with every probe).
+    let listed = host.ok("host.status", json!({})).await["fleet"]["relays"].clone();
+    assert_eq!(listed[0]["state"], "degraded", "{listed}");
+    assert_eq!(listed[1]["url"], format!("{}/host", relay.url), "{listed}");
     tokio::time::timeout(WAIT, mute_task)
         .await
         .unwrap()

@@ -465,7 +465,7 @@ pub const COMMANDS: &[CommandSpec] = &[
         name: "host.status",
         route: Route::Hybrid,
         params: "{}",
-        summary: "{running, pid, version, ipc_path, ws_port, started_at, sessions, store: {state, error, since}, limits: {open_files: {soft, hard}}, log_path, config: {path, reloads, last_reload_at, last_error}, relay: {state, url, since_ms, retries, last_error, retry_in_ms, subscriber_id}, fleet: {state, url, instance, host_id, since_ms, last_round_trip_at_ms, round_trip_ms, channels, retries, last_error, retry_in_ms}}",
+        summary: "{running, pid, version, ipc_path, ws_port, started_at, sessions, store: {state, error, since}, limits: {open_files: {soft, hard}}, log_path, config: {path, reloads, last_reload_at, last_error}, relay: {state, url, since_ms, retries, last_error, retry_in_ms, subscriber_id}, fleet: {state, url, instance, host_id, since_ms, last_round_trip_at_ms, round_trip_ms, channels, retries, last_error, retry_in_ms, relays: [{url, state: untried|connected|degraded|unreachable|standby, last_round_trip_at_ms, round_trip_ms, last_error}]}}",
         wire: true,
     },
     CommandSpec {

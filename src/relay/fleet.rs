@@ -190,6 +190,53 @@ pub enum FleetState {
     Misconfigured,
 }
 
+/// How one configured relay URL last fared (`fleet.relays`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RelayHealthState {
+    /// Not dialed yet under this configuration.
+    Untried,
+    /// The fleet connection now, and a loop-back ping came back through it.
+    Connected,
+    /// Its last connection was accepted but carried no loop-back round trip in time.
+    Degraded,
+    /// Its last attempt failed (no connection, refused, dropped before a round trip).
+    Unreachable,
+    /// It worked when last used; the fleet is on another URL now.
+    Standby,
+}
+
+/// One configured relay URL as the host last saw it: a relay that "shows green" while nothing
+/// flows is told apart by its round trip, not its connection.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct RelayHealth {
+    pub url: String,
+    pub state: RelayHealthState,
+    /// When a loop-back ping last came back through this relay (ms since the epoch).
+    pub last_round_trip_at_ms: Option<i64>,
+    /// How long that one took.
+    pub round_trip_ms: Option<u64>,
+    /// Why its last attempt or connection failed.
+    pub last_error: Option<String>,
+}
+
+impl RelayHealth {
+    fn untried(url: &str) -> RelayHealth {
+        RelayHealth {
+            url: url.to_owned(),
+            state: RelayHealthState::Untried,
+            last_round_trip_at_ms: None,
+            round_trip_ms: None,
+            last_error: None,
+        }
+    }
+}
+
+/// The entry of `url` in `relays`.
+fn relay_of<'a>(relays: &'a mut [RelayHealth], url: &str) -> Option<&'a mut RelayHealth> {
+    relays.iter_mut().find(|r| r.url == url)
+}
+
 /// What `host.status` shows as `fleet`. The token never appears here.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct FleetStatus {
@@ -214,6 +261,8 @@ pub struct FleetStatus {
     pub last_error: Option<String>,
     /// How long the current backoff wait is.
     pub retry_in_ms: Option<u64>,
+    /// Every configured URL, in order, with its own last round trip and error.
+    pub relays: Vec<RelayHealth>,
 }
 
 impl FleetStatus {
@@ -230,6 +279,7 @@ impl FleetStatus {
             retries: 0,
             last_error: None,
             retry_in_ms: None,
+            relays: Vec::new(),
         }
     }
 }
@@ -676,6 +726,12 @@ impl Fleet {
         self.cursor = 0;
         self.failures_in_round = 0;
         self.retries = 0;
+        let relays: Vec<RelayHealth> = self
+            .config
+            .as_ref()
+            .map(|c| c.urls.iter().map(|u| RelayHealth::untried(u)).collect())
+            .unwrap_or_default();
+        self.status.send_modify(|s| s.relays = relays);
         let Some(cfg) = self.config.clone() else {
             self.phase = Phase::Off;
             self.set_status(FleetState::Disabled, |s| {
@@ -750,6 +806,19 @@ impl Fleet {
     /// An attempt failed (a dial, a connection never proven, a degraded one): the next URL,
     /// or the backoff after a full round.
     fn failed(&mut self, why: String) {
+        if let Some(url) = self
+            .config
+            .as_ref()
+            .and_then(|c| c.urls.get(self.cursor % c.urls.len().max(1)).cloned())
+        {
+            let why = why.clone();
+            self.status.send_modify(|s| {
+                if let Some(relay) = relay_of(&mut s.relays, &url) {
+                    relay.state = RelayHealthState::Unreachable;
+                    relay.last_error = Some(why);
+                }
+            });
+        }
         self.retries = self.retries.saturating_add(1);
         self.failures_in_round += 1;
         self.cursor = self.cursor.wrapping_add(1);
@@ -933,10 +1002,21 @@ impl Fleet {
             self.backoff = backoff_of(&self.timing);
         }
         let retries = self.retries;
+        let url = conn.url.clone();
         self.set_status(FleetState::Connected, |s| {
-            s.last_round_trip_at_ms = Some(now_ms());
+            let at = now_ms();
+            s.last_round_trip_at_ms = Some(at);
             s.round_trip_ms = Some(round_trip);
             s.retries = retries;
+            for relay in &mut s.relays {
+                if relay.url == url {
+                    relay.state = RelayHealthState::Connected;
+                    relay.last_round_trip_at_ms = Some(at);
+                    relay.round_trip_ms = Some(round_trip);
+                } else if relay.state == RelayHealthState::Connected {
+                    relay.state = RelayHealthState::Standby;
+                }
+            }
         });
     }
 
@@ -952,7 +1032,13 @@ impl Fleet {
         if let Some(mut conn) = self.take_connection() {
             let _closed = tokio::time::timeout(Duration::from_secs(1), conn.sink.close()).await;
         }
-        self.failed(why);
+        self.failed(why.clone());
+        self.status.send_modify(|s| {
+            if let Some(relay) = relay_of(&mut s.relays, &url) {
+                relay.state = RelayHealthState::Degraded;
+                relay.last_error = Some(why);
+            }
+        });
     }
 
     async fn on_message(&mut self, message: Message) {
@@ -1670,6 +1756,7 @@ mod tests {
             "retries",
             "last_error",
             "retry_in_ms",
+            "relays",
         ] {
             assert!(status.get(key).is_some(), "{key}: {status}");
         }
