@@ -155,6 +155,7 @@ pub async fn run(home: &Path, config: Result<Config, ConfigError>) -> Reply {
         checks.extend(check_agents(config, &host).await);
         checks.extend(check_credentials(config));
         checks.push(check_relay(config, &host));
+        checks.push(check_fleet(config, &host));
     }
     checks.push(check_disk(home));
     reply(&checks)
@@ -678,6 +679,78 @@ fn check_relay(config: &Config, host: &Host) -> Check {
                 format!("{} configured; dialed when the host runs", relay.url),
             ),
             Err(e) => Check::fail("relay", format!("{}: {e}", relay.url), fix),
+        },
+    }
+}
+
+/// The sealed relay fleet (`[fleet]`): from the running host, whether a round trip came back
+/// through some relay lately, and which relays did not; else whether the configuration can
+/// work. A fleet that is connected but carries nothing is `degraded` in the host, a warning here.
+fn check_fleet(config: &Config, host: &Host) -> Check {
+    let fix = format!(
+        "fix [fleet] in {}",
+        config.home.join("config.toml").display()
+    );
+    if let Some(fleet) = host.status.as_ref().and_then(|s| s.get("fleet")) {
+        let last = fleet["last_error"]
+            .as_str()
+            .map(|e| format!("; last error: {e}"))
+            .unwrap_or_default();
+        // The relays that are not well, by URL: what a user should look at first.
+        let unwell: Vec<String> = fleet["relays"]
+            .as_array()
+            .map(|relays| {
+                relays
+                    .iter()
+                    .filter(|r| matches!(r["state"].as_str(), Some("degraded" | "unreachable")))
+                    .map(|r| {
+                        format!(
+                            "{} {}",
+                            r["url"].as_str().unwrap_or("?"),
+                            r["state"].as_str().unwrap_or("?")
+                        )
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        let others = if unwell.is_empty() {
+            String::new()
+        } else {
+            format!(" ({})", unwell.join(", "))
+        };
+        let url = fleet["url"].as_str().unwrap_or("?");
+        return match fleet["state"].as_str().unwrap_or("?") {
+            "disabled" => Check::ok("fleet", "not configured"),
+            "connected" => Check::ok(
+                "fleet",
+                format!(
+                    "connected to {url}, round trip {} ms{others}",
+                    fleet["round_trip_ms"].as_u64().unwrap_or(0)
+                ),
+            ),
+            "misconfigured" => Check::fail("fleet", format!("{url} cannot work{last}"), fix),
+            state => Check::warn(
+                "fleet",
+                format!("{state}: no round trip through a relay now{others}{last}"),
+                Some(
+                    "check that the relays and their NATS are up and reachable from here, and \
+                     the host token; the host keeps trying each URL"
+                        .to_owned(),
+                ),
+            ),
+        };
+    }
+    match &config.fleet {
+        None => Check::ok("fleet", "not configured"),
+        Some(fleet) => match crate::relay::fleet::check(fleet) {
+            Ok(()) => Check::ok(
+                "fleet",
+                format!(
+                    "{} relay URL(s) configured; dialed when the host runs",
+                    fleet.urls.len()
+                ),
+            ),
+            Err(e) => Check::fail("fleet", e.to_string(), fix),
         },
     }
 }

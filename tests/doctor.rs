@@ -230,6 +230,7 @@ impl Doctor {
             ("agent opencode", "warn"),
             ("credentials codex", "ok"),
             ("relay", "ok"),
+            ("fleet", "ok"),
         ];
         for (name, verdict) in expected {
             if !except.contains(&name) {
@@ -429,5 +430,52 @@ fn a_corrupt_database_fails_the_store_check_and_is_not_written() {
     assert!(
         std::fs::read(&db).unwrap() == before,
         "doctor wrote the corrupt database"
+    );
+}
+
+/// A `[fleet]` whose relay is not there: the live host's fleet has no round trip (a warning,
+/// the host keeps trying); one that cannot work fails, with where to fix it, host or not.
+#[test]
+fn a_fleet_without_a_round_trip_warns_and_a_bad_one_fails() {
+    let home = Home::new();
+    std::fs::create_dir_all(home.home()).unwrap();
+    std::fs::set_permissions(home.home(), std::fs::Permissions::from_mode(0o700)).unwrap();
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("ws://{}/host", closed.local_addr().unwrap());
+    drop(closed);
+    let config = home.home().join("config.toml");
+    std::fs::write(
+        &config,
+        format!("[fleet]\nurls = [\"{url}\"]\ntoken = \"t\"\n"),
+    )
+    .unwrap();
+    std::fs::set_permissions(&config, std::fs::Permissions::from_mode(0o600)).unwrap();
+    home.start();
+    let report = home.doctor();
+    let check = report.check("fleet");
+    assert_eq!(check["verdict"], json!("warn"), "{check}");
+    assert!(
+        check["detail"].as_str().unwrap().contains("no round trip"),
+        "{check}"
+    );
+    assert!(check["fix"].as_str().unwrap().contains("NATS"), "{check}");
+    report.healthy_but(&["fleet"]);
+    home.shutdown();
+
+    std::fs::write(
+        &config,
+        "[fleet]\nurls = [\"ws://relay.example/host\"]\ntoken = \"t\"\n",
+    )
+    .unwrap();
+    let report = home.doctor();
+    let check = report.check("fleet");
+    assert_eq!(check["verdict"], json!("fail"), "{check}");
+    assert!(
+        check["fix"].as_str().unwrap().contains("[fleet]"),
+        "{check}"
+    );
+    assert_eq!(
+        report.reply["code"],
+        json!(ErrorCode::ChecksFailed.number())
     );
 }
