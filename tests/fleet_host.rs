@@ -837,3 +837,141 @@ async fn a_channel_outlives_the_instance_the_host_was_on() {
     assert_eq!(listed.code, 0, "{listed:?}");
     host.stop().await;
 }
+
+/// The relay delivers at least once: an `Open` again on a live channel (the same message 1)
+/// gets the same `Accept` and the channel goes on; an `Open` that does not read on a live
+/// channel id is dropped without a `Closed`; a bot's 9th channel supersedes its oldest.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn open_again_keeps_a_live_channel_and_a_bots_channels_are_capped() {
+    let nats = ensure_nats_server();
+    let dir = tempfile::tempdir().unwrap();
+    let relay = Relay::start(&nats, dir.path()).await;
+    let home = dir.path().join("home");
+    std::fs::create_dir_all(&home).unwrap();
+    std::fs::write(
+        home.join("config.toml"),
+        format!(
+            "[fleet]\nurls = [\"{}/host\"]\ntoken = \"{HOST_TOKEN}\"\n\
+             [fleet.timing]\nprobe_interval_ms = 200\n",
+            relay.url
+        ),
+    )
+    .unwrap();
+    let host = Host::start(&home).await;
+    host.fleet_reaches(FleetState::Connected, Some(&relay))
+        .await;
+    let made = host
+        .ok("pair.create", json!({"name": "again-bot", "scope": {}}))
+        .await;
+    let code = PairingCode::decode(made["code"].as_str().unwrap()).unwrap();
+    let (mut bot, _) = Bot::connect(&code.relay_urls[0], &code.host_id).await;
+    let key = BotKey::generate().unwrap();
+
+    // The pairing Open, and the same Open again (the bot re-sends it after a relay drop):
+    // the same Accept, not `pairing_refused`.
+    let paired = channel_id();
+    let (half, m1) = BotHandshake::start(
+        HandshakeKind::Pair,
+        &key,
+        &code.host_public,
+        Some(&code.secret),
+        "again-bot",
+    )
+    .unwrap();
+    let m2 = bot
+        .open(&paired, HandshakeKind::Pair, &code.secret_id, m1.clone())
+        .await
+        .expect("the pairing is accepted");
+    let again = bot
+        .open(&paired, HandshakeKind::Pair, &code.secret_id, m1.clone())
+        .await
+        .expect("the pairing Open again gets its Accept again");
+    assert_eq!(again, m2);
+    let (mut noise, _) = half.finish(&m2).unwrap();
+    bot.hello(&mut noise, &paired).await;
+    let listed = bot
+        .request(&mut noise, &paired, 2, "session.list", json!({}))
+        .await;
+    assert_eq!(listed.code, 0, "{listed:?}");
+
+    // Again on the working channel: the same Accept, and the channel still serves.
+    let again = bot
+        .open(&paired, HandshakeKind::Pair, &code.secret_id, m1)
+        .await
+        .expect("the Accept again");
+    assert_eq!(again, m2);
+    let listed = bot
+        .request(&mut noise, &paired, 3, "session.list", json!({}))
+        .await;
+    assert_eq!(listed.code, 0, "{listed:?}");
+
+    // Garbage as an Open on the live channel id: no `Closed` (the next frame is the reply).
+    bot.send(Body::Open(relay_wire::Open {
+        channel: paired.clone(),
+        kind: HandshakeKind::Connect.wire(),
+        secret_id: String::new(),
+        message: vec![1, 2, 3],
+    }))
+    .await;
+    let listed = bot
+        .request(&mut noise, &paired, 4, "session.list", json!({}))
+        .await;
+    assert_eq!(listed.code, 0, "{listed:?}");
+    assert_eq!(host.fleet.status().channels, 1);
+
+    // Seven more channels: eight in all, none closed.
+    for _ in 0..7 {
+        let (_, m1) = BotHandshake::start(
+            HandshakeKind::Connect,
+            &key,
+            &code.host_public,
+            None,
+            "again-bot",
+        )
+        .unwrap();
+        bot.open(&channel_id(), HandshakeKind::Connect, "", m1)
+            .await
+            .expect("a paired bot connects");
+    }
+    assert_eq!(host.fleet.status().channels, 8);
+    // A ninth: it is accepted, and the oldest (the paired one) is superseded.
+    let ninth = channel_id();
+    let (half, m1) = BotHandshake::start(
+        HandshakeKind::Connect,
+        &key,
+        &code.host_public,
+        None,
+        "again-bot",
+    )
+    .unwrap();
+    bot.send(Body::Open(relay_wire::Open {
+        channel: ninth.clone(),
+        kind: HandshakeKind::Connect.wire(),
+        secret_id: String::new(),
+        message: m1,
+    }))
+    .await;
+    let mut superseded = false;
+    let mut accepted = None;
+    while !superseded || accepted.is_none() {
+        match bot.recv().await {
+            Body::Closed(c) if c.channel == paired => {
+                assert_eq!(c.reason, "superseded");
+                superseded = true;
+            }
+            Body::Accept(a) if a.channel == ninth => accepted = Some(a.message),
+            // Events on the paired channel before it closed.
+            Body::Sealed(s) if s.channel == paired => {}
+            other => panic!("{other:?}"),
+        }
+    }
+    let (mut noise, _) = half.finish(&accepted.unwrap()).unwrap();
+    bot.hello(&mut noise, &ninth).await;
+    let listed = bot
+        .request(&mut noise, &ninth, 2, "session.list", json!({}))
+        .await;
+    assert_eq!(listed.code, 0, "{listed:?}");
+    assert_eq!(host.fleet.status().channels, 8);
+
+    host.stop().await;
+}

@@ -25,7 +25,7 @@ use tracing_subscriber::{EnvFilter, Layer};
 
 /// One instance of the agent-host relay service: hosts on /host, bots on /bot, instances
 /// joined through NATS JetStream.
-#[derive(Parser, Debug)]
+#[derive(Parser)]
 #[command(name = "agent-host-relay", version)]
 struct Args {
     /// Address to listen on (port 0: any free port).

@@ -32,7 +32,8 @@ pub const MAX_RELAY_FRAME_BYTES: usize = 96 * 1024;
 pub const MAX_CHANNELS_PER_BOT: usize = 64;
 /// `Open.kind` of a connection handshake (`Noise_IK`).
 pub const OPEN_KIND_CONNECT: u32 = 0;
-/// `Open.kind` of a pairing handshake (`Noise_IKpsk2`; `Open.secret_id` says which secret).
+/// `Open.kind` of a pairing handshake (`Noise_IKpsk1_25519_ChaChaPoly_BLAKE2s`, the psk the
+/// 32-byte pairing secret; `Open.secret_id` says which secret).
 pub const OPEN_KIND_PAIR: u32 = 1;
 /// Characters in a host id: the lowercase hex of 12 bytes.
 pub const HOST_ID_LEN: usize = 24;

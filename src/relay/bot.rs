@@ -184,7 +184,7 @@ impl BotState {
     /// Write the state (mode 0600 from its creation, replaced whole by a rename).
     pub fn save(&self, path: &Path) -> Result<(), BotError> {
         use std::io::Write;
-        use std::os::unix::fs::OpenOptionsExt;
+        use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
         let bad = |why: String| BotError::State {
             path: path.to_owned(),
             why,
@@ -199,6 +199,10 @@ impl BotState {
             .truncate(true)
             .mode(0o600)
             .open(&tmp)
+            .map_err(|e| bad(e.to_string()))?;
+        // A `.tmp` left by an earlier run keeps the mode it had; the token must not be in a
+        // file others can read.
+        file.set_permissions(std::fs::Permissions::from_mode(0o600))
             .map_err(|e| bad(e.to_string()))?;
         file.write_all(&json)
             .and_then(|()| file.sync_all())

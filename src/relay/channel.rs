@@ -25,12 +25,13 @@
 //! - A message the link writes that cannot be sealed (over `MAX_FRAME_BYTES`) is logged and
 //!   dropped; the channel goes on.
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures_util::{SinkExt, StreamExt};
 use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::sync::{mpsc, watch};
+use tokio::sync::broadcast::error::RecvError;
+use tokio::sync::{Semaphore, broadcast, mpsc, watch};
 use tokio_tungstenite::WebSocketStream;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::protocol::{Role, WebSocketConfig};
@@ -239,6 +240,9 @@ pub struct ChannelTask {
     pub link: Link,
     pub pairs: PairRegistry,
     pub idle: Option<Duration>,
+    /// Links waiting for their bot's `Hello`: a permit is taken before the link starts and
+    /// held until `Hello` (`link::serve`'s `hello_permit`).
+    pub before_hello: Arc<Semaphore>,
 }
 
 /// Run one channel until it ends: the link and the pump side by side; at the end, unless the
@@ -254,7 +258,18 @@ pub async fn run(task: ChannelTask) {
         link,
         pairs,
         idle,
+        before_hello,
     } = task;
+    // Subscribed before anything runs: a revocation from now on ends the channel here at
+    // once, whatever the fleet task is busy with.
+    let revocations = pairs.revocations();
+    let hello_permit = tokio::select! {
+        () = cancel.cancelled() => return,
+        permit = before_hello.acquire_owned() => match permit {
+            Ok(permit) => permit,
+            Err(_) => return,
+        },
+    };
     if let Err(e) = pairs.channel_opened(&bot.bot_id).await {
         tracing::debug!(error = %e, "the channel's opening was not counted");
     }
@@ -275,12 +290,13 @@ pub async fn run(task: ChannelTask) {
         peer,
         None,
         link_cancel.clone(),
-        None,
+        Some(hello_permit),
     );
     let (heard, heard_rx) = watch::channel(());
     let pumping = pump(pump_ws, noise, &channel, inbound, &out, idle, &heard);
     let touching = touch_while_heard(&pairs, &bot.bot_id, heard_rx);
-    tokio::pin!(serving, pumping, touching);
+    let revoked = until_revoked(&pairs, &bot, revocations);
+    tokio::pin!(serving, pumping, touching, revoked);
     let mut link_ended = false;
     let end = tokio::select! {
         () = cancel.cancelled() => None,
@@ -298,6 +314,11 @@ pub async fn run(task: ChannelTask) {
             Some(pump_end.reason())
         }
         () = &mut touching => None,
+        () = &mut revoked => {
+            tracing::info!("the bot was revoked; the channel ends at once");
+            // The fleet task tells the bot (`Closed{revoked}`) when it handles the revocation.
+            None
+        }
     };
     link_cancel.cancel();
     if !link_ended
@@ -319,6 +340,28 @@ pub async fn run(task: ChannelTask) {
     }
     if let Err(e) = pairs.channel_closed(&bot.bot_id).await {
         tracing::debug!(error = %e, "the channel's closing was not counted");
+    }
+}
+
+/// Returns once `bot` is revoked (or gone); a lagging receiver looks the bot up again.
+async fn until_revoked(
+    pairs: &PairRegistry,
+    bot: &BotRecord,
+    mut revocations: broadcast::Receiver<String>,
+) {
+    loop {
+        match revocations.recv().await {
+            Ok(bot_id) if bot_id == bot.bot_id => return,
+            Ok(_) => {}
+            Err(RecvError::Lagged(_)) => match pairs.bot(&bot.public_key).await {
+                Ok(Some(record)) if !record.is_revoked() => {}
+                Ok(_) => return,
+                Err(e) => {
+                    tracing::warn!(error = %e, "the channel's bot could not be checked again")
+                }
+            },
+            Err(RecvError::Closed) => return std::future::pending().await,
+        }
     }
 }
 

@@ -16,7 +16,12 @@
 //!    secret → `complete_pair`) or connecting (Noise → `PairRegistry::bot`). A refusal is
 //!    `Closed{reason}` ([`reasons`]). Accepted, the channel runs in its own task
 //!    ([`super::channel`]): the existing link over an in-memory WebSocket, subscriber
-//!    `bot-<bot_id>`, the bot's paired scope. A second `Open` on a live channel replaces it.
+//!    `bot-<bot_id>`, the bot's paired scope. On a live channel id, an `Open` with the same
+//!    message 1 gets the stored `Accept` again (at-least-once delivery); another replaces it
+//!    only if its handshake succeeds for the same bot, else it is dropped with no `Closed`
+//!    (which would reach the live bot). A message 1 whose ephemeral key was seen lately is a
+//!    replay, dropped. At most [`MAX_CHANNELS_PER_BOT`] per bot (a new one supersedes the
+//!    oldest) and [`MAX_CHANNELS`] in all (then `busy`).
 //! 4. Channels outlive the connection: their Noise state and link are in the host, what they
 //!    send meanwhile waits in their bounded queues, and they are closed (`expired`) once
 //!    there has been no connection for `channel_hold_ms`. `Closed` frames the host owes
@@ -35,7 +40,7 @@
 //! channels it does not have — costs a log line and the frame; nothing here panics on outside
 //! data. Logs name URLs, instances, channel and bot ids and sizes, never a token or content.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
@@ -48,7 +53,7 @@ use serde::Serialize;
 use tokio::net::TcpStream;
 use tokio::sync::broadcast::error::RecvError;
 use tokio::sync::mpsc::error::TrySendError;
-use tokio::sync::{broadcast, mpsc, watch};
+use tokio::sync::{Semaphore, broadcast, mpsc, watch};
 use tokio::time::Instant;
 use tokio_tungstenite::tungstenite::handshake::client::Request;
 use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
@@ -107,6 +112,8 @@ pub mod reasons {
     pub const HOST_STOPPING: &str = "host_stopping";
     /// Something on the host failed (the store); try again.
     pub const INTERNAL: &str = "internal";
+    /// The bot opened more than [`super::MAX_CHANNELS_PER_BOT`] channels: its oldest is closed.
+    pub const SUPERSEDED: &str = "superseded";
 }
 
 /// Handshakes in flight at once; more are refused `busy`.
@@ -127,6 +134,17 @@ const EVENTS: usize = 64;
 pub const MAX_URLS: usize = 32;
 /// How long revocations are remembered against handshakes still in flight.
 const REVOKED_MEMORY: Duration = Duration::from_secs(60);
+/// Channels one bot may hold; opening one more closes its oldest (`superseded`).
+pub const MAX_CHANNELS_PER_BOT: usize = 8;
+/// Channels in all; past it a new channel is refused (`busy`).
+pub const MAX_CHANNELS: usize = 1024;
+/// Channels whose link is waiting for the bot's `Hello` at once (more wait their turn).
+pub const MAX_BEFORE_HELLO: usize = 64;
+/// Message-1 ephemeral keys remembered against replays, and for how long.
+const SEEN_EPHEMERALS: usize = 4096;
+const EPHEMERAL_MEMORY: Duration = Duration::from_secs(600);
+/// The largest value a `[fleet.timing]` key may have (a day).
+pub const MAX_TIMING_MS: u64 = 86_400_000;
 
 /// Why the fleet configuration cannot work, or a connection failed.
 #[derive(Debug, thiserror::Error)]
@@ -152,6 +170,8 @@ pub enum FleetError {
          ({probe}): a probe must have time to come back"
     )]
     Timing { probe: u64, degraded: u64 },
+    #[error("[fleet.timing] {key} ({value}) is larger than {MAX_TIMING_MS} ms (a day)")]
+    TimingTooLarge { key: &'static str, value: u64 },
     #[error("the host key: {0}")]
     HostKey(#[source] PairError),
     #[error("no Welcome within {0} ms")]
@@ -334,6 +354,23 @@ pub fn check(cfg: &FleetConfig) -> Result<(), FleetError> {
     if cfg.urls.len() > MAX_URLS {
         return Err(FleetError::TooManyUrls(cfg.urls.len()));
     }
+    let t = &cfg.timing;
+    for (key, value) in [
+        ("connect_timeout_ms", t.connect_timeout_ms),
+        ("ping_interval_ms", t.ping_interval_ms),
+        ("dead_peer_ms", t.dead_peer_ms),
+        ("probe_interval_ms", t.probe_interval_ms),
+        ("degraded_after_ms", t.degraded_after_ms),
+        ("backoff_min_ms", t.backoff_min_ms),
+        ("backoff_max_ms", t.backoff_max_ms),
+        ("stable_after_ms", t.stable_after_ms),
+        ("channel_hold_ms", t.channel_hold_ms),
+        ("channel_idle_ms", t.channel_idle_ms),
+    ] {
+        if value > MAX_TIMING_MS {
+            return Err(FleetError::TimingTooLarge { key, value });
+        }
+    }
     if cfg.timing.degraded_after_ms <= cfg.timing.probe_interval_ms {
         return Err(FleetError::Timing {
             probe: cfg.timing.probe_interval_ms,
@@ -409,6 +446,8 @@ pub fn spawn(
         recent_unknown: VecDeque::new(),
         revoked_seen: HashMap::new(),
         lagged_at: None,
+        seen_ephemerals: SeenEphemerals::default(),
+        before_hello: Arc::new(Semaphore::new(MAX_BEFORE_HELLO)),
         next_probe: uuid::Uuid::new_v4().as_u64_pair().0,
     };
     tracker.spawn(fleet.run().instrument(tracing::info_span!("fleet")));
@@ -493,6 +532,8 @@ enum PhaseEvent {
 enum Event {
     Handshake {
         channel: String,
+        /// The `Open`'s message 1, kept with the channel it makes.
+        message1: Vec<u8>,
         result: Result<Box<Admitted>, &'static str>,
     },
     /// A re-check found the bot revoked (or gone).
@@ -516,6 +557,51 @@ struct Entry {
     bot_public: [u8; 32],
     inbound: mpsc::Sender<SealedFrame>,
     cancel: CancellationToken,
+    /// The `Open` message 1 that made it, and the `Accept` message 2 it was answered: an
+    /// identical `Open` (redelivered, re-sent) gets the same `Accept` again.
+    message1: Vec<u8>,
+    message2: Vec<u8>,
+}
+
+/// The ephemeral keys of message 1s seen lately (the first 32 bytes of a Noise IK message 1,
+/// in clear): an `Open` that repeats one is a replay. Bounded in count and age.
+#[derive(Default)]
+struct SeenEphemerals {
+    order: VecDeque<([u8; 32], Instant)>,
+    keys: HashSet<[u8; 32]>,
+}
+
+impl SeenEphemerals {
+    fn ephemeral(message1: &[u8]) -> Option<[u8; 32]> {
+        message1.get(..32).and_then(|b| b.try_into().ok())
+    }
+
+    fn forget_old(&mut self, now: Instant) {
+        while let Some((key, at)) = self.order.front().copied() {
+            if now.saturating_duration_since(at) < EPHEMERAL_MEMORY
+                && self.order.len() < SEEN_EPHEMERALS
+            {
+                break;
+            }
+            self.order.pop_front();
+            self.keys.remove(&key);
+        }
+    }
+
+    /// Whether `message1`'s ephemeral key was seen already; remembered from now on.
+    fn seen(&mut self, message1: &[u8]) -> bool {
+        let Some(key) = Self::ephemeral(message1) else {
+            return false;
+        };
+        let now = Instant::now();
+        self.forget_old(now);
+        if self.keys.contains(&key) {
+            return true;
+        }
+        self.keys.insert(key);
+        self.order.push_back((key, now));
+        false
+    }
 }
 
 /// The state the fleet task owns.
@@ -550,6 +636,9 @@ struct Fleet {
     revocations_open: bool,
     revoked_seen: HashMap<String, Instant>,
     lagged_at: Option<Instant>,
+    seen_ephemerals: SeenEphemerals,
+    /// Links waiting for their bot's `Hello` ([`MAX_BEFORE_HELLO`]).
+    before_hello: Arc<Semaphore>,
     next_probe: u64,
 }
 
@@ -1101,8 +1190,30 @@ impl Fleet {
             tracing::warn!("an Open with a malformed channel id; dropped");
             return;
         }
+        if let Some(live) = self.channels.get(&open.channel)
+            && live.message1 == open.message
+        {
+            // Delivered again (at least once), or re-sent by a bot that lost the answer:
+            // the same Accept again, and the channel goes on.
+            tracing::info!(channel = %open.channel, bot_id = %live.bot_id, "an Open again; the Accept again");
+            let accept = Body::Accept(Accept {
+                channel: open.channel,
+                message: live.message2.clone(),
+            });
+            self.write(vec![accept]).await;
+            return;
+        }
+        let live = self.channels.contains_key(&open.channel);
+        if self.seen_ephemerals.seen(&open.message) {
+            tracing::warn!(channel = %open.channel, "an Open replaying a message 1 already seen; dropped");
+            return;
+        }
         let Some(kind) = HandshakeKind::from_wire(open.kind) else {
-            self.send_closed(open.channel, reasons::BAD_HANDSHAKE).await;
+            if live {
+                tracing::warn!(channel = %open.channel, "an Open of no known kind on a live channel; dropped");
+            } else {
+                self.send_closed(open.channel, reasons::BAD_HANDSHAKE).await;
+            }
             return;
         };
         if self.handshakes >= MAX_HANDSHAKES {
@@ -1119,10 +1230,18 @@ impl Fleet {
         let subscribers = self.link.handler.subscribers().clone();
         let events = self.events_tx.clone();
         let channel = open.channel;
+        let message1 = open.message;
         let span = tracing::info_span!("handshake", %channel);
         self.tracker.spawn(
             async move {
-                let work = handshake(pairs, subscribers, host, kind, open.secret_id, open.message);
+                let work = handshake(
+                    pairs,
+                    subscribers,
+                    host,
+                    kind,
+                    open.secret_id,
+                    message1.clone(),
+                );
                 let result = match tokio::time::timeout(HANDSHAKE_TIMEOUT, work).await {
                     Ok(result) => result.map(Box::new),
                     Err(_) => {
@@ -1131,7 +1250,11 @@ impl Fleet {
                     }
                 };
                 if events
-                    .send(Event::Handshake { channel, result })
+                    .send(Event::Handshake {
+                        channel,
+                        message1,
+                        result,
+                    })
                     .await
                     .is_err()
                 {
@@ -1182,13 +1305,23 @@ impl Fleet {
 
     async fn on_event(&mut self, event: Event) {
         match event {
-            Event::Handshake { channel, result } => {
+            Event::Handshake {
+                channel,
+                message1,
+                result,
+            } => {
                 self.handshakes = self.handshakes.saturating_sub(1);
+                let live_bot = self.channels.get(&channel).map(|e| e.bot_public);
                 match result {
+                    Err(reason) if live_bot.is_some() => {
+                        // A `Closed` would reach the live channel's bot: the live one stays.
+                        tracing::warn!(%channel, reason, "a handshake on a live channel failed; dropped");
+                    }
+                    Ok(admitted) if live_bot.is_some_and(|key| key != admitted.bot.public_key) => {
+                        tracing::warn!(%channel, "a handshake from another bot on a live channel; dropped");
+                    }
                     Err(reason) => {
                         tracing::info!(%channel, reason, "handshake refused");
-                        // A refused re-handshake ends the channel it meant to replace.
-                        self.drop_channel(&channel);
                         self.send_closed(channel, reason).await;
                     }
                     Ok(admitted) => {
@@ -1206,7 +1339,7 @@ impl Fleet {
                             .lagged_at
                             .is_some_and(|at| at >= admitted.looked_up_at)
                             .then(|| (admitted.bot.bot_id.clone(), admitted.bot.public_key));
-                        self.admit(channel, *admitted);
+                        self.admit(channel, message1, *admitted).await;
                         if let Some(bot) = recheck {
                             self.recheck(vec![bot]);
                         }
@@ -1219,13 +1352,32 @@ impl Fleet {
 
     /// Start an accepted channel. Its `Accept` is the first frame of its own queue, so it goes
     /// out before anything the channel seals.
-    fn admit(&mut self, channel: String, admitted: Admitted) {
+    async fn admit(&mut self, channel: String, message1: Vec<u8>, admitted: Admitted) {
         let Admitted {
             noise,
             message2,
             bot,
             ..
         } = admitted;
+        if !self.channels.contains_key(&channel) {
+            let mine: Vec<(u64, String)> = self
+                .channels
+                .iter()
+                .filter(|(_, e)| e.bot_id == bot.bot_id)
+                .map(|(id, e)| (e.generation, id.clone()))
+                .collect();
+            if mine.len() >= MAX_CHANNELS_PER_BOT {
+                // A bot renewing its channels is never locked out: its oldest one goes.
+                if let Some((_, oldest)) = mine.into_iter().min() {
+                    tracing::info!(channel = %oldest, bot_id = %bot.bot_id, "the bot's oldest channel is superseded");
+                    self.close_channel(&oldest, reasons::SUPERSEDED).await;
+                }
+            } else if self.channels.len() >= MAX_CHANNELS {
+                tracing::warn!(%channel, channels = MAX_CHANNELS, "too many channels; refused");
+                self.send_closed(channel, reasons::BUSY).await;
+                return;
+            }
+        }
         if let Some(old) = self.channels.remove(&channel) {
             old.cancel.cancel();
             tracing::info!(%channel, bot_id = %old.bot_id, "channel replaced by a new handshake");
@@ -1237,7 +1389,7 @@ impl Fleet {
         let (out_tx, out_rx) = mpsc::channel(OUTBOUND_FRAMES);
         let accept = Out::Frame(Body::Accept(Accept {
             channel: channel.clone(),
-            message: message2,
+            message: message2.clone(),
         }));
         if out_tx.try_send(accept).is_err() {
             // A new queue has room; nothing to send the bot if it had not.
@@ -1262,6 +1414,8 @@ impl Fleet {
                 bot_public: bot.public_key,
                 inbound: inbound_tx,
                 cancel: cancel.clone(),
+                message1,
+                message2,
             },
         );
         self.count_channels();
@@ -1283,6 +1437,7 @@ impl Fleet {
                 link: self.link.clone(),
                 pairs: self.pairs.clone(),
                 idle,
+                before_hello: self.before_hello.clone(),
             })
             .instrument(span),
         );
@@ -1699,6 +1854,42 @@ mod tests {
         let secret = fleet("[fleet]\nurls = [\"wss://a/host\"]\ntoken = \"sekrit-9\"\n");
         assert!(!format!("{secret:?}").contains("sekrit"));
         assert!(!serde_json::to_string(&secret).unwrap().contains("sekrit"));
+    }
+
+    #[test]
+    fn huge_timing_values_are_refused() {
+        let base = "[fleet]\nurls = [\"wss://a.example/host\"]\ntoken = \"t\"\n[fleet.timing]\n";
+        assert!(check(&fleet(&format!("{base}channel_hold_ms = 86400000\n"))).is_ok());
+        for key in [
+            "channel_hold_ms",
+            "dead_peer_ms",
+            "connect_timeout_ms",
+            "backoff_max_ms",
+        ] {
+            let cfg = fleet(&format!("{base}{key} = 9223372036854775807\n"));
+            let e = check(&cfg).unwrap_err().to_string();
+            assert!(e.contains(key) && e.contains("86400000"), "{e}");
+        }
+    }
+
+    #[test]
+    fn ephemerals_seen_are_replays() {
+        let mut seen = SeenEphemerals::default();
+        let m1 = [7u8; 48];
+        assert!(!seen.seen(&m1));
+        assert!(seen.seen(&m1));
+        // Too short to carry a key: never a replay.
+        assert!(!seen.seen(&[1, 2, 3]));
+        assert!(!seen.seen(&[1, 2, 3]));
+        for i in 0..SEEN_EPHEMERALS as u32 + 1 {
+            let mut m = [0u8; 32];
+            m[..4].copy_from_slice(&i.to_be_bytes());
+            m[4] = 1;
+            seen.seen(&m);
+        }
+        assert!(seen.keys.len() <= SEEN_EPHEMERALS && seen.order.len() <= SEEN_EPHEMERALS);
+        // The oldest was forgotten to make room.
+        assert!(!seen.seen(&m1));
     }
 
     #[test]

@@ -48,8 +48,8 @@ pub const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long connections get to close at shutdown.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 
-/// What an instance is told at start.
-#[derive(Debug, Clone)]
+/// What an instance is told at start. Its `Debug` leaves the tokens out.
+#[derive(Clone)]
 pub struct Options {
     /// `ADDR:PORT` to listen on (port 0: any free port).
     pub listen: String,
@@ -61,6 +61,18 @@ pub struct Options {
     pub bot_token: String,
     /// This instance's id in `Welcome` and the presence bucket.
     pub instance: String,
+}
+
+impl std::fmt::Debug for Options {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Options")
+            .field("listen", &self.listen)
+            .field("nats_url", &self.nats_url)
+            .field("host_token", &"<redacted>")
+            .field("bot_token", &"<redacted>")
+            .field("instance", &self.instance)
+            .finish()
+    }
 }
 
 /// Reported once the instance serves.
@@ -142,7 +154,14 @@ pub async fn run(
     {
         tracing::warn!("connections still closing after the grace period");
     }
-    broker.flush().await;
+    // With NATS down a flush waits for a reconnect that may never come: bounded, so a
+    // SIGTERM always ends the process.
+    if tokio::time::timeout(SHUTDOWN_GRACE, broker.flush())
+        .await
+        .is_err()
+    {
+        tracing::warn!("NATS did not take the last publishes within the grace period");
+    }
     tracing::info!("relay stopped");
     Ok(())
 }
