@@ -867,7 +867,7 @@ mod tests {
     /// moments of their own. Whenever each joined, what it got of the block is exactly the
     /// block: nothing missing between the snapshot and the live stream, nothing twice. (The
     /// stream waits once, halfway, for the first half of the joiners, so that some surely join
-    /// mid-block; the others race it freely.)
+    /// mid-block; the others race it freely, and the end waits for all of them.)
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn joiners_racing_the_stream_get_the_block_exactly_once() {
         const PIECES: usize = 300;
@@ -896,6 +896,10 @@ mod tests {
                         tokio::task::yield_now().await;
                     }
                 }
+                // Every joiner is in before the block ends: one that came after the end
+                // would get the end bracket alone (rightly: it carries the whole text), not
+                // a join into a streaming block, which is what is tested here.
+                joined.wait_for(|j| *j >= JOINERS).await.unwrap();
                 hub.send(batch(vec![end("i", &whole)], &mut next))
                     .await
                     .unwrap();
