@@ -25,6 +25,8 @@
 //! listed (`/proc/<pid>/exe`), which shows that the host runs the native Codex binary, not
 //! the node launcher. `AGENT_HOST_BENCH_WORKERS=N` sets the host runtime's worker count
 //! (`TOKIO_WORKER_THREADS`), an experiment knob; unset, the host runs as it ships.
+//! `AGENT_HOST_BENCH_HOST=<path>` runs another build of `agent-host` as side A (to compare two
+//! commits against the same daemon, alternating invocations).
 //!
 //! Everything runs in a loopback-only network namespace (as the tests do).
 //!
@@ -212,7 +214,12 @@ impl Host {
                 bin.display().to_string()
             ),
         )?;
-        let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_agent-host"))
+        // An A/B knob: another build of the host (a copy kept from an earlier commit), so
+        // two builds can be compared in one run of this bench; unset, this build's host.
+        let host_bin = std::env::var_os("AGENT_HOST_BENCH_HOST")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_agent-host")));
+        let mut child = tokio::process::Command::new(host_bin)
             .arg("host.start")
             .arg(r#"{"foreground":true}"#)
             .env_clear()

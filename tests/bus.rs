@@ -852,3 +852,67 @@ async fn a_deleted_sessions_open_blocks_are_not_sent_to_a_joiner() {
     );
     close(host).await;
 }
+
+/// A delta published right behind its session's bracket — the bracket still in the ingest
+/// queue or its commit pending — never overtakes it, whichever way the delta goes to the hub
+/// (past ingest when nothing is ahead of it, through it otherwise). Two sessions publish at
+/// once without waiting for any commit (each stays at most 8 blocks ahead of the reader, so
+/// no queue fills and nothing may be dropped); the subscriber gets, per block, start, its one
+/// delta, end, in that order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delta_never_overtakes_the_bracket_before_it() {
+    const BLOCKS: usize = 300;
+    let dir = tempfile::tempdir().unwrap();
+    let host = open(dir.path()).await;
+    let mut sub = subscribe(&host, SessionFilter::All, true, Replay::None).await;
+    // Live before anything is published (what came before going live is replayed from the
+    // store: brackets only).
+    let warmup = start("warm", "warmup");
+    let receipt = host.bus.publish(&warmup).await.unwrap();
+    receipt.committed().await.unwrap();
+    assert_eq!(key_of_json(&recv(&mut sub).await.json), key(&warmup));
+    assert!(sub.is_live());
+    // How many blocks' end brackets the reader has had.
+    let (read_tx, read) = tokio::sync::watch::channel(0_usize);
+    let reader = tokio::spawn(async move {
+        let mut seen: std::collections::HashMap<String, Vec<String>> = Default::default();
+        let mut ends = 0;
+        while ends < 2 * BLOCKS {
+            let d = recv(&mut sub).await;
+            let v: Value = serde_json::from_str(&d.json).unwrap();
+            let kind = v["k"].as_str().unwrap().to_owned();
+            if kind == "text.end" {
+                ends += 1;
+                read_tx.send_replace(ends);
+            }
+            let item = v["itemId"].as_str().unwrap().to_owned();
+            seen.entry(item).or_default().push(kind);
+        }
+        (seen, sub.deltas_dropped(), sub.catch_ups())
+    });
+    let mut publishers = Vec::new();
+    for s in ["a", "b"] {
+        let bus = host.bus.clone();
+        let mut read = read.clone();
+        publishers.push(tokio::spawn(async move {
+            for i in 0..BLOCKS {
+                // Both sessions together: at most 2 x 8 blocks not yet read.
+                read.wait_for(|n| n + 16 >= 2 * i).await.unwrap();
+                let item = format!("{s}{i}");
+                bus.publish(&start(s, &item)).await.unwrap();
+                bus.publish(&delta(s, &item, "x")).await.unwrap();
+                bus.publish(&end(s, &item)).await.unwrap();
+            }
+        }));
+    }
+    for p in publishers {
+        p.await.unwrap();
+    }
+    let (seen, dropped, catch_ups) = reader.await.unwrap();
+    assert_eq!((dropped, catch_ups), (0, 0));
+    assert_eq!(seen.len(), 2 * BLOCKS);
+    for (item, kinds) in &seen {
+        assert_eq!(kinds, &["text.start", "text.delta", "text.end"], "{item}");
+    }
+    close(host).await;
+}
