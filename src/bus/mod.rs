@@ -24,10 +24,11 @@
 //!   goes at the pace of the readers that keep up; it never waits for one that does not.
 //! - **A delta skips the ingest task when nothing is ahead of it.** Ingest exists to batch
 //!   brackets into commits; a delta is never stored. When no event is between `publish` and
-//!   the hub (a counter of events handed to ingest and not yet passed on), a delta goes
-//!   straight onto the hub's queue, one task hop fewer on the way to every follower. Any
-//!   event already in ingest (of any session) sends it the long way, so a session's delta
-//!   never overtakes its own earlier events.
+//!   the hub (a counter of events handed to ingest and not yet passed on) and the hub's queue
+//!   is empty, a delta goes straight onto the hub's queue, one task hop fewer on the way to
+//!   every follower. Any event already in ingest (of any session) sends it the long way, so a
+//!   session's delta never overtakes its own earlier events; so does a busy hub, so a burst of
+//!   deltas is still batched.
 //! - **Built once.** The canonical JSON of an event is serialized once in `publish`, stored as
 //!   is, and shared by every subscriber as one `Arc<Delivery>`.
 //! - **Late joiners see the block so far.** The hub keeps, in memory only, the content so far
@@ -346,8 +347,8 @@ impl Bus {
             ack,
             block: blocks::BlockOp::of(&event.body),
         };
-        if is_delta && self.in_ingest.load(Ordering::Acquire) == 0 && !self.ingest.is_closed() {
-            // Nothing is ahead of it in ingest: straight to the hub (module doc).
+        if is_delta && self.idle() {
+            // Nothing is ahead of it: straight to the hub (module doc).
             self.hub
                 .send(hub::HubCmd::Batch {
                     batch: vec![prepared],
@@ -359,6 +360,15 @@ impl Bus {
             self.to_ingest(prepared).await?;
         }
         Ok(receipt)
+    }
+
+    /// Nothing in ingest and nothing on the hub's queue: a delta may skip ingest. (With the
+    /// hub busy it would gain nothing and lose ingest's batching, which a burst of deltas
+    /// needs.)
+    fn idle(&self) -> bool {
+        self.in_ingest.load(Ordering::Acquire) == 0
+            && self.hub.capacity() == self.hub.max_capacity()
+            && !self.ingest.is_closed()
     }
 
     /// Hand an event to the ingest task, counted until ingest passes it on to the hub.
