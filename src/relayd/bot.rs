@@ -64,19 +64,11 @@ async fn session<S>(
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let hello = match tokio::time::timeout(super::HELLO_TIMEOUT, conn.next()).await {
-        Err(_) => return Err(RelayError::BadHello("no BotHello in time")),
-        // A first message that is not even a frame is a wrong hello too.
-        Ok(Err(RelayError::BadFrame(_))) => {
-            return Err(RelayError::BadHello("the first frame must be BotHello"));
-        }
-        Ok(next) => match next? {
-            Next::Gone(_) => return Ok(()),
-            Next::Frame(_, Body::BotHello(hello)) => hello,
-            Next::Frame(..) => {
-                return Err(RelayError::BadHello("the first frame must be BotHello"));
-            }
-        },
+    const WRONG: &str = "the first frame must be BotHello";
+    let hello = match conn.first("no BotHello in time", WRONG).await? {
+        None => return Ok(()),
+        Some(Body::BotHello(hello)) => hello,
+        Some(_) => return Err(RelayError::BadHello(WRONG)),
     };
     if !relay_wire::is_host_id(&hello.host_id) {
         return Err(RelayError::BadHello("host_id is not 24 lowercase hex"));

@@ -194,6 +194,23 @@ where
         }
     }
 
+    /// The first frame, which must be the endpoint's hello: `None` if the endpoint left first.
+    /// No frame within [`super::HELLO_TIMEOUT`] is `late`; a first message that is not even a
+    /// frame is `wrong`, as is a frame of another kind (which the caller checks).
+    pub async fn first(
+        &mut self,
+        late: &'static str,
+        wrong: &'static str,
+    ) -> Result<Option<Body>, RelayError> {
+        match tokio::time::timeout(super::HELLO_TIMEOUT, self.next()).await {
+            Err(_) => Err(RelayError::BadHello(late)),
+            Ok(Err(RelayError::BadFrame(_))) => Err(RelayError::BadHello(wrong)),
+            Ok(Err(e)) => Err(e),
+            Ok(Ok(Next::Gone(_))) => Ok(None),
+            Ok(Ok(Next::Frame(_, body))) => Ok(Some(body)),
+        }
+    }
+
     /// Queue a frame of the relay's own. If the writer is gone the frame has nowhere to go:
     /// the writer said so on `write_failed`, which the next [`Conn::next`] returns.
     pub async fn send(&self, body: Body) {

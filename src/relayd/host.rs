@@ -64,24 +64,14 @@ async fn session<S>(
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let host_id = match tokio::time::timeout(super::HELLO_TIMEOUT, conn.next()).await {
-        Err(_) => return Err(RelayError::BadHello("no HostHello in time")),
-        // A first message that is not even a frame is a wrong hello too.
-        Ok(Err(RelayError::BadFrame(_))) => {
-            return Err(RelayError::BadHello("the first frame must be HostHello"));
+    const WRONG: &str = "the first frame must be HostHello";
+    let host_id = match conn.first("no HostHello in time", WRONG).await? {
+        None => return Ok(()),
+        Some(Body::HostHello(hello)) if relay_wire::is_host_id(&hello.host_id) => hello.host_id,
+        Some(Body::HostHello(_)) => {
+            return Err(RelayError::BadHello("host_id is not 24 lowercase hex"));
         }
-        Ok(next) => match next? {
-            Next::Gone(_) => return Ok(()),
-            Next::Frame(_, Body::HostHello(hello)) if relay_wire::is_host_id(&hello.host_id) => {
-                hello.host_id
-            }
-            Next::Frame(_, Body::HostHello(_)) => {
-                return Err(RelayError::BadHello("host_id is not 24 lowercase hex"));
-            }
-            Next::Frame(..) => {
-                return Err(RelayError::BadHello("the first frame must be HostHello"));
-            }
-        },
+        Some(_) => return Err(RelayError::BadHello(WRONG)),
     };
     *id = Some(host_id.clone());
     let revision = shared.broker.claim(&host_id, &shared.instance).await?;
