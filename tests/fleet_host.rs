@@ -34,9 +34,9 @@ use agent_host::relay::fleet::{FleetHandle, FleetState};
 use agent_host::seal::{BotHandshake, BotKey, Channel, HandshakeKind, PairingCode, SealedFrame};
 use common::WAIT;
 use common::nats::{NatsServer, ensure_nats_server};
+use common::relay::Relay;
 use futures_util::{SinkExt, StreamExt};
 use serde_json::{Value, json};
-use tokio::io::AsyncBufReadExt;
 use tokio::net::TcpStream;
 use tokio::sync::oneshot;
 use tokio_tungstenite::tungstenite::Message;
@@ -47,48 +47,9 @@ use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 const HOST_TOKEN: &str = "fleet-host-token-71c2";
 const BOT_TOKEN: &str = "fleet-bot-token-0d9e";
 
-/// One `agent-host-relay` process.
-struct Relay {
-    child: tokio::process::Child,
-    /// `ws://127.0.0.1:PORT`
-    url: String,
-    log: PathBuf,
-}
-
-impl Relay {
-    async fn start(nats: &NatsServer, dir: &Path) -> Relay {
-        Relay::named(nats, dir, "relay-h").await
-    }
-
-    async fn named(nats: &NatsServer, dir: &Path, instance: &str) -> Relay {
-        let log = dir.join(format!("{instance}.log"));
-        let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_agent-host-relay"))
-            .args(["--listen", "127.0.0.1:0", "--nats", &nats.url])
-            .args(["--host-token", HOST_TOKEN, "--bot-token", BOT_TOKEN])
-            .args(["--instance", instance])
-            .arg("--log-file")
-            .arg(&log)
-            .stdout(std::process::Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .unwrap();
-        let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
-        let line = tokio::time::timeout(WAIT, lines.next_line())
-            .await
-            .expect("the relay says it listens in time")
-            .unwrap()
-            .unwrap_or_else(|| panic!("relay exited: {}", read(&log)));
-        let url = line
-            .strip_prefix("relay listening on ")
-            .unwrap_or_else(|| panic!("{line}"))
-            .to_owned();
-        Relay { child, url, log }
-    }
-
-    /// SIGKILL: the instance dies without a word.
-    async fn kill(&mut self) {
-        self.child.kill().await.unwrap();
-    }
+/// A relay instance with this file's tokens.
+async fn relay(nats: &NatsServer, instance: &str, dir: &Path) -> Relay {
+    Relay::start(nats, instance, dir, HOST_TOKEN, BOT_TOKEN).await
 }
 
 fn read(path: &Path) -> String {
@@ -318,7 +279,7 @@ fn channel_id() -> String {
 async fn a_bot_pairs_connects_and_is_cut_off_when_revoked() {
     let nats = ensure_nats_server();
     let dir = tempfile::tempdir().unwrap();
-    let relay = Relay::start(&nats, dir.path()).await;
+    let relay = relay(&nats, "relay-h", dir.path()).await;
     let home = dir.path().join("home");
     std::fs::create_dir_all(&home).unwrap();
     std::fs::write(
@@ -522,7 +483,7 @@ async fn a_bot_pairs_connects_and_is_cut_off_when_revoked() {
 async fn a_session_a_bot_creates_stays_in_its_scope() {
     let nats = ensure_nats_server();
     let dir = tempfile::tempdir().unwrap();
-    let relay = Relay::start(&nats, dir.path()).await;
+    let relay = relay(&nats, "relay-h", dir.path()).await;
     let home = dir.path().join("home");
     std::fs::create_dir_all(&home).unwrap();
     std::fs::write(
@@ -627,7 +588,7 @@ async fn a_session_a_bot_creates_stays_in_its_scope() {
 async fn a_fleet_config_is_checked_and_reloaded() {
     let nats = ensure_nats_server();
     let dir = tempfile::tempdir().unwrap();
-    let relay = Relay::start(&nats, dir.path()).await;
+    let relay = relay(&nats, "relay-h", dir.path()).await;
     let home = dir.path().join("home");
     std::fs::create_dir_all(&home).unwrap();
     // Plain ws:// to a remote address: misconfigured, never dialed.
@@ -683,7 +644,7 @@ async fn a_fleet_config_is_checked_and_reloaded() {
 async fn a_relay_whose_probe_never_returns_is_left_for_the_next() {
     let nats = ensure_nats_server();
     let dir = tempfile::tempdir().unwrap();
-    let relay = Relay::start(&nats, dir.path()).await;
+    let relay = relay(&nats, "relay-h", dir.path()).await;
     let mute = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let mute_url = format!("ws://{}/host", mute.local_addr().unwrap());
     let (welcomed_tx, welcomed) = oneshot::channel::<()>();
@@ -775,8 +736,8 @@ async fn a_relay_whose_probe_never_returns_is_left_for_the_next() {
 async fn a_channel_outlives_the_instance_the_host_was_on() {
     let nats = ensure_nats_server();
     let dir = tempfile::tempdir().unwrap();
-    let mut a = Relay::named(&nats, dir.path(), "relay-a").await;
-    let b = Relay::named(&nats, dir.path(), "relay-b").await;
+    let mut a = relay(&nats, "relay-a", dir.path()).await;
+    let b = relay(&nats, "relay-b", dir.path()).await;
     let home = dir.path().join("home");
     std::fs::create_dir_all(&home).unwrap();
     std::fs::write(
@@ -845,7 +806,7 @@ async fn a_channel_outlives_the_instance_the_host_was_on() {
 async fn open_again_keeps_a_live_channel_and_a_bots_channels_are_capped() {
     let nats = ensure_nats_server();
     let dir = tempfile::tempdir().unwrap();
-    let relay = Relay::start(&nats, dir.path()).await;
+    let relay = relay(&nats, "relay-h", dir.path()).await;
     let home = dir.path().join("home");
     std::fs::create_dir_all(&home).unwrap();
     std::fs::write(

@@ -46,6 +46,7 @@ use common::WAIT;
 use common::agents::{agent_env, ensure_claude, in_loopback_only_netns};
 use common::mock_model::MockModel;
 use common::nats::{NatsServer, ensure_nats_server};
+use common::relay::Relay;
 use futures_util::{SinkExt, StreamExt};
 use serde_json::{Value, json};
 use tokio::io::AsyncBufReadExt;
@@ -64,59 +65,9 @@ const DEGRADED_MS: u64 = 2000;
 // ---------------------------------------------------------------------------------------------
 // Processes: relays and hosts.
 
-/// One `agent-host-relay` process, logging at `trace` for the crate to its own file.
-struct Relay {
-    child: tokio::process::Child,
-    /// `ws://127.0.0.1:PORT`
-    url: String,
-    log: PathBuf,
-    instance: String,
-}
-
-impl Relay {
-    async fn start(nats: &NatsServer, instance: &str, dir: &Path) -> Relay {
-        let log = dir.join(format!("relay-{instance}.log"));
-        let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_agent-host-relay"))
-            .args(["--listen", "127.0.0.1:0", "--nats", &nats.url])
-            .args(["--host-token", HOST_TOKEN, "--bot-token", BOT_TOKEN])
-            .args(["--instance", instance])
-            .arg("--log-file")
-            .arg(&log)
-            .env("AGENT_HOST_LOG", "agent_host=trace,info")
-            .stdout(std::process::Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .unwrap();
-        let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
-        let line = tokio::time::timeout(WAIT, lines.next_line())
-            .await
-            .expect("the relay says it listens in time")
-            .unwrap()
-            .unwrap_or_else(|| panic!("relay exited: {}", read(&log)));
-        let url = line
-            .strip_prefix("relay listening on ")
-            .unwrap_or_else(|| panic!("{line}"))
-            .to_owned();
-        Relay {
-            child,
-            url,
-            log,
-            instance: instance.to_owned(),
-        }
-    }
-
-    fn host_url(&self) -> String {
-        format!("{}/host", self.url)
-    }
-
-    fn bot_url(&self) -> String {
-        format!("{}/bot", self.url)
-    }
-
-    /// SIGKILL, and wait until it is gone.
-    async fn kill(&mut self) {
-        self.child.kill().await.unwrap();
-    }
+/// A relay instance with this file's tokens.
+async fn relay(nats: &NatsServer, instance: &str, dir: &Path) -> Relay {
+    Relay::start(nats, instance, dir, HOST_TOKEN, BOT_TOKEN).await
 }
 
 fn read(path: &Path) -> String {
@@ -504,8 +455,8 @@ fn two_bots_two_hosts_and_nothing_in_clear() {
         std::fs::create_dir_all(&work).unwrap();
         let nats = ensure_nats_server();
         let (tapped, tap) = wiretap(&nats).await;
-        let a = Relay::start(&nats, "a", dir.path()).await;
-        let b = Relay::start(&nats, "b", dir.path()).await;
+        let a = relay(&nats, "a", dir.path()).await;
+        let b = relay(&nats, "b", dir.path()).await;
 
         // Host 1 on B, its bots told to come through A first; host 2 on A.
         let host1 = Host::start(
@@ -708,8 +659,8 @@ fn an_instance_dies_mid_stream() {
         let work = dir.path().join("work");
         std::fs::create_dir_all(&work).unwrap();
         let nats = ensure_nats_server();
-        let mut a = Relay::start(&nats, "a", dir.path()).await;
-        let b = Relay::start(&nats, "b", dir.path()).await;
+        let mut a = relay(&nats, "a", dir.path()).await;
+        let b = relay(&nats, "b", dir.path()).await;
         let host = Host::start(
             &dir.path().join("host"),
             &fleet_toml(&[a.host_url(), b.host_url()], None),
@@ -793,8 +744,8 @@ fn unpaired_revoked_and_replayed_bots_get_nothing() {
     runtime().block_on(async {
         let dir = tempfile::tempdir().unwrap();
         let nats = ensure_nats_server();
-        let a = Relay::start(&nats, "a", dir.path()).await;
-        let b = Relay::start(&nats, "b", dir.path()).await;
+        let a = relay(&nats, "a", dir.path()).await;
+        let b = relay(&nats, "b", dir.path()).await;
         let host = Host::start(
             &dir.path().join("host"),
             &fleet_toml(&[a.host_url(), b.host_url()], None),
@@ -920,7 +871,7 @@ fn a_mute_relay_is_degraded_and_left() {
     runtime().block_on(async {
         let dir = tempfile::tempdir().unwrap();
         let nats = ensure_nats_server();
-        let a = Relay::start(&nats, "a", dir.path()).await;
+        let a = relay(&nats, "a", dir.path()).await;
         let (mute, mut welcomed) = mute_relay().await;
         let mute_host = format!("{mute}/host");
         let host = Host::start(
@@ -994,7 +945,7 @@ fn a_bot_renews_its_channel_and_replays_what_it_missed() {
     runtime().block_on(async {
         let dir = tempfile::tempdir().unwrap();
         let nats = ensure_nats_server();
-        let a = Relay::start(&nats, "a", dir.path()).await;
+        let a = relay(&nats, "a", dir.path()).await;
         let host = Host::start(
             &dir.path().join("host"),
             &fleet_toml(&[a.host_url()], None),
@@ -1109,7 +1060,7 @@ fn the_reference_bot_pairs_follows_and_answers() {
     runtime().block_on(async {
         let dir = tempfile::tempdir().unwrap();
         let nats = ensure_nats_server();
-        let a = Relay::start(&nats, "a", dir.path()).await;
+        let a = relay(&nats, "a", dir.path()).await;
         let host = Host::start(
             &dir.path().join("host"),
             &fleet_toml(&[a.host_url()], None),

@@ -17,15 +17,16 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 use agent_host::protocol::relay_wire::{self, Body, codes};
 use agent_host::relayd::broker::Refresh;
 use common::WAIT;
 use common::nats::{NatsServer, ensure_nats_server};
+use common::relay::Relay;
 use futures_util::{SinkExt, StreamExt};
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::http::{HeaderValue, header};
@@ -37,60 +38,9 @@ const BOT_TOKEN: &str = "relay-service-bot-token-8e2a";
 /// Inside every fake payload; must never reach a relay's log.
 const CANARY: &str = "CANARY-plaintext-5b7e19";
 
-/// One `agent-host-relay` process.
-struct Relay {
-    child: tokio::process::Child,
-    /// `ws://127.0.0.1:PORT`
-    url: String,
-    log: PathBuf,
-}
-
-impl Relay {
-    async fn start(nats: &NatsServer, instance: &str, dir: &Path) -> Relay {
-        let log = dir.join(format!("{instance}.log"));
-        let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_agent-host-relay"))
-            .args(["--listen", "127.0.0.1:0", "--nats", &nats.url])
-            .args(["--host-token", HOST_TOKEN, "--bot-token", BOT_TOKEN])
-            .args(["--instance", instance])
-            .arg("--log-file")
-            .arg(&log)
-            .env("AGENT_HOST_LOG", "agent_host=trace,info")
-            .stdout(std::process::Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .unwrap();
-        let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
-        let line = tokio::time::timeout(WAIT, lines.next_line())
-            .await
-            .expect("the relay says it listens in time")
-            .unwrap()
-            .unwrap_or_else(|| panic!("relay exited: {}", read(&log)));
-        let url = line
-            .strip_prefix("relay listening on ")
-            .unwrap_or_else(|| panic!("{line}"))
-            .to_owned();
-        Relay { child, url, log }
-    }
-
-    fn addr(&self) -> &str {
-        self.url.trim_start_matches("ws://")
-    }
-
-    /// SIGKILL, and wait until it is gone.
-    async fn kill(&mut self) {
-        self.child.kill().await.unwrap();
-    }
-
-    /// SIGTERM: a clean exit, status 0, in time.
-    async fn stop(mut self) {
-        let pid = nix::unistd::Pid::from_raw(i32::try_from(self.child.id().unwrap()).unwrap());
-        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
-        let status = tokio::time::timeout(WAIT, self.child.wait())
-            .await
-            .expect("the relay stops in time after SIGTERM")
-            .unwrap();
-        assert!(status.success(), "{status}: {}", read(&self.log));
-    }
+/// A relay instance with this file's tokens.
+async fn relay(nats: &NatsServer, instance: &str, dir: &Path) -> Relay {
+    Relay::start(nats, instance, dir, HOST_TOKEN, BOT_TOKEN).await
 }
 
 fn read(path: &Path) -> String {
@@ -296,8 +246,8 @@ async fn fleet() -> Fleet {
         .await
         .unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let a = Relay::start(&nats, "relay-a", dir.path()).await;
-    let b = Relay::start(&nats, "relay-b", dir.path()).await;
+    let a = relay(&nats, "relay-a", dir.path()).await;
+    let b = relay(&nats, "relay-b", dir.path()).await;
     Fleet { nats, a, b, dir }
 }
 
