@@ -23,18 +23,17 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use agent_host::config::Config;
-use agent_host::protocol::envelope::Reply;
 use agent_host::protocol::relay_wire::{self, Body};
 use agent_host::protocol::wire::{self, CmdId, pb};
-use agent_host::relay::fleet::{FleetHandle, FleetState};
+use agent_host::relay::fleet::FleetState;
 use agent_host::seal::{BotHandshake, BotKey, Channel, HandshakeKind, PairingCode, SealedFrame};
-use common::WAIT;
 use common::nats::{NatsServer, ensure_nats_server};
 use common::relay::Relay;
+use common::{TestHost, WAIT};
 use futures_util::{SinkExt, StreamExt};
 use serde_json::{Value, json};
 use tokio::net::TcpStream;
@@ -56,58 +55,17 @@ fn read(path: &Path) -> String {
     std::fs::read_to_string(path).unwrap_or_default()
 }
 
-/// A host in this process, started from its home's `config.toml`, with its fleet handle.
-struct Host {
-    home: PathBuf,
-    fleet: FleetHandle,
-    stop: oneshot::Sender<()>,
-    task: tokio::task::JoinHandle<()>,
+/// A host in this process, started from its home's `config.toml` (with its fleet handle).
+async fn host(home: &Path) -> TestHost {
+    TestHost::start_config(Config::with_home(home).unwrap()).await
 }
 
-impl Host {
-    async fn start(home: &Path) -> Host {
-        let config = Config::with_home(home).unwrap();
-        let (stop, stopped) = oneshot::channel::<()>();
-        let (ready_tx, ready_rx) = oneshot::channel();
-        let task = tokio::spawn(async move {
-            let shutdown = async {
-                let _ = stopped.await;
-            };
-            agent_host::run(config, shutdown, ready_tx).await.unwrap();
-        });
-        let ready = tokio::time::timeout(WAIT, ready_rx).await.unwrap().unwrap();
-        Host {
-            home: home.to_owned(),
-            fleet: ready.fleet,
-            stop,
-            task,
-        }
-    }
+/// What these tests ask of a host's fleet client.
+trait FleetWait {
+    async fn fleet_reaches(&self, state: FleetState, relay: Option<&Relay>);
+}
 
-    async fn stop(self) {
-        let _ = self.stop.send(());
-        tokio::time::timeout(WAIT, self.task)
-            .await
-            .unwrap()
-            .unwrap();
-    }
-
-    async fn ipc(&self, command: &str, params: Value) -> Reply {
-        agent_host::ipc::request(
-            &self.home.join("host.sock"),
-            &json!({"command": command, "params": params}),
-            WAIT,
-        )
-        .await
-        .unwrap()
-    }
-
-    async fn ok(&self, command: &str, params: Value) -> Value {
-        let reply = self.ipc(command, params).await;
-        assert_eq!(reply.code, 0, "{command}: {}", reply.to_line());
-        reply.data
-    }
-
+impl FleetWait for TestHost {
     /// Wait for the fleet client to reach `state` (on its status watch, bounded); the relay's
     /// log, if there is one, goes with a failure.
     async fn fleet_reaches(&self, state: FleetState, relay: Option<&Relay>) {
@@ -291,7 +249,7 @@ async fn a_bot_pairs_connects_and_is_cut_off_when_revoked() {
         ),
     )
     .unwrap();
-    let host = Host::start(&home).await;
+    let host = host(&home).await;
 
     // 1. Connected, with a round trip through NATS, as host.status shows it.
     host.fleet_reaches(FleetState::Connected, Some(&relay))
@@ -495,7 +453,7 @@ async fn a_session_a_bot_creates_stays_in_its_scope() {
         ),
     )
     .unwrap();
-    let host = Host::start(&home).await;
+    let host = host(&home).await;
     host.fleet_reaches(FleetState::Connected, Some(&relay))
         .await;
     let scope = json!({"sessions": [], "prompt": true, "create_sessions": true});
@@ -597,7 +555,7 @@ async fn a_fleet_config_is_checked_and_reloaded() {
         "[fleet]\nurls = [\"ws://relay.example/host\"]\ntoken = \"t\"\n",
     )
     .unwrap();
-    let host = Host::start(&home).await;
+    let host = host(&home).await;
     host.fleet_reaches(FleetState::Misconfigured, None).await;
     let status = host.ok("host.status", json!({})).await;
     assert!(
@@ -681,7 +639,7 @@ async fn a_relay_whose_probe_never_returns_is_left_for_the_next() {
         ),
     )
     .unwrap();
-    let host = Host::start(&home).await;
+    let host = host(&home).await;
     let mut status = host.fleet.watch_status();
     tokio::time::timeout(WAIT, welcomed).await.unwrap().unwrap();
     let degraded = tokio::time::timeout(WAIT, status.wait_for(|s| s.state == FleetState::Degraded))
@@ -749,7 +707,7 @@ async fn a_channel_outlives_the_instance_the_host_was_on() {
         ),
     )
     .unwrap();
-    let host = Host::start(&home).await;
+    let host = host(&home).await;
     host.fleet_reaches(FleetState::Connected, Some(&a)).await;
     assert_eq!(host.fleet.status().instance.as_deref(), Some("relay-a"));
     let made = host.ok("pair.create", json!({"name": "survivor"})).await;
@@ -818,7 +776,7 @@ async fn open_again_keeps_a_live_channel_and_a_bots_channels_are_capped() {
         ),
     )
     .unwrap();
-    let host = Host::start(&home).await;
+    let host = host(&home).await;
     host.fleet_reaches(FleetState::Connected, Some(&relay))
         .await;
     let made = host

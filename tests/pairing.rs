@@ -14,6 +14,8 @@
     reason = "test code: a panic is the failure report"
 )]
 
+mod common;
+
 use std::io::Read;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -31,72 +33,23 @@ use agent_host::seal::{
 };
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use common::{TestHost, WAIT};
 use portable_pty::{CommandBuilder, PtySize, native_pty_system};
 use serde_json::{Value, json};
-use tokio::sync::oneshot;
 
-const WAIT: Duration = Duration::from_secs(20);
 const BIN: &str = env!("CARGO_BIN_EXE_agent-host");
 
-/// A host in this process (the real `agent_host::run`), with the handle of its registry.
-struct InProcess {
-    home: PathBuf,
-    pairs: PairRegistry,
-    stop: oneshot::Sender<()>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl InProcess {
-    /// A host whose `[relay]` points at a relay's `/host` (nothing listens there: the code
-    /// only names it).
-    async fn start(home: &Path) -> InProcess {
-        let mut config = Config::with_home(home).unwrap();
-        config.relay = Some(RelayConfig {
-            url: "ws://127.0.0.1:9/host".into(),
-            token: "t".into(),
-            scope: Scope::default(),
-            timing: RelayTiming::default(),
-        });
-        let (stop, stopped) = oneshot::channel::<()>();
-        let (ready_tx, ready_rx) = oneshot::channel();
-        let task = tokio::spawn(async move {
-            let shutdown = async {
-                let _ = stopped.await;
-            };
-            agent_host::run(config, shutdown, ready_tx).await.unwrap();
-        });
-        let ready = tokio::time::timeout(WAIT, ready_rx).await.unwrap().unwrap();
-        InProcess {
-            home: home.to_owned(),
-            pairs: ready.pairs,
-            stop,
-            task,
-        }
-    }
-
-    async fn stop(self) {
-        let _ = self.stop.send(());
-        tokio::time::timeout(WAIT, self.task)
-            .await
-            .unwrap()
-            .unwrap();
-    }
-
-    async fn ipc(&self, command: &str, params: Value) -> Reply {
-        agent_host::ipc::request(
-            &self.home.join("host.sock"),
-            &json!({"command": command, "params": params}),
-            WAIT,
-        )
-        .await
-        .unwrap()
-    }
-
-    async fn ok(&self, command: &str, params: Value) -> Value {
-        let reply = self.ipc(command, params).await;
-        assert_eq!(reply.code, 0, "{command}: {}", reply.to_line());
-        reply.data
-    }
+/// A host in this process (the real `agent_host::run`) whose `[relay]` points at a relay's
+/// `/host` (nothing listens there: the code only names it); `pairs` is its registry.
+async fn in_process(home: &Path) -> TestHost {
+    let mut config = Config::with_home(home).unwrap();
+    config.relay = Some(RelayConfig {
+        url: "ws://127.0.0.1:9/host".into(),
+        token: "t".into(),
+        scope: Scope::default(),
+        timing: RelayTiming::default(),
+    });
+    TestHost::start_config(config).await
 }
 
 /// The host's half of a pairing as its relay client runs it: the secret by the `Open`
@@ -128,7 +81,7 @@ async fn host_side_of_pairing(
 async fn a_code_from_pair_create_pairs_a_bot_that_then_connects_until_revoked() {
     let dir = tempfile::tempdir().unwrap();
     let home = dir.path().join("home");
-    let host = InProcess::start(&home).await;
+    let host = in_process(&home).await;
 
     // Nothing paired yet, and no key made before it is needed.
     assert_eq!(host.ok("pair.list", json!({})).await, json!({"bots": []}));
@@ -266,7 +219,7 @@ async fn a_code_from_pair_create_pairs_a_bot_that_then_connects_until_revoked() 
     let pending = PairingCode::decode(pending["code"].as_str().unwrap()).unwrap();
     assert!(host.pairs.begin_pair(&pending.secret_id).await.is_ok());
     host.stop().await;
-    let host = InProcess::start(&home).await;
+    let host = in_process(&home).await;
     assert!(host.pairs.begin_pair(&pending.secret_id).await.is_err());
     assert_eq!(host.pairs.host_key().await.unwrap().public(), key.public());
     assert_eq!(

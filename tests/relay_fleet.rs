@@ -35,22 +35,20 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use agent_host::bus::Bus;
 use agent_host::config::{AgentConfig, Config};
 use agent_host::protocol::envelope::Reply;
 use agent_host::protocol::relay_wire::{self, Body};
 use agent_host::relay::bot::{self, BotClient, BotError, BotEvent, BotOptions, BotState};
-use agent_host::relay::fleet::{FleetHandle, FleetState, FleetStatus};
+use agent_host::relay::fleet::{FleetState, FleetStatus};
 use agent_host::seal::{BotKey, PairingCode};
-use common::WAIT;
 use common::agents::{agent_env, ensure_claude, in_loopback_only_netns};
 use common::mock_model::MockModel;
 use common::nats::{NatsServer, ensure_nats_server};
 use common::relay::Relay;
+use common::{TestHost, WAIT};
 use futures_util::{SinkExt, StreamExt};
 use serde_json::{Value, json};
 use tokio::io::AsyncBufReadExt;
-use tokio::sync::oneshot;
 use tokio::time::Instant;
 use tokio_tungstenite::tungstenite::Message;
 
@@ -113,76 +111,35 @@ impl Claude {
 }
 
 /// A real host in this process on its own home, with `config.toml` holding `toml`.
-struct Host {
-    home: PathBuf,
-    fleet: FleetHandle,
-    bus: Bus,
-    stop: Option<oneshot::Sender<()>>,
-    task: Option<tokio::task::JoinHandle<()>>,
+async fn host(home: &Path, toml: &str, claude: Option<&Claude>) -> TestHost {
+    std::fs::create_dir_all(home).unwrap();
+    std::fs::write(
+        home.join("config.toml"),
+        format!("log_level = \"info\"\n{toml}"),
+    )
+    .unwrap();
+    let mut config = Config::with_home(home).unwrap();
+    if let Some(claude) = claude {
+        config.env = claude.env.clone();
+        config.agents.insert(
+            "claude".to_owned(),
+            AgentConfig {
+                binary: Some(claude.binary.display().to_string()),
+                ..Default::default()
+            },
+        );
+    }
+    TestHost::start_config(config).await
 }
 
-impl Host {
-    async fn start(home: &Path, toml: &str, claude: Option<&Claude>) -> Host {
-        std::fs::create_dir_all(home).unwrap();
-        std::fs::write(
-            home.join("config.toml"),
-            format!("log_level = \"info\"\n{toml}"),
-        )
-        .unwrap();
-        let mut config = Config::with_home(home).unwrap();
-        if let Some(claude) = claude {
-            config.env = claude.env.clone();
-            config.agents.insert(
-                "claude".to_owned(),
-                AgentConfig {
-                    binary: Some(claude.binary.display().to_string()),
-                    ..Default::default()
-                },
-            );
-        }
-        let (stop, stopped) = oneshot::channel::<()>();
-        let (ready_tx, ready_rx) = oneshot::channel();
-        let task = tokio::spawn(async move {
-            let shutdown = async {
-                let _ = stopped.await;
-            };
-            agent_host::run(config, shutdown, ready_tx).await.unwrap();
-        });
-        let ready = tokio::time::timeout(WAIT, ready_rx).await.unwrap().unwrap();
-        Host {
-            home: home.to_owned(),
-            fleet: ready.fleet,
-            bus: ready.bus,
-            stop: Some(stop),
-            task: Some(task),
-        }
-    }
+/// What these tests ask of a host's fleet client and pairings.
+trait FleetHost {
+    async fn fleet_until(&self, what: &str, pred: impl Fn(&FleetStatus) -> bool) -> FleetStatus;
+    async fn connected_to(&self, relay: &Relay) -> FleetStatus;
+    async fn code(&self, scope: Value) -> PairingCode;
+}
 
-    async fn stop(mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        if let Some(task) = self.task.take() {
-            tokio::time::timeout(WAIT, task).await.unwrap().unwrap();
-        }
-    }
-
-    async fn ipc(&self, command: &str, params: Value) -> Reply {
-        agent_host::ipc::request(
-            &self.home.join("host.sock"),
-            &json!({"command": command, "params": params}),
-            WAIT,
-        )
-        .await
-        .unwrap()
-    }
-
-    async fn ok(&self, command: &str, params: Value) -> Value {
-        let reply = self.ipc(command, params).await;
-        assert_eq!(reply.code, 0, "{command}: {}", reply.to_line());
-        reply.data
-    }
-
+impl FleetHost for TestHost {
     /// Wait until the fleet status satisfies `pred`; returns it.
     async fn fleet_until(&self, what: &str, pred: impl Fn(&FleetStatus) -> bool) -> FleetStatus {
         let mut status = self.fleet.watch_status();
@@ -208,28 +165,6 @@ impl Host {
             .ok("pair.create", json!({"scope": scope, "ttl_s": 300}))
             .await;
         PairingCode::decode(data["code"].as_str().unwrap()).unwrap()
-    }
-
-    /// Publish a bracket of `session` and wait for its commit; its sequence id.
-    async fn bracket(&self, session: &str, item: &str) -> i64 {
-        self.bus
-            .publish(&common::text_end(session, item))
-            .await
-            .unwrap()
-            .committed()
-            .await
-            .unwrap()
-            .unwrap()
-    }
-
-    async fn session(&self, cwd: &Path) -> String {
-        let data = self
-            .ok(
-                "session.create",
-                json!({"agent_type": "claude", "cwd": cwd.display().to_string()}),
-            )
-            .await;
-        data["session_id"].as_str().unwrap().to_owned()
     }
 }
 
@@ -349,7 +284,7 @@ fn text_of(bot: &Bot, run_id: &str) -> String {
 }
 
 /// The bracket sequence ids of `session` in the host's history, up to `last`.
-async fn history(host: &Host, session: &str, last: i64) -> Vec<i64> {
+async fn history(host: &TestHost, session: &str, last: i64) -> Vec<i64> {
     let page = host
         .ok(
             "session.history",
@@ -459,7 +394,7 @@ fn two_bots_two_hosts_and_nothing_in_clear() {
         let b = relay(&nats, "b", dir.path()).await;
 
         // Host 1 on B, its bots told to come through A first; host 2 on A.
-        let host1 = Host::start(
+        let host1 = host(
             &dir.path().join("host1"),
             &fleet_toml(
                 &[b.host_url(), a.host_url()],
@@ -468,7 +403,7 @@ fn two_bots_two_hosts_and_nothing_in_clear() {
             Some(&claude),
         )
         .await;
-        let host2 = Host::start(
+        let host2 = host(
             &dir.path().join("host2"),
             &fleet_toml(&[a.host_url(), b.host_url()], None),
             None,
@@ -478,7 +413,7 @@ fn two_bots_two_hosts_and_nothing_in_clear() {
         assert_eq!(on_b.instance.as_deref(), Some("b"));
         host2.connected_to(&a).await;
 
-        let session = host1.session(&work).await;
+        let session = host1.session_of("claude", &work).await;
         let code1 = host1
             .code(json!({"sessions": [session], "prompt": true, "permissions": true}))
             .await;
@@ -661,14 +596,14 @@ fn an_instance_dies_mid_stream() {
         let nats = ensure_nats_server();
         let mut a = relay(&nats, "a", dir.path()).await;
         let b = relay(&nats, "b", dir.path()).await;
-        let host = Host::start(
+        let host = host(
             &dir.path().join("host"),
             &fleet_toml(&[a.host_url(), b.host_url()], None),
             Some(&claude),
         )
         .await;
         host.connected_to(&a).await;
-        let session = host.session(&work).await;
+        let session = host.session_of("claude", &work).await;
         let code = host
             .code(json!({"sessions": [session], "prompt": true}))
             .await;
@@ -746,7 +681,7 @@ fn unpaired_revoked_and_replayed_bots_get_nothing() {
         let nats = ensure_nats_server();
         let a = relay(&nats, "a", dir.path()).await;
         let b = relay(&nats, "b", dir.path()).await;
-        let host = Host::start(
+        let host = host(
             &dir.path().join("host"),
             &fleet_toml(&[a.host_url(), b.host_url()], None),
             None,
@@ -874,7 +809,7 @@ fn a_mute_relay_is_degraded_and_left() {
         let a = relay(&nats, "a", dir.path()).await;
         let (mute, mut welcomed) = mute_relay().await;
         let mute_host = format!("{mute}/host");
-        let host = Host::start(
+        let host = host(
             &dir.path().join("host"),
             &fleet_toml(&[mute_host.clone(), a.host_url()], Some(&[a.bot_url()])),
             None,
@@ -946,17 +881,20 @@ fn a_bot_renews_its_channel_and_replays_what_it_missed() {
         let dir = tempfile::tempdir().unwrap();
         let nats = ensure_nats_server();
         let a = relay(&nats, "a", dir.path()).await;
-        let host = Host::start(
+        let host = host(
             &dir.path().join("host"),
             &fleet_toml(&[a.host_url()], None),
             None,
         )
         .await;
         host.connected_to(&a).await;
-        let session = host.session(dir.path()).await;
+        let session = host.session_of("claude", dir.path()).await;
         let mut published = Vec::new();
         for i in 0..3 {
-            published.push(host.bracket(&session, &format!("before-{i}")).await);
+            published.push(
+                host.bracket(&common::text_end(&session, &format!("before-{i}")))
+                    .await,
+            );
         }
         let code = host.code(json!({})).await;
         let state = pair(&code, &dir.path().join("bot.key"), "bot-one")
@@ -980,7 +918,10 @@ fn a_bot_renews_its_channel_and_replays_what_it_missed() {
             .await;
         bot.status_until("handshook again", |s| s.ready && s.handshakes == 2)
             .await;
-        published.push(host.bracket(&session, "after-renewal").await);
+        published.push(
+            host.bracket(&common::text_end(&session, "after-renewal"))
+                .await,
+        );
         let last = *published.last().unwrap();
         bot.until("the bracket after the renewal", WAIT, |e| {
             e.sequence_id == last
@@ -989,7 +930,10 @@ fn a_bot_renews_its_channel_and_replays_what_it_missed() {
 
         // Twelve brackets while nobody reads a queue of four.
         for i in 0..12 {
-            published.push(host.bracket(&session, &format!("burst-{i}")).await);
+            published.push(
+                host.bracket(&common::text_end(&session, &format!("burst-{i}")))
+                    .await,
+            );
         }
         let last = *published.last().unwrap();
         bot.until("the end of the burst", WAIT, |e| e.sequence_id == last)
@@ -1061,14 +1005,14 @@ fn the_reference_bot_pairs_follows_and_answers() {
         let dir = tempfile::tempdir().unwrap();
         let nats = ensure_nats_server();
         let a = relay(&nats, "a", dir.path()).await;
-        let host = Host::start(
+        let host = host(
             &dir.path().join("host"),
             &fleet_toml(&[a.host_url()], None),
             None,
         )
         .await;
         host.connected_to(&a).await;
-        let session = host.session(dir.path()).await;
+        let session = host.session_of("claude", dir.path()).await;
         let code = host
             .code(json!({"sessions": [session], "prompt": true, "permissions": true}))
             .await;

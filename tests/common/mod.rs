@@ -44,6 +44,8 @@ pub struct TestHost {
     pub bus: Bus,
     pub ws_port: u16,
     pub relay: agent_host::relay::RelayHandle,
+    pub fleet: agent_host::relay::fleet::FleetHandle,
+    pub pairs: agent_host::seal::pairs::PairRegistry,
     stop: Option<oneshot::Sender<()>>,
     task: Option<JoinHandle<()>>,
 }
@@ -80,6 +82,17 @@ impl TestHost {
                 }
             }
         }
+        let mut host = TestHost::start_config(config).await;
+        host.agents = agents;
+        host
+    }
+
+    /// A host on a configuration the caller made (its home, clock and sections as given;
+    /// `Config::with_home` reads the home's `config.toml`). [`TestHost::restart`] starts it
+    /// again from the home alone.
+    pub async fn start_config(config: Config) -> TestHost {
+        let home = config.home.clone();
+        let clock = config.clock.clone();
         let (stop, stopped) = oneshot::channel::<()>();
         let (ready_tx, ready_rx) = oneshot::channel();
         let task = tokio::spawn(async move {
@@ -90,12 +103,14 @@ impl TestHost {
         });
         let ready = tokio::time::timeout(WAIT, ready_rx).await.unwrap().unwrap();
         TestHost {
-            home: home.to_owned(),
+            home,
             clock,
-            agents,
+            agents: None,
             bus: ready.bus,
             ws_port: ready.info.ws_port.unwrap(),
             relay: ready.relay,
+            fleet: ready.fleet,
+            pairs: ready.pairs,
             stop: Some(stop),
             task: Some(task),
         }
