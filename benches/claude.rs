@@ -22,6 +22,9 @@
     reason = "a benchmark reports on stdout and panics on a broken setup"
 )]
 
+#[path = "common/codex.rs"]
+mod common;
+
 #[path = "../tests/common/mock_model.rs"]
 mod mock_model;
 
@@ -42,29 +45,14 @@ use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
 use tokio::process::{ChildStdin, ChildStdout};
 
-const MARKER: &str = "AGENT_HOST_BENCH_NETNS";
-
 fn main() -> anyhow::Result<()> {
     let turns: usize = std::env::args()
         .skip(1)
         .find_map(|a| a.parse().ok())
         .unwrap_or(30);
     let bin = agents::ensure_claude();
-    if std::env::var_os(MARKER).is_none() {
-        // Re-run inside a namespace that has only loopback.
-        let flags = if nix::unistd::geteuid().is_root() {
-            "-n"
-        } else {
-            "-rn"
-        };
-        let status = std::process::Command::new("unshare")
-            .args([flags, "sh", "-c", "ip link set lo up && exec \"$0\" \"$@\""])
-            .arg(std::env::current_exe()?)
-            .arg(turns.to_string())
-            .env(MARKER, "1")
-            .status()
-            .context("unshare (util-linux) is needed")?;
-        anyhow::ensure!(status.success(), "the benchmark failed in its namespace");
+    // Re-run inside a namespace that has only loopback.
+    if common::reran_in_loopback_netns(&[turns.to_string()])? {
         return Ok(());
     }
     tokio::runtime::Builder::new_multi_thread()

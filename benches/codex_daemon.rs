@@ -43,6 +43,9 @@
 #[path = "../tests/common/mock_model.rs"]
 mod mock_model;
 
+#[path = "common/codex.rs"]
+mod common;
+
 #[path = "../tests/common/agents.rs"]
 #[allow(dead_code, reason = "the benchmark uses part of the test helpers")]
 mod agents;
@@ -61,7 +64,6 @@ use tokio::io::AsyncBufReadExt;
 use tokio::sync::mpsc;
 use tokio_tungstenite::tungstenite::Message;
 
-const MARKER: &str = "AGENT_HOST_BENCH_NETNS";
 const FOLLOWERS: usize = 10;
 const WAIT: Duration = Duration::from_secs(120);
 
@@ -86,37 +88,10 @@ fn main() -> anyhow::Result<()> {
         delay_ms: at(3, 30),
     };
     let bin = agents::ensure_codex();
-    if std::env::var_os(MARKER).is_none() {
-        let flags = if nix::unistd::geteuid().is_root() {
-            "-n"
-        } else {
-            "-rn"
-        };
-        let status = std::process::Command::new("unshare")
-            .args([flags, "sh", "-c", "ip link set lo up && exec \"$0\" \"$@\""])
-            .arg(std::env::current_exe()?)
-            .args(nums.iter().map(u64::to_string))
-            .env(MARKER, "1")
-            .status()
-            .context("unshare (util-linux) is needed")?;
-        anyhow::ensure!(status.success(), "the benchmark failed in its namespace");
+    if common::reran_in_loopback_netns(&nums.iter().map(u64::to_string).collect::<Vec<_>>())? {
         return Ok(());
     }
-    // The mock on a thread of its own, so the followers' work never delays its writes.
-    mock_model::log_chunk_writes();
-    let (url_tx, url_rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        rt.block_on(async {
-            let mock = mock_model::MockModel::start(0).await.unwrap();
-            url_tx.send(mock.base_url()).unwrap();
-            std::future::pending::<()>().await;
-        });
-    });
-    let base_url = url_rx.recv()?;
+    let base_url = common::mock_on_thread()?;
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -132,41 +107,6 @@ enum Seen {
         at: Instant,
     },
     End,
-}
-
-/// The config both Codex setups use (as `tests/common/agents.rs` writes it).
-fn write_config(codex_home: &Path, base_url: &str) -> anyhow::Result<()> {
-    std::fs::create_dir_all(codex_home)?;
-    std::fs::write(
-        codex_home.join("config.toml"),
-        format!(
-            r#"model = "mock-model"
-model_provider = "mock"
-approval_policy = "on-request"
-sandbox_mode = "workspace-write"
-check_for_update_on_startup = false
-
-[model_providers.mock]
-name = "Mock LLM"
-base_url = "{base_url}/v1"
-env_key = "MOCK_API_KEY"
-wire_api = "responses"
-request_max_retries = 0
-stream_max_retries = 0
-stream_idle_timeout_ms = 60000
-
-[analytics]
-enabled = false
-
-[feedback]
-enabled = false
-
-[otel]
-exporter = "none"
-"#
-        ),
-    )?;
-    Ok(())
 }
 
 fn agent_env(home: &Path) -> Vec<(String, String)> {
@@ -206,7 +146,7 @@ impl Host {
         let home = dir.join("host");
         let agent_home = dir.join("host-agent-home");
         std::fs::create_dir_all(&home)?;
-        write_config(&agent_home.join(".codex"), base_url)?;
+        common::write_config(&agent_home.join(".codex"), base_url)?;
         std::fs::write(
             home.join("config.toml"),
             format!(
@@ -412,7 +352,7 @@ impl Daemon {
     async fn start(dir: &Path, bin: &Path, base_url: &str, work: &Path) -> anyhow::Result<Daemon> {
         let home = dir.join("daemon-home");
         let codex_home = home.join(".codex");
-        write_config(&codex_home, base_url)?;
+        common::write_config(&codex_home, base_url)?;
         let out = tokio::process::Command::new(bin)
             .args(["app-server", "daemon", "start"])
             .env_clear()
@@ -680,16 +620,6 @@ impl Leg {
     }
 }
 
-fn pct(values: &[Duration], p: f64) -> Duration {
-    let mut sorted = values.to_vec();
-    sorted.sort_unstable();
-    if sorted.is_empty() {
-        return Duration::ZERO;
-    }
-    let index = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[index.min(sorted.len() - 1)]
-}
-
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
 }
@@ -797,12 +727,15 @@ async fn run(host: &mut Host, daemon: &mut Daemon, params: Params) -> anyhow::Re
     let (mut r50, mut r99, mut rs99, mut rrss) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for (round, (h, d)) in hosts.iter().zip(&daemons).enumerate() {
         let (h50, h99, d50, d99) = (
-            ms(pct(&h.latencies, 0.5)),
-            ms(pct(&h.latencies, 0.99)),
-            ms(pct(&d.latencies, 0.5)),
-            ms(pct(&d.latencies, 0.99)),
+            ms(common::pct(&h.latencies, 0.5)),
+            ms(common::pct(&h.latencies, 0.99)),
+            ms(common::pct(&d.latencies, 0.5)),
+            ms(common::pct(&d.latencies, 0.99)),
         );
-        let (hs99, ds99) = (ms(pct(&h.spreads, 0.99)), ms(pct(&d.spreads, 0.99)));
+        let (hs99, ds99) = (
+            ms(common::pct(&h.spreads, 0.99)),
+            ms(common::pct(&d.spreads, 0.99)),
+        );
         r50.push(h50 / d50);
         r99.push(h99 / d99);
         rs99.push(hs99 / ds99);
@@ -834,23 +767,23 @@ async fn run(host: &mut Host, daemon: &mut Daemon, params: Params) -> anyhow::Re
              max {:.2} ms; spread p50 {:.2} p99 {:.2} ms; RSS max {:.1} MiB; {unmatched} \
              unmatched, {incomplete} chunks not seen by all",
             lat.len(),
-            ms(pct(&lat, 0.5)),
-            ms(pct(&lat, 0.9)),
-            ms(pct(&lat, 0.99)),
-            ms(pct(&lat, 1.0)),
-            ms(pct(&spread, 0.5)),
-            ms(pct(&spread, 0.99)),
+            ms(common::pct(&lat, 0.5)),
+            ms(common::pct(&lat, 0.9)),
+            ms(common::pct(&lat, 0.99)),
+            ms(common::pct(&lat, 1.0)),
+            ms(common::pct(&spread, 0.5)),
+            ms(common::pct(&spread, 0.99)),
             legs.iter().map(|l| l.rss_max).max().unwrap_or(0) as f64 / 1024.0,
         );
         println!(
             "{name:>6} first 2 chunks of each turn: p50 {:.2} p99 {:.2} max {:.2} ms; the other \
              chunks: p50 {:.2} p99 {:.2} max {:.2} ms",
-            ms(pct(&first, 0.5)),
-            ms(pct(&first, 0.99)),
-            ms(pct(&first, 1.0)),
-            ms(pct(&later, 0.5)),
-            ms(pct(&later, 0.99)),
-            ms(pct(&later, 1.0)),
+            ms(common::pct(&first, 0.5)),
+            ms(common::pct(&first, 0.99)),
+            ms(common::pct(&first, 1.0)),
+            ms(common::pct(&later, 0.5)),
+            ms(common::pct(&later, 0.99)),
+            ms(common::pct(&later, 1.0)),
         );
     }
     let range = |v: &[f64]| {

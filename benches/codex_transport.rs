@@ -17,6 +17,9 @@
 #[path = "../tests/common/mock_model.rs"]
 mod mock_model;
 
+#[path = "common/codex.rs"]
+mod common;
+
 #[path = "../tests/common/agents.rs"]
 #[allow(dead_code, reason = "the benchmark uses part of the test helpers")]
 mod agents;
@@ -32,7 +35,6 @@ use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
 use tokio_tungstenite::tungstenite::Message;
 
-const MARKER: &str = "AGENT_HOST_BENCH_NETNS";
 const WAIT: Duration = Duration::from_secs(120);
 
 fn main() -> anyhow::Result<()> {
@@ -43,77 +45,17 @@ fn main() -> anyhow::Result<()> {
     let at = |i: usize, d: u64| nums.get(i).copied().unwrap_or(d);
     let params = (at(0, 4), at(1, 5), at(2, 93), at(3, 30));
     let launcher = agents::ensure_codex();
-    if std::env::var_os(MARKER).is_none() {
-        let flags = if nix::unistd::geteuid().is_root() {
-            "-n"
-        } else {
-            "-rn"
-        };
-        let status = std::process::Command::new("unshare")
-            .args([flags, "sh", "-c", "ip link set lo up && exec \"$0\" \"$@\""])
-            .arg(std::env::current_exe()?)
-            .args(nums.iter().map(u64::to_string))
-            .env(MARKER, "1")
-            .status()
-            .context("unshare (util-linux) is needed")?;
-        anyhow::ensure!(status.success(), "the benchmark failed in its namespace");
+    if common::reran_in_loopback_netns(&nums.iter().map(u64::to_string).collect::<Vec<_>>())? {
         return Ok(());
     }
     let native = agent_host::adapter::codex_native::native_of(&launcher, &[])
         .context("the native Codex binary")?;
-    mock_model::log_chunk_writes();
-    let (url_tx, url_rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        rt.block_on(async {
-            let mock = mock_model::MockModel::start(0).await.unwrap();
-            url_tx.send(mock.base_url()).unwrap();
-            std::future::pending::<()>().await;
-        });
-    });
-    let base_url = url_rx.recv()?;
+    let base_url = common::mock_on_thread()?;
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()?
         .block_on(bench(native.binary, native.env, base_url, params))
-}
-
-fn write_config(codex_home: &Path, base_url: &str) -> anyhow::Result<()> {
-    std::fs::create_dir_all(codex_home)?;
-    std::fs::write(
-        codex_home.join("config.toml"),
-        format!(
-            r#"model = "mock-model"
-model_provider = "mock"
-approval_policy = "on-request"
-sandbox_mode = "workspace-write"
-check_for_update_on_startup = false
-
-[model_providers.mock]
-name = "Mock LLM"
-base_url = "{base_url}/v1"
-env_key = "MOCK_API_KEY"
-wire_api = "responses"
-request_max_retries = 0
-stream_max_retries = 0
-stream_idle_timeout_ms = 60000
-
-[analytics]
-enabled = false
-
-[feedback]
-enabled = false
-
-[otel]
-exporter = "none"
-"#
-        ),
-    )?;
-    Ok(())
 }
 
 /// One JSON-RPC connection to a Codex app-server, over either transport.
@@ -190,7 +132,7 @@ async fn open(
 ) -> anyhow::Result<(Conn, String)> {
     let name = if socket { "socket" } else { "stdio" };
     let home = dir.join(name);
-    write_config(&home.join(".codex"), base_url)?;
+    common::write_config(&home.join(".codex"), base_url)?;
     let mut command = tokio::process::Command::new(bin);
     command
         .arg("app-server")
@@ -283,13 +225,7 @@ async fn turn(
 }
 
 fn pct(values: &[Duration], p: f64) -> f64 {
-    let mut sorted = values.to_vec();
-    sorted.sort_unstable();
-    if sorted.is_empty() {
-        return 0.0;
-    }
-    let index = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[index.min(sorted.len() - 1)].as_secs_f64() * 1000.0
+    common::pct(values, p).as_secs_f64() * 1000.0
 }
 
 async fn bench(
@@ -353,8 +289,8 @@ async fn bench(
         );
         ratios.0.push(pct(s, 0.5) / pct(u, 0.5));
         ratios.1.push(pct(s, 0.99) / pct(u, 0.99));
-        for side in 0..2 {
-            all[side].extend(legs[side].drain(..));
+        for (all, leg) in all.iter_mut().zip(legs.iter_mut()) {
+            all.append(leg);
         }
     }
     for (side, name) in names.iter().enumerate() {
