@@ -332,7 +332,7 @@ impl Blocks {
         }
         let delivery = Arc::new(Delivery {
             sequence_id,
-            message_id: uuid::Uuid::new_v4().to_string().into(),
+            message_id: super::message_id().to_string().into(),
             session_id: block.session_id.clone(),
             run_id: block.run_id.clone(),
             kind: kind.into(),

@@ -534,7 +534,7 @@ mod tests {
         Prepared {
             delivery: Delivery {
                 sequence_id: 0,
-                message_id: format!("{kind}-{}", uuid::Uuid::new_v4()).into(),
+                message_id: format!("{kind}-{}", crate::bus::message_id()).into(),
                 session_id: "s".into(),
                 run_id: None,
                 kind: kind.into(),
@@ -699,7 +699,7 @@ mod tests {
         Prepared {
             delivery: Delivery {
                 sequence_id: 0,
-                message_id: uuid::Uuid::new_v4().to_string().into(),
+                message_id: crate::bus::message_id().to_string().into(),
                 session_id: "s".into(),
                 run_id: Some("r".into()),
                 kind: event.kind().into(),

@@ -25,6 +25,7 @@
 //! A write blocked for 60 s ends the connection.
 
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::Duration;
 
 use futures_util::{SinkExt, StreamExt};
@@ -146,6 +147,10 @@ struct Writer<S> {
 
 impl<S: AsyncRead + AsyncWrite + Unpin> Writer<S> {
     /// Write frames and flush once. `false` when the connection is finished.
+    ///
+    /// A socket with room takes the frames at the first poll: that write arms neither the
+    /// timeout nor the cancellation (a timer entry and a waiter per push, on the way of every
+    /// delta to every follower); only a write that has to wait is bounded by them.
     async fn write(&mut self, frames: impl IntoIterator<Item = Message>) -> bool {
         let sink = &mut self.sink;
         let work = async {
@@ -154,6 +159,10 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Writer<S> {
             }
             sink.flush().await
         };
+        let mut work = std::pin::pin!(work);
+        if let Poll::Ready(done) = futures_util::poll!(work.as_mut()) {
+            return done.is_ok();
+        }
         tokio::select! {
             () = self.cancel.cancelled() => false,
             done = tokio::time::timeout(WRITE_TIMEOUT, work) => matches!(done, Ok(Ok(()))),
@@ -304,10 +313,12 @@ where
         every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         (every, k.dead_after)
     });
+    // Armed once for the connection's life, not once per event.
+    let mut cancelled = std::pin::pin!(cancel.cancelled());
     let (end, close): (LinkEnd, Option<(CloseCode, &str)>) = loop {
         tokio::select! {
             biased;
-            () = cancel.cancelled() => break (LinkEnd::Cancelled, Some((CloseCode::Away, "host shutting down or subscriber removed"))),
+            () = &mut cancelled => break (LinkEnd::Cancelled, Some((CloseCode::Away, "host shutting down or subscriber removed"))),
             frame = inbound.next() => {
                 last_heard = Instant::now();
                 match frame {
