@@ -97,9 +97,19 @@ impl RelayHandle {
     }
 
     /// Use this relay from now on (`None`: none). The current connection, if any, is closed
-    /// and the new one dialed at once.
-    pub fn set(&self, config: Option<RelayConfig>) {
-        self.config.send_replace(config);
+    /// and the new one dialed at once — except when the configuration is the one already
+    /// connected: a live connection is then left alone (a bot's request in flight on it is
+    /// answered), while the same configuration given to a client that is waiting out its
+    /// backoff or dialing dials again at once. `true` when the client was re-pointed.
+    pub fn set(&self, config: Option<RelayConfig>) -> bool {
+        let connected = self.status.borrow().state == RelayState::Connected;
+        self.config.send_if_modified(|current| {
+            if connected && *current == config {
+                return false;
+            }
+            *current = config;
+            true
+        })
     }
 }
 
@@ -109,10 +119,69 @@ impl crate::request::RelayControl for RelayHandle {
     }
 
     fn set(&self, config: Option<RelayConfig>) {
-        RelayHandle::set(self, config);
+        let _repointed = RelayHandle::set(self, config);
     }
 
     fn check(&self, config: &RelayConfig) -> Result<(), String> {
         client::check(config).map_err(|e| e.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::RelayTiming;
+
+    fn config(url: &str) -> RelayConfig {
+        RelayConfig {
+            url: url.to_owned(),
+            token: "t".to_owned(),
+            scope: crate::config::Scope::default(),
+            timing: RelayTiming::default(),
+        }
+    }
+
+    fn handle(
+        state: RelayState,
+        current: Option<RelayConfig>,
+    ) -> (RelayHandle, watch::Receiver<Option<RelayConfig>>) {
+        let (config_tx, mut config_rx) = watch::channel(current);
+        config_rx.mark_unchanged();
+        let mut status = RelayStatus::disabled();
+        status.state = state;
+        let (_status_tx, status_rx) = watch::channel(status);
+        (
+            RelayHandle {
+                config: config_tx,
+                status: status_rx,
+            },
+            config_rx,
+        )
+    }
+
+    #[test]
+    fn the_connected_configuration_set_again_keeps_the_connection() {
+        let (relay, rx) = handle(RelayState::Connected, Some(config("ws://127.0.0.1:1/host")));
+        assert!(!relay.set(Some(config("ws://127.0.0.1:1/host"))));
+        assert!(!rx.has_changed().unwrap(), "the client would redial");
+        // Anything else re-points it.
+        assert!(relay.set(Some(config("ws://127.0.0.1:2/host"))));
+        assert!(rx.has_changed().unwrap());
+    }
+
+    #[test]
+    fn the_same_configuration_redials_a_client_that_is_not_connected() {
+        for state in [
+            RelayState::Waiting,
+            RelayState::Connecting,
+            RelayState::Misconfigured,
+        ] {
+            let (relay, rx) = handle(state, Some(config("ws://127.0.0.1:1/host")));
+            assert!(
+                relay.set(Some(config("ws://127.0.0.1:1/host"))),
+                "{state:?}"
+            );
+            assert!(rx.has_changed().unwrap(), "{state:?}");
+        }
     }
 }
