@@ -254,16 +254,18 @@ impl Shared {
 /// The agent's stdout, read by its owner: what the agent sends that is not an answer to us.
 /// Dropping it closes the transport (answers awaited get `NoAnswer`, stdin closes).
 pub struct Inbox {
-    lines: BoundedLines<Box<dyn AsyncRead + Unpin + Send + Sync>>,
+    /// `None` once stdout has ended: the reader is dropped then, as the writer is.
+    lines: Option<BoundedLines<Box<dyn AsyncRead + Unpin + Send + Sync>>>,
     shared: Arc<Shared>,
     out: mpsc::Sender<Cmd>,
     skipped: Arc<Skipped>,
-    ended: bool,
 }
 
 impl std::fmt::Debug for Inbox {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Inbox").field("ended", &self.ended).finish()
+        f.debug_struct("Inbox")
+            .field("ended", &self.lines.is_none())
+            .finish()
     }
 }
 
@@ -272,8 +274,8 @@ impl Inbox {
     /// caller; `None` once stdout has ended. Cancel-safe: a line is taken whole and routed
     /// before any other await, and a partial line stays buffered.
     pub async fn recv(&mut self) -> Option<Incoming> {
-        while !self.ended {
-            match self.lines.next_line().await {
+        while let Some(lines) = self.lines.as_mut() {
+            match lines.next_line().await {
                 Ok(Some(Line::Text(line))) => {
                     if let Some(msg) = route(&line, &self.shared, &self.out, &self.skipped) {
                         return Some(msg);
@@ -322,7 +324,7 @@ impl Inbox {
     }
 
     fn end(&mut self) {
-        self.ended = true;
+        self.lines = None;
         self.shared.close();
     }
 }
@@ -350,11 +352,10 @@ impl RpcClient {
         tokio::spawn(write_loop(writer, dialect, cmds, shared.clone()));
         let reader: Box<dyn AsyncRead + Unpin + Send + Sync> = Box::new(reader);
         let inbox = Inbox {
-            lines: BoundedLines::new(reader, MAX_LINE),
+            lines: Some(BoundedLines::new(reader, MAX_LINE)),
             shared,
             out: out.clone(),
             skipped: skipped.clone(),
-            ended: false,
         };
         (
             RpcClient {
