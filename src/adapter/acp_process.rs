@@ -773,7 +773,7 @@ impl Driver {
     /// The turn's answer: first everything the agent sent before it, then the end.
     async fn on_prompt_answer(&mut self, answer: Result<Value, RpcError>) -> Result<(), Gone> {
         self.drain_backlog().await?;
-        while let Some(msg) = self.io.incoming.try_recv() {
+        while let Ok(msg) = self.io.incoming.try_recv() {
             self.on_incoming(msg).await?;
         }
         for (_, pending) in self.permissions.drain() {
@@ -847,13 +847,9 @@ pub async fn probe(
             "the agent has no stdio",
         ));
     };
-    let (rpc, mut incoming, _skipped) = RpcClient::start(stdout, stdin, Dialect::JsonRpc2);
-    // Anything the agent sends before its answer is dropped (a request: refused).
-    let answer = incoming
-        .answering(
-            rpc.request("initialize", acp::initialize_params(), timeout),
-            drop,
-        )
+    let (rpc, incoming, _skipped) = RpcClient::start(stdout, stdin, Dialect::JsonRpc2);
+    let answer = rpc
+        .request("initialize", acp::initialize_params(), timeout)
         .await;
     drop(rpc);
     drop(incoming);

@@ -1,14 +1,12 @@
 //! A JSON-RPC client over a child's stdio, one JSON message per line — written once for every
 //! family that speaks JSON-RPC (Codex `app-server`, ACP agents).
 //!
-//! Two halves. A writer task ([`RpcClient::start`]) owns the agent's stdin: it writes requests,
-//! notifications and answers. The [`Inbox`] owns its stdout and is read by the owner itself
-//! (the driver task), with no task between: each [`Inbox::recv`] reads lines (at most
-//! [`MAX_LINE`] bytes each: a whole thread can arrive as one `thread/resume` answer) and
-//! routes them: a response goes to the caller waiting on its id (in any order), and the first
-//! notification or server→client request is returned. A [`ServerRequest`] is answered exactly
-//! once: by the owner, or — if the owner drops it unanswered — with "method not found", so the
-//! agent never waits on us.
+//! One task ([`RpcClient::start`]) owns both pipes. It writes requests, notifications and
+//! answers; it reads lines (at most [`MAX_LINE`] bytes each: a whole thread can arrive as one
+//! `thread/resume` answer) and routes them: a response goes to the caller waiting on its id
+//! (in any order), a notification or a server→client request goes to the owner through
+//! [`Incoming`]. A [`ServerRequest`] is answered exactly once: by the owner, or — if the owner
+//! drops it unanswered — with "method not found", so the agent never waits on us.
 //!
 //! Failures are precise: [`RpcError::NotSent`] (the transport was gone before the request was
 //! written: safe to retry elsewhere), [`RpcError::NoAnswer`] (written, then the transport
@@ -16,29 +14,25 @@
 //! agent's own error object). Lines that are not JSON, responses to unknown ids and over-long
 //! lines are counted and skipped, never fatal.
 //!
-//! Answers arrive only while the owner reads: it must keep calling [`Inbox::recv`] while
-//! anything waits for an answer (a driver's loop does; [`Inbox::answering`] does it around one
-//! future). An owner that stops reading stops the agent once the pipe is full (back-pressure),
-//! answers included. The end of stdout, or the inbox dropped, ends the writer too (stdin
-//! closes): what is written after has no answer coming.
+//! The owner must keep taking [`Incoming`] while it waits for answers: the queue is bounded,
+//! and a full queue stops the reader (back-pressure on the agent), answers included.
 
 use std::collections::HashMap;
-use std::future::Future;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use futures_util::FutureExt as _;
 use serde_json::{Map, Value, json};
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{mpsc, oneshot};
-use tokio_util::sync::CancellationToken;
 
 use super::lines::{BoundedLines, Line};
 
 /// The longest line read. Codex sends a resumed thread's whole history in one answer;
 /// multica had to raise its own bound to 32 MiB for that.
 pub const MAX_LINE: usize = 64 * 1024 * 1024;
+/// Notifications and server requests waiting for the owner.
+const INCOMING_QUEUE: usize = 256;
 
 /// JSON-RPC error codes the client itself uses.
 pub const METHOD_NOT_FOUND: i64 = -32601;
@@ -189,7 +183,7 @@ enum Cmd {
 }
 
 /// Requests written and waiting for their answer, by id.
-type Pending = HashMap<u64, (String, Reply)>;
+type Pending = HashMap<u64, (String, oneshot::Sender<Result<Value, RpcError>>)>;
 
 /// The sending half; cloneable.
 #[derive(Debug, Clone)]
@@ -206,163 +200,36 @@ pub struct Skipped {
     pub too_long: AtomicU64,
 }
 
-/// The requests written and waiting for their answer, shared by the writer (which registers
-/// each one before writing it) and the inbox (which routes answers); `None` once stdout has
-/// ended or the inbox is gone, when no answer can come any more.
-#[derive(Debug)]
-struct Shared {
-    pending: Mutex<Option<Pending>>,
-    /// Cancelled with `pending` set to `None`: the writer stops.
-    closed: CancellationToken,
-}
-
-type Reply = oneshot::Sender<Result<Value, RpcError>>;
-
-impl Shared {
-    fn lock(&self) -> std::sync::MutexGuard<'_, Option<Pending>> {
-        // A panic while holding it leaves the map as it was: nothing to repair.
-        self.pending
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-
-    /// Register `id` before it is written; the reply back when no answer can come any more.
-    fn register(&self, id: u64, method: String, reply: Reply) -> Result<(), (String, Reply)> {
-        match self.lock().as_mut() {
-            Some(pending) => {
-                pending.insert(id, (method, reply));
-                Ok(())
-            }
-            None => Err((method, reply)),
-        }
-    }
-
-    fn take(&self, id: u64) -> Option<(String, Reply)> {
-        self.lock().as_mut().and_then(|pending| pending.remove(&id))
-    }
-
-    /// No answer comes any more: every request waiting gets `NoAnswer`, and the writer stops.
-    fn close(&self) {
-        let pending = self.lock().take();
-        for (_, (method, reply)) in pending.into_iter().flatten() {
-            let _caller_gone = reply.send(Err(RpcError::NoAnswer { method }));
-        }
-        self.closed.cancel();
-    }
-}
-
-/// The agent's stdout, read by its owner: what the agent sends that is not an answer to us.
-/// Dropping it closes the transport (answers awaited get `NoAnswer`, stdin closes).
-pub struct Inbox {
-    /// `None` once stdout has ended: the reader is dropped then, as the writer is.
-    lines: Option<BoundedLines<Box<dyn AsyncRead + Unpin + Send + Sync>>>,
-    shared: Arc<Shared>,
-    out: mpsc::Sender<Cmd>,
-    skipped: Arc<Skipped>,
-}
-
-impl std::fmt::Debug for Inbox {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Inbox")
-            .field("ended", &self.lines.is_none())
-            .finish()
-    }
-}
-
-impl Inbox {
-    /// The next notification or server request, routing every answer before it to its
-    /// caller; `None` once stdout has ended. Cancel-safe: a line is taken whole and routed
-    /// before any other await, and a partial line stays buffered.
-    pub async fn recv(&mut self) -> Option<Incoming> {
-        while let Some(lines) = self.lines.as_mut() {
-            match lines.next_line().await {
-                Ok(Some(Line::Text(line))) => {
-                    if let Some(msg) = route(&line, &self.shared, &self.out, &self.skipped) {
-                        return Some(msg);
-                    }
-                }
-                Ok(Some(Line::TooLong)) => {
-                    self.skipped.too_long.fetch_add(1, Ordering::Relaxed);
-                    tracing::warn!(max = MAX_LINE, "skipped an over-long line from the agent");
-                }
-                Ok(Some(Line::NotUtf8)) => {
-                    self.skipped.not_json.fetch_add(1, Ordering::Relaxed);
-                }
-                Ok(None) => self.end(),
-                Err(e) => {
-                    tracing::debug!(error = %e, "agent stdout failed");
-                    self.end();
-                }
-            }
-        }
-        None
-    }
-
-    /// What the agent has sent by now (already read, or in the pipe), without waiting.
-    pub fn try_recv(&mut self) -> Option<Incoming> {
-        self.recv().now_or_never().flatten()
-    }
-
-    /// Wait for `work` (which awaits an answer) while reading: what the agent sends
-    /// meanwhile is handed to `meanwhile` (a request dropped there is refused).
-    pub async fn answering<T>(
-        &mut self,
-        work: impl Future<Output = T>,
-        mut meanwhile: impl FnMut(Incoming),
-    ) -> T {
-        tokio::pin!(work);
-        loop {
-            tokio::select! {
-                done = &mut work => return done,
-                msg = self.recv() => match msg {
-                    Some(msg) => meanwhile(msg),
-                    // stdout ended: the answer will say so.
-                    None => return work.await,
-                },
-            }
-        }
-    }
-
-    fn end(&mut self) {
-        self.lines = None;
-        self.shared.close();
-    }
-}
-
-impl Drop for Inbox {
-    fn drop(&mut self) {
-        self.shared.close();
-    }
-}
-
 impl RpcClient {
-    /// Start the writer over `writer` (the agent's stdin) and put an [`Inbox`] on `reader`
-    /// (its stdout); the inbox ends when stdout does.
-    pub fn start<R, W>(reader: R, writer: W, dialect: Dialect) -> (RpcClient, Inbox, Arc<Skipped>)
+    /// Start the task over `reader` (the agent's stdout) and `writer` (its stdin). The
+    /// receiver yields what the agent sends, and ends when its stdout does.
+    pub fn start<R, W>(
+        reader: R,
+        writer: W,
+        dialect: Dialect,
+    ) -> (RpcClient, mpsc::Receiver<Incoming>, Arc<Skipped>)
     where
-        R: AsyncRead + Unpin + Send + Sync + 'static,
+        R: AsyncRead + Unpin + Send + 'static,
         W: AsyncWrite + Unpin + Send + 'static,
     {
         let (out, cmds) = mpsc::channel(256);
+        let (incoming_tx, incoming) = mpsc::channel(INCOMING_QUEUE);
         let skipped = Arc::new(Skipped::default());
-        let shared = Arc::new(Shared {
-            pending: Mutex::new(Some(Pending::new())),
-            closed: CancellationToken::new(),
-        });
-        tokio::spawn(write_loop(writer, dialect, cmds, shared.clone()));
-        let reader: Box<dyn AsyncRead + Unpin + Send + Sync> = Box::new(reader);
-        let inbox = Inbox {
-            lines: Some(BoundedLines::new(reader, MAX_LINE)),
-            shared,
-            out: out.clone(),
-            skipped: skipped.clone(),
-        };
+        tokio::spawn(run(
+            reader,
+            writer,
+            dialect,
+            cmds,
+            out.clone(),
+            incoming_tx,
+            skipped.clone(),
+        ));
         (
             RpcClient {
                 out,
                 next_id: Arc::new(AtomicU64::new(1)),
             },
-            inbox,
+            incoming,
             skipped,
         )
     }
@@ -464,88 +331,77 @@ fn object(pairs: &[(&str, Value)]) -> Map<String, Value> {
         .collect()
 }
 
-/// The writer: every line to the agent's stdin, in the order asked. It ends when every
-/// sender is gone or the transport is closed (stdout ended, the inbox dropped) and nothing is
-/// queued: answers to the agent's requests queued by then are still written (a driver refuses
-/// what it leaves unanswered as it closes); a request or notification is not (no answer can
-/// come), nor is anything that comes after.
-async fn write_loop<W>(
+async fn run<R, W>(
+    reader: R,
     mut writer: W,
     dialect: Dialect,
     mut cmds: mpsc::Receiver<Cmd>,
-    shared: Arc<Shared>,
+    out: mpsc::Sender<Cmd>,
+    incoming: mpsc::Sender<Incoming>,
+    skipped: Arc<Skipped>,
 ) where
+    R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
 {
+    let mut lines = BoundedLines::new(reader, MAX_LINE);
+    let mut pending = Pending::new();
     let mut writable = true;
     loop {
-        let cmd = tokio::select! {
-            biased;
-            cmd = cmds.recv() => match cmd {
-                Some(cmd) => cmd,
-                None => break,
-            },
-            () = shared.closed.cancelled() => break,
-        };
-        match cmd {
-            Cmd::Request {
-                id,
-                method,
-                params,
-                reply,
-            } => {
-                if !writable {
-                    let _caller_gone = reply.send(Err(RpcError::NotSent { method }));
-                    continue;
-                }
-                let line = message(
-                    dialect,
-                    object(&[
-                        ("id", json!(id)),
-                        ("method", json!(method)),
-                        ("params", params),
-                    ]),
-                );
-                // Registered before it is written: the answer can be read at once.
-                if let Err((method, reply)) = shared.register(id, method, reply) {
-                    let _caller_gone = reply.send(Err(RpcError::NotSent { method }));
-                    continue;
-                }
-                if !write(&mut writer, &line).await {
-                    writable = false;
-                    if let Some((method, reply)) = shared.take(id) {
-                        let _caller_gone = reply.send(Err(RpcError::NotSent { method }));
+        tokio::select! {
+            cmd = cmds.recv() => {
+                let Some(cmd) = cmd else { break };
+                match cmd {
+                    Cmd::Request { id, method, params, reply } => {
+                        let line = message(dialect, object(&[("id", json!(id)), ("method", json!(method)), ("params", params)]));
+                        if writable && write(&mut writer, &line).await {
+                            pending.insert(id, (method, reply));
+                        } else {
+                            writable = false;
+                            let _caller_gone = reply.send(Err(RpcError::NotSent { method }));
+                        }
+                    }
+                    Cmd::Notify { method, params, sent } => {
+                        let line = message(dialect, object(&[("method", json!(method)), ("params", params)]));
+                        writable = writable && write(&mut writer, &line).await;
+                        let _caller_gone = sent.send(writable);
+                    }
+                    Cmd::Answer { id, answer } => {
+                        let body = match answer {
+                            Ok(result) => ("result", result),
+                            Err((code, text)) => ("error", json!({"code": code, "message": text})),
+                        };
+                        let line = message(dialect, object(&[("id", id), body]));
+                        writable = writable && write(&mut writer, &line).await;
+                    }
+                    Cmd::Forget { id } => {
+                        pending.remove(&id);
                     }
                 }
             }
-            Cmd::Notify {
-                method,
-                params,
-                sent,
-            } => {
-                if shared.closed.is_cancelled() {
-                    let _caller_gone = sent.send(false);
-                    continue;
+            line = lines.next_line() => match line {
+                Ok(Some(Line::Text(line))) => {
+                    if !route(&line, &mut pending, &out, &incoming, &skipped).await {
+                        break;
+                    }
                 }
-                let line = message(
-                    dialect,
-                    object(&[("method", json!(method)), ("params", params)]),
-                );
-                writable = writable && write(&mut writer, &line).await;
-                let _caller_gone = sent.send(writable);
-            }
-            Cmd::Answer { id, answer } => {
-                let body = match answer {
-                    Ok(result) => ("result", result),
-                    Err((code, text)) => ("error", json!({"code": code, "message": text})),
-                };
-                let line = message(dialect, object(&[("id", id), body]));
-                writable = writable && write(&mut writer, &line).await;
-            }
-            Cmd::Forget { id } => {
-                let _dropped = shared.take(id);
-            }
+                Ok(Some(Line::TooLong)) => {
+                    skipped.too_long.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(max = MAX_LINE, "skipped an over-long line from the agent");
+                }
+                Ok(Some(Line::NotUtf8)) => {
+                    skipped.not_json.fetch_add(1, Ordering::Relaxed);
+                }
+                Ok(None) => break,
+                Err(e) => {
+                    tracing::debug!(error = %e, "agent stdout failed");
+                    break;
+                }
+            },
         }
+    }
+    // The agent's stdout ended: whatever was sent has no answer coming.
+    for (_, (method, reply)) in pending.drain() {
+        let _caller_gone = reply.send(Err(RpcError::NoAnswer { method }));
     }
     // Requests still queued were never written.
     cmds.close();
@@ -572,35 +428,42 @@ async fn write<W: AsyncWrite + Unpin>(writer: &mut W, line: &str) -> bool {
     }
 }
 
-/// Route one line: an answer goes to its caller; a message for the owner is returned.
-fn route(
+/// Route one line; `false` when the owner is gone (stop reading).
+async fn route(
     line: &str,
-    shared: &Shared,
+    pending: &mut Pending,
     out: &mpsc::Sender<Cmd>,
+    incoming: &mpsc::Sender<Incoming>,
     skipped: &Skipped,
-) -> Option<Incoming> {
+) -> bool {
     let Ok(Value::Object(mut msg)) = serde_json::from_str::<Value>(line) else {
         skipped.not_json.fetch_add(1, Ordering::Relaxed);
         let head: String = line.chars().take(120).collect();
         tracing::debug!(line = %head, "skipped a line that is not a JSON object");
-        return None;
+        return true;
     };
     let method = msg.get("method").and_then(Value::as_str).map(str::to_owned);
     let id = msg.remove("id");
     let params = msg.remove("params").unwrap_or(Value::Null);
     match (method, id) {
-        (Some(method), Some(id)) if !id.is_null() => Some(Incoming::Request(ServerRequest {
-            id,
-            method,
-            params,
-            out: Some(out.clone()),
-        })),
-        (Some(method), _) => Some(Incoming::Notification { method, params }),
+        (Some(method), Some(id)) if !id.is_null() => incoming
+            .send(Incoming::Request(ServerRequest {
+                id,
+                method,
+                params,
+                out: Some(out.clone()),
+            }))
+            .await
+            .is_ok(),
+        (Some(method), _) => incoming
+            .send(Incoming::Notification { method, params })
+            .await
+            .is_ok(),
         (None, Some(id)) => {
-            let Some((method, reply)) = id.as_u64().and_then(|id| shared.take(id)) else {
+            let Some((method, reply)) = id.as_u64().and_then(|id| pending.remove(&id)) else {
                 skipped.unknown_id.fetch_add(1, Ordering::Relaxed);
                 tracing::debug!(%id, "an answer to no request of ours; skipped");
-                return None;
+                return true;
             };
             let result = match msg.remove("error") {
                 Some(error) if !error.is_null() => Err(RpcError::Remote {
@@ -616,11 +479,11 @@ fn route(
                 _ => Ok(msg.remove("result").unwrap_or(Value::Null)),
             };
             let _caller_gone = reply.send(result);
-            None
+            true
         }
         (None, None) => {
             skipped.not_json.fetch_add(1, Ordering::Relaxed);
-            None
+            true
         }
     }
 }
@@ -660,7 +523,7 @@ mod tests {
     /// written to `agent_out` the client reads.
     fn wired() -> (
         RpcClient,
-        Inbox,
+        mpsc::Receiver<Incoming>,
         Arc<Skipped>,
         tokio::io::Lines<BufReader<DuplexStream>>,
         DuplexStream,
@@ -678,12 +541,6 @@ mod tests {
         )
     }
 
-    /// The owner's reading, for tests that only wait on answers: what comes for the owner is
-    /// dropped.
-    fn read_on(mut inbox: Inbox) -> tokio::task::JoinHandle<()> {
-        tokio::spawn(async move { while inbox.recv().await.is_some() {} })
-    }
-
     async fn next_sent(lines: &mut tokio::io::Lines<BufReader<DuplexStream>>) -> Value {
         let line = tokio::time::timeout(T, lines.next_line())
             .await
@@ -695,8 +552,7 @@ mod tests {
 
     #[tokio::test]
     async fn answers_out_of_order_reach_their_callers() {
-        let (client, inbox, skipped, mut sent, mut agent) = wired();
-        let _reading = read_on(inbox);
+        let (client, _incoming, skipped, mut sent, mut agent) = wired();
         let a = tokio::spawn({
             let c = client.clone();
             async move { c.request("a", json!({}), T).await }
@@ -756,19 +612,17 @@ mod tests {
             Incoming::Request(r) => r,
             other => panic!("{other:?}"),
         };
+        assert_eq!(call.await.unwrap().unwrap()["turn"]["id"], "t");
         approval.respond(json!({"decision": "accept"}));
         assert_eq!(
             next_sent(&mut sent).await,
             json!({"id": 0, "result": {"decision": "accept"}})
         );
-        // The answer is routed on the way to the next message, and before it is returned.
-        let unknown = match incoming.recv().await.unwrap() {
-            Incoming::Request(r) => r,
-            other => panic!("{other:?}"),
-        };
-        assert_eq!(call.await.unwrap().unwrap()["turn"]["id"], "t");
         // Dropped unanswered: method not found, so the agent never waits.
-        drop(unknown);
+        match incoming.recv().await.unwrap() {
+            Incoming::Request(r) => drop(r),
+            other => panic!("{other:?}"),
+        }
         let refused = next_sent(&mut sent).await;
         assert_eq!(refused["id"], 1);
         assert_eq!(refused["error"]["code"], METHOD_NOT_FOUND);
@@ -776,8 +630,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_forty_mib_line_is_read_whole() {
-        let (client, inbox, _skipped, mut sent, mut agent) = wired();
-        let _reading = read_on(inbox);
+        let (client, _incoming, _skipped, mut sent, mut agent) = wired();
         let call = tokio::spawn({
             let c = client.clone();
             async move {
@@ -841,11 +694,11 @@ mod tests {
             .await
             .unwrap();
         drop(agent);
-        assert!(incoming.recv().await.is_none(), "the stream ends");
         assert!(matches!(
             call.await.unwrap(),
             Err(RpcError::NoAnswer { .. })
         ));
+        assert!(incoming.recv().await.is_none(), "the stream ends");
         assert_eq!(skipped.not_json.load(Ordering::Relaxed), 1, "the torn line");
         assert!(matches!(
             client.request("again", json!({}), T).await,

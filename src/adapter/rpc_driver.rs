@@ -12,17 +12,15 @@
 
 use std::collections::VecDeque;
 use std::future::Future;
-use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::Value;
 use tokio::sync::{mpsc, oneshot};
 
-use super::jsonrpc::{Dialect, Inbox, Incoming, RpcClient, RpcError};
+use super::jsonrpc::{Dialect, Incoming, RpcClient, RpcError};
 use super::spawn::{SpawnSpec, Spawned, spawn};
-use super::{AdapterError, AgentInput, AgentSession, OpenSpec};
+use super::{AdapterError, AgentInput, AgentOutput, AgentSession, OpenSpec};
 use crate::protocol::events::{ErrorCategory, EventBody};
-use crate::session::lane::{DeltaLane, Outputs};
 
 /// Events buffered between the process task and the session.
 const EVENT_QUEUE: usize = 256;
@@ -39,10 +37,9 @@ pub(super) type Closing = (Duration, oneshot::Sender<()>);
 /// call waited (in order), and the events going to the session.
 pub(super) struct Io {
     pub rpc: RpcClient,
-    /// The agent's stdout, read here: answers reach their callers only while it is read.
-    pub incoming: Inbox,
+    pub incoming: mpsc::Receiver<Incoming>,
     pub backlog: VecDeque<Incoming>,
-    pub events: Outputs,
+    pub events: mpsc::Sender<AgentOutput>,
 }
 
 /// A started process: its handle, the driver's `Io`, the session's inputs, and the session
@@ -83,25 +80,23 @@ pub(super) fn start(
     let (rpc, incoming, _skipped) = RpcClient::start(stdout, stdin, dialect);
     let (input, inputs) = mpsc::channel(64);
     let (events_tx, events) = mpsc::channel(EVENT_QUEUE);
-    // The session's deltas may go past its actor (`session::lane`).
-    let lane = Arc::new(DeltaLane::default());
     Ok(Started {
         child,
         io: Io {
             rpc,
             incoming,
             backlog: VecDeque::new(),
-            events: Outputs::new(events_tx, lane.clone()),
+            events: events_tx,
         },
         inputs,
-        session: AgentSession::new(input, events, pid).with_lane(lane),
+        session: AgentSession::new(input, events, pid),
     })
 }
 
 impl Io {
     pub async fn emit(&self, events: Vec<EventBody>) -> Result<(), Gone> {
         for event in events {
-            if self.events.event(event).await.is_err() {
+            if self.events.send(AgentOutput::Event(event)).await.is_err() {
                 return Err(Gone);
             }
         }
@@ -119,14 +114,19 @@ impl Io {
         keep: impl Fn(&Incoming) -> bool,
     ) -> Result<Value, RpcError> {
         let rpc = self.rpc.clone();
-        let backlog = &mut self.backlog;
-        self.incoming
-            .answering(rpc.request(method, params, timeout), |msg| {
-                if keep(&msg) {
-                    backlog.push_back(msg);
-                }
-            })
-            .await
+        let call = rpc.request(method, params, timeout);
+        tokio::pin!(call);
+        loop {
+            tokio::select! {
+                answer = &mut call => return answer,
+                msg = self.incoming.recv() => match msg {
+                    Some(msg) if keep(&msg) => self.backlog.push_back(msg),
+                    Some(_) => {}
+                    // stdout ended: the answer will say so.
+                    None => return call.await,
+                },
+            }
+        }
     }
 
     /// A run that could not start: `error` and `run.end` failed.
@@ -227,7 +227,6 @@ pub(super) mod test_support {
     use std::path::Path;
 
     use super::*;
-    use crate::adapter::AgentOutput;
     use crate::adapter::Native;
     use crate::protocol::events::RunEnd;
 

@@ -318,8 +318,36 @@ impl Bus {
 
     /// Publish one event. Awaits queue room only; await the [`Receipt`] for the commit.
     pub async fn publish(&self, event: &Event) -> Result<Receipt, BusError> {
-        let (prepared, receipt) = prepare(event)?;
-        if prepared.delivery.is_delta && self.idle() {
+        let json = serde_json::to_string(event)?;
+        if json.len() > MAX_EVENT_BYTES {
+            return Err(BusError::TooLarge(json.len()));
+        }
+        let json: Arc<str> = json.into();
+        let is_delta = !event.is_bracket();
+        let (ack, receipt) = if is_delta {
+            (None, Receipt::Delta)
+        } else {
+            let (tx, rx) = oneshot::channel();
+            (Some(tx), Receipt::Bracket(rx))
+        };
+        let prepared = Prepared {
+            delivery: Delivery {
+                sequence_id: 0,
+                message_id: message_id().to_string().into(),
+                session_id: event.session_id.as_str().into(),
+                run_id: event.run_id.as_deref().map(Into::into),
+                kind: event.kind().into(),
+                is_delta,
+                json,
+                frame: OnceLock::new(),
+                json_frame: OnceLock::new(),
+            },
+            kind: event.kind(),
+            created_at: now_ms(),
+            ack,
+            block: blocks::BlockOp::of(&event.body),
+        };
+        if is_delta && self.idle() {
             // Nothing is ahead of it: straight to the hub (module doc).
             self.hub
                 .send(hub::HubCmd::Batch {
@@ -332,24 +360,6 @@ impl Bus {
             self.to_ingest(prepared).await?;
         }
         Ok(receipt)
-    }
-
-    /// Publish a delta only if it can go straight to the hub now, without waiting: nothing in
-    /// ingest, nothing on the hub's queue. `false` (nothing published) otherwise, or for a
-    /// bracket, or for an event over the size limit: the caller publishes it the usual way.
-    pub fn try_publish_delta(&self, event: &Event) -> bool {
-        if event.is_bracket() || !self.idle() {
-            return false;
-        }
-        let Ok((prepared, _delta)) = prepare(event) else {
-            return false;
-        };
-        self.hub
-            .try_send(hub::HubCmd::Batch {
-                batch: vec![prepared],
-                commit: None,
-            })
-            .is_ok()
     }
 
     /// Nothing in ingest and nothing on the hub's queue: a delta may skip ingest. (With the
@@ -504,40 +514,6 @@ async fn ingest_loop(
     }
     // The hub finishes what it has and stops once it sees this.
     let _hub_gone = hub.send(hub::HubCmd::IngestClosed).await;
-}
-
-/// An event as the pipeline carries it, and what its publisher gets back.
-fn prepare(event: &Event) -> Result<(Prepared, Receipt), BusError> {
-    let json = serde_json::to_string(event)?;
-    if json.len() > MAX_EVENT_BYTES {
-        return Err(BusError::TooLarge(json.len()));
-    }
-    let json: Arc<str> = json.into();
-    let is_delta = !event.is_bracket();
-    let (ack, receipt) = if is_delta {
-        (None, Receipt::Delta)
-    } else {
-        let (tx, rx) = oneshot::channel();
-        (Some(tx), Receipt::Bracket(rx))
-    };
-    let prepared = Prepared {
-        delivery: Delivery {
-            sequence_id: 0,
-            message_id: message_id().to_string().into(),
-            session_id: event.session_id.as_str().into(),
-            run_id: event.run_id.as_deref().map(Into::into),
-            kind: event.kind().into(),
-            is_delta,
-            json,
-            frame: OnceLock::new(),
-            json_frame: OnceLock::new(),
-        },
-        kind: event.kind(),
-        created_at: now_ms(),
-        ack,
-        block: blocks::BlockOp::of(&event.body),
-    };
-    Ok((prepared, receipt))
 }
 
 /// A fresh message id: a version-4 UUID from the thread's generator (seeded from the OS), so

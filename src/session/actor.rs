@@ -337,7 +337,6 @@ impl Actor {
             self.restore().await;
             self.sync_state().await;
         }
-        let mut handled: Option<Arc<crate::session::lane::DeltaLane>> = None;
         let stop = loop {
             let deadline = self.state.run().and_then(state::Run::deadline);
             let idle = self.state.close_at();
@@ -362,10 +361,7 @@ impl Actor {
                 answer = steer::next_answer(self.steer.as_mut()) => {
                     self.on_steer_answer(answer).await;
                 }
-                output = next_output(events) => {
-                    handled = self.state.live().map(|live| live.session.lane.clone());
-                    self.on_output(output).await;
-                }
+                output = next_output(events) => self.on_output(output).await,
                 msg = inbox.recv() => match msg {
                     Some(Msg::Stop { quiet, done }) => break Some((quiet, done)),
                     Some(msg) => self.on_msg(msg).await,
@@ -379,12 +375,6 @@ impl Actor {
             // Whatever happened, the published state follows (each handler syncs where the
             // order of its events needs it; this catches the rest).
             self.sync_state().await;
-            // Then the delta lane follows the run (`session::lane`), and only then is the
-            // output counted as handled: a delta past this actor comes after all of it.
-            self.sync_lane();
-            if let Some(lane) = handled.take() {
-                lane.handled();
-            }
         };
         let quiet = stop.as_ref().is_some_and(|(quiet, _)| *quiet);
         self.stop(quiet).await;

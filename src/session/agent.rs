@@ -38,13 +38,11 @@
 //! turn being cancelled still ends `cancelled`.
 
 use std::path::Path;
-use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::Value;
 use tokio::sync::{mpsc, oneshot};
 
-use super::lane::DeltaLane;
 use crate::protocol::events::{
     ErrorCategory, ErrorNotice, EventBody, PermissionOption, RunEnd, RunState,
 };
@@ -393,9 +391,6 @@ pub struct AgentSession {
     input: mpsc::Sender<AgentInput>,
     pub events: mpsc::Receiver<AgentOutput>,
     pid: Option<u32>,
-    /// The driver's delta lane ([`super::lane`]); one nobody publishes by when the driver
-    /// does not use it.
-    pub lane: Arc<DeltaLane>,
 }
 
 impl AgentSession {
@@ -405,18 +400,7 @@ impl AgentSession {
         events: mpsc::Receiver<AgentOutput>,
         pid: Option<u32>,
     ) -> Self {
-        AgentSession {
-            input,
-            events,
-            pid,
-            lane: Arc::default(),
-        }
-    }
-
-    /// The same, for a driver whose [`Outputs`](super::lane::Outputs) share `lane`.
-    pub fn with_lane(mut self, lane: Arc<DeltaLane>) -> Self {
-        self.lane = lane;
-        self
+        AgentSession { input, events, pid }
     }
 
     /// The process (and process group) id: the one given at the start, or the latest a driver

@@ -13,7 +13,6 @@ pub mod agent;
 pub mod attachments;
 pub mod binding;
 pub mod discover;
-pub mod lane;
 mod listing;
 pub mod options;
 pub mod ownership;

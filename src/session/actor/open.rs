@@ -244,7 +244,6 @@ impl Actor {
             }
             None => Watch::Off,
         };
-        session.lane.attach(&self.cx.bus, &self.cx.session_id);
         Ok(Live::new(session, opened, watch))
     }
 

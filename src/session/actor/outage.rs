@@ -48,12 +48,7 @@ impl Actor {
             return;
         }
         tracing::warn!(run_id = %run.id, "the store cannot commit: interrupting the running turn");
-        let cut = run.cut(Instant::now() + CANCEL_GRACE, why);
-        if let Some(live) = &live {
-            // Nothing more of a cut run is published: no delta past the actor either.
-            live.session.lane.set_run(None);
-        }
-        if cut
+        if run.cut(Instant::now() + CANCEL_GRACE, why)
             && let Some(live) = live
             && let Err(e) = live.session.cancel_turn().await
         {

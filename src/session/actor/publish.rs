@@ -287,15 +287,6 @@ impl Actor {
         }
     }
 
-    /// Open the live agent's delta lane (`session::lane`) on the running run whose events are
-    /// published, or close it.
-    pub(super) fn sync_lane(&self) {
-        if let Some(live) = self.state.live() {
-            let run = self.state.run().filter(|run| !run.is_cut());
-            live.session.lane.set_run(run.map(|run| run.id.as_str()));
-        }
-    }
-
     /// The state the session is in now (the mapping is [`super::state::State::published`]).
     fn wanted_state(&self) -> SessionState {
         self.state

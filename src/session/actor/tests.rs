@@ -23,7 +23,6 @@ use crate::session::agent::{
     AdapterError, AgentInput, AgentOutput, AgentSession, Capabilities, FileChanges, Honoured,
     Launcher, Native, NativeFile, ProcessModel, ResumeKind, Support,
 };
-use crate::session::lane::{DeltaLane, Outputs};
 use crate::session::ownership::{self, OwnedPid};
 use crate::session::scripted_tests::tempdir;
 use crate::session::{NewSession, SessionError, SessionManager};
@@ -105,16 +104,13 @@ impl Launcher for Fake {
         self.opens.lock().unwrap().push(native.clone());
         let (input, inputs) = mpsc::channel(8);
         let (outputs, events) = mpsc::channel(64);
-        // As the JSON-RPC drivers do: deltas may take the lane past the actor.
-        let lane = Arc::new(DeltaLane::default());
         let _test_gone = self.agents.send(Agent {
             native,
             options: options.clone(),
             inputs,
-            outputs: Outputs::new(outputs, lane.clone()),
-            lane: lane.clone(),
+            outputs,
         });
-        Ok(AgentSession::new(input, events, self.pid).with_lane(lane))
+        Ok(AgentSession::new(input, events, self.pid))
     }
 
     fn idle_timeout(&self) -> Option<Duration> {
@@ -162,9 +158,7 @@ struct Agent {
     /// The session options it was opened with.
     options: crate::protocol::options::SessionOptions,
     inputs: mpsc::Receiver<AgentInput>,
-    outputs: Outputs,
-    /// The lane its outputs share with the actor.
-    lane: Arc<DeltaLane>,
+    outputs: mpsc::Sender<AgentOutput>,
 }
 
 impl Agent {
@@ -195,7 +189,7 @@ impl Agent {
     }
 
     async fn say(&self, body: EventBody) {
-        self.outputs.event(body).await.unwrap();
+        self.outputs.send(AgentOutput::Event(body)).await.unwrap();
     }
 
     async fn bind(&self, id: &str) {
@@ -286,7 +280,6 @@ impl Follow {
             ),
             "warning" => format!("warning {}", event["code"].as_str().unwrap()),
             "queue.changed" => format!("queue {}", event["reason"].as_str().unwrap()),
-            "text.delta" => format!("delta {}", event["text"].as_str().unwrap()),
             other => other.to_owned(),
         };
         self.seen.push(name);
@@ -406,16 +399,12 @@ impl World {
     }
 
     async fn follow(&self, session_id: &str) -> Follow {
-        self.follow_with(session_id, false).await
-    }
-
-    async fn follow_with(&self, session_id: &str, forward_deltas: bool) -> Follow {
         let sub = self
             .sessions
             .bus
             .subscribe(SubscribeOptions {
                 filter: SessionFilter::One(session_id.into()),
-                forward_deltas,
+                forward_deltas: false,
                 replay: Replay::None,
                 subscriber_id: None,
             })
@@ -1546,105 +1535,6 @@ async fn a_store_outage_cuts_the_turn_and_the_queue_waits_for_the_store() {
         (states[&cut].as_str(), states[&waiting].as_str()),
         ("interrupted", "completed")
     );
-    drop(agent);
-    world.stop().await;
-}
-
-fn delta(text: &str) -> EventBody {
-    EventBody::TextDelta(crate::protocol::events::TextDelta {
-        item_id: Some("i".into()),
-        text: text.to_owned(),
-    })
-}
-
-/// The delta lane (`session::lane`): a delta goes past the actor only when everything the
-/// agent said before it was handled and the bus is idle; otherwise it queues behind what is
-/// ahead, so every follower sees the agent's order. Once the run ended, or the store cut it,
-/// no delta takes the lane. (The test runs on one thread: the actor handles nothing until the
-/// test waits, so which way each delta goes is exact.)
-#[tokio::test]
-async fn a_delta_takes_the_lane_only_with_nothing_ahead_of_it_and_never_past_a_run_end() {
-    let mut world = World::start(Setup::default()).await;
-    let sid = world.session().await;
-    let mut bus = world.follow_with(&sid, true).await;
-    let run = world.send(&sid, "hi").await.run_id;
-    let agent = {
-        let mut agent = world.agent().await;
-        assert_eq!(agent.prompt().await, run);
-        agent
-    };
-    bus.until("state running<-idle").await;
-    agent
-        .say(EventBody::TextStart(crate::protocol::events::BlockStart {
-            item_id: Some("i".into()),
-        }))
-        .await;
-    // Ahead of it: the text.start, not handled yet.
-    agent.say(delta("one")).await;
-    assert_eq!(agent.lane.taken(), 0);
-    bus.until("delta one").await;
-    // Handled (the actor answers this after the outputs before it) and delivered: idle.
-    world.live(&sid).await;
-    agent.say(delta("two")).await;
-    assert_eq!(agent.lane.taken(), 1, "nothing was ahead of it");
-    agent
-        .say(EventBody::Usage(crate::protocol::events::Usage {
-            input_tokens: 1,
-            output_tokens: 2,
-            ..Default::default()
-        }))
-        .await;
-    agent.say(delta("three")).await;
-    assert_eq!(agent.lane.taken(), 1, "the usage was ahead of it");
-    agent
-        .say(EventBody::TextEnd(crate::protocol::events::BlockEnd {
-            item_id: Some("i".into()),
-            text: "onetwothree".into(),
-            truncated: None,
-            imported: false,
-        }))
-        .await;
-    agent.end(RunState::Completed).await;
-    let end = bus.until("run.end").await;
-    assert_eq!(end["runId"], run.as_str());
-    let seen = bus.take();
-    let from = seen.iter().position(|n| n == "text.start").unwrap();
-    assert_eq!(
-        seen[from..],
-        [
-            "text.start",
-            "delta one",
-            "delta two",
-            "usage",
-            "delta three",
-            "text.end",
-            "run.end"
-        ]
-    );
-    // The run is over: a late delta is the actor's to handle, never the lane's.
-    world.live(&sid).await;
-    agent.say(delta("late")).await;
-    assert_eq!(
-        agent.lane.taken(),
-        1,
-        "a delta took the lane after its run ended"
-    );
-
-    // A run the store cut: nothing more of it by the lane either.
-    let cut = world.send(&sid, "two").await.run_id;
-    let mut agent = agent;
-    assert_eq!(agent.prompt().await, cut);
-    bus.until("state running<-idle").await;
-    world.live(&sid).await;
-    agent.say(delta("before the cut")).await;
-    assert_eq!(agent.lane.taken(), 2);
-    world.store_down("disk full");
-    assert!(matches!(agent.input().await, AgentInput::Interrupt));
-    agent.say(delta("after the cut")).await;
-    assert_eq!(agent.lane.taken(), 2, "a delta of a cut run took the lane");
-    agent.end(RunState::Cancelled).await;
-    world.store_up();
-    bus.until("run.end").await;
     drop(agent);
     world.stop().await;
 }

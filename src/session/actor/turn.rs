@@ -128,8 +128,6 @@ impl Actor {
             tracing::warn!(state = ?end.state, "a run.end with no run in progress; skipped");
             return;
         };
-        // No delta of the run gets past the actor after its end.
-        self.sync_lane();
         if let Ending::Cut { why, .. } = &run.ending {
             // Cut short by a store outage: closed, visibly, once the store is back (its
             // permissions expire then, before its end).
