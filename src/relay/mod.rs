@@ -99,8 +99,9 @@ impl RelayHandle {
     /// Use this relay from now on (`None`: none). The current connection, if any, is closed
     /// and the new one dialed at once — except when the configuration is the one already
     /// connected: a live connection is then left alone (a bot's request in flight on it is
-    /// answered), while the same configuration given to a client that is waiting out its
-    /// backoff or dialing dials again at once. `true` when the client was re-pointed.
+    /// answered), while the same configuration given to a client in any other state (waiting
+    /// out its backoff, dialing, misconfigured) dials again at once. `true` when the client was
+    /// re-pointed.
     pub fn set(&self, config: Option<RelayConfig>) -> bool {
         let connected = self.status.borrow().state == RelayState::Connected;
         self.config.send_if_modified(|current| {
