@@ -208,12 +208,14 @@ impl Host {
                 cursor: None,
                 protocol_version: PROTOCOL_VERSION,
             };
-            let (mut ws, _) = client::connect(
-                grant["ws_endpoint"].as_str().context("endpoint")?,
-                grant["ws_token"].as_str().context("token")?,
-                hello,
-            )
-            .await?;
+            let token = grant["ws_token"].as_str().context("token")?;
+            let (mut ws, _) = if unix_followers() {
+                let socket = grant["ws_socket"].as_str().context("ws_socket")?;
+                client::connect_unix(Path::new(socket), token, hello).await?
+            } else {
+                let endpoint = grant["ws_endpoint"].as_str().context("endpoint")?;
+                client::connect(endpoint, token, hello).await?
+            };
             let tx = tx.clone();
             tokio::spawn(async move {
                 while let Ok(Some(frame)) = ws.next_frame().await {
@@ -264,6 +266,12 @@ impl Host {
             .into_iter()
             .collect()
     }
+}
+
+/// `AGENT_HOST_BENCH_TRANSPORT=unix`: the host's followers connect over its Unix socket
+/// (`ws.sock`), as the daemon's clients do over theirs; else over TCP on 127.0.0.1.
+fn unix_followers() -> bool {
+    std::env::var("AGENT_HOST_BENCH_TRANSPORT").is_ok_and(|t| t == "unix")
 }
 
 /// What the followers saw of one turn, once each of them saw its end.

@@ -4,7 +4,7 @@
 //! Variables: `AGENT_HOST_HOME`, `AGENT_HOST_LOG` (log filter), `RUST_LOG` (the same, when
 //! `AGENT_HOST_LOG` is not set), `AGENT_HOST_IPC_TIMEOUT_MS`, `AGENT_HOST_WS_PORT`.
 //!
-//! `$AGENT_HOST_HOME` (default `~/.agent-host`) holds `host.lock`, `host.sock`, `host.db`,
+//! `$AGENT_HOST_HOME` (default `~/.agent-host`) holds `host.lock`, `host.sock`, `ws.sock`, `host.db`,
 //! `config.toml` and `logs/` (design §3). The directory is created with mode 0700.
 
 use std::fs;
@@ -767,6 +767,12 @@ impl Config {
     /// one takes it again if it is free, so the web UI's origin stays the same).
     pub fn ws_port_path(&self) -> PathBuf {
         self.home.join("ws.port")
+    }
+
+    /// The WebSocket protocol's Unix socket (mode 0600): the loopback server's `/subscribe`
+    /// without TCP, for clients on this machine.
+    pub fn ws_socket_path(&self) -> PathBuf {
+        self.home.join("ws.sock")
     }
 
     pub fn db_path(&self) -> PathBuf {

@@ -191,13 +191,26 @@ async fn serve(
     info.ws_port = Some(ws_port);
     lock.update(info).map_err(DaemonError::Lock)?;
     let grants = Arc::new(GrantStore::new(config.clock.clone()));
-    let subscribers = Subscribers::new(
+    // The same protocol on a Unix socket beside `host.sock` (we hold the lock: a leftover
+    // file is a dead host's). Without it clients still have TCP, so a failure is not fatal.
+    let ws_socket_path = config.ws_socket_path();
+    let ws_socket = match ws::server::bind_unix(&ws_socket_path) {
+        Ok(socket) => Some(socket),
+        Err(e) => {
+            tracing::warn!(path = %ws_socket_path.display(), error = %e, "no WebSocket Unix socket");
+            None
+        }
+    };
+    let mut subscribers = Subscribers::new(
         store.clone(),
         bus.clone(),
         sessions.clone(),
         grants,
         ws_port,
     );
+    if ws_socket.is_some() {
+        subscribers = subscribers.with_socket(&ws_socket_path);
+    }
     // Subscribers that never come back: now, hourly, and when a reload changes the limit.
     let (max_idle, max_idle_rx) = tokio::sync::watch::channel(config.subscriber_max_idle);
     tracker.spawn(crate::subscribers::prune_task(
@@ -233,10 +246,19 @@ async fn serve(
     });
     let ws_task = tokio::spawn(ws::server::serve(
         ws_listener,
-        ws_ctx,
+        ws_ctx.clone(),
         root.child_token(),
         tracker.clone(),
     ));
+    let ws_unix_task = tokio::spawn({
+        let cancel = root.child_token();
+        let tracker = tracker.clone();
+        async move {
+            if let Some(socket) = ws_socket {
+                ws::server::serve_unix(socket, ws_ctx, cancel, tracker).await;
+            }
+        }
+    });
 
     let listener = ipc::bind(&ipc_path)?;
     // The relay client dials out (if configured); its connection is a transport like the
@@ -299,7 +321,11 @@ async fn serve(
     root.cancel();
 
     // 1. Transports: stop accepting, let in-flight requests answer, close WebSockets.
-    for (name, task) in [("IPC", ipc_task), ("WebSocket", ws_task)] {
+    for (name, task) in [
+        ("IPC", ipc_task),
+        ("WebSocket", ws_task),
+        ("WebSocket (Unix)", ws_unix_task),
+    ] {
         if let Err(e) = task.await {
             tracing::error!(error = %e, "{name} listener task failed");
         }

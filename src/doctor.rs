@@ -1,7 +1,7 @@
 //! `agent-host doctor`: what stands between this machine and a working host, one check at a
 //! time, each with a verdict (`ok`, `warn`, `fail`) and, when it is not ok, what to do.
 //!
-//! The checks: the home and its modes (0700; `host.sock` and `host.db` 0600), `config.toml`,
+//! The checks: the home and its modes (0700; `host.sock`, `ws.sock` and `host.db` 0600), `config.toml`,
 //! the lock and a live host, the store's integrity, each agent type's binary and version
 //! against the versions the tests pin (`agents/package.json`, built in), the variables each
 //! agent's own configuration names (present or not — names only, never a value), the relay,
@@ -148,6 +148,12 @@ pub async fn run(home: &Path, config: Result<Config, ConfigError>) -> Reply {
     };
     let host = Host::find(home).await;
     checks.push(check_socket(home, &host));
+    checks.push(private_file(
+        "ws.sock",
+        &home.join("ws.sock"),
+        true,
+        Check::ok("ws.sock", "no socket: no host running"),
+    ));
     checks.push(check_db_modes(home));
     checks.push(host.check());
     checks.push(check_store(home, &host));

@@ -219,6 +219,7 @@ impl Doctor {
             ("home", "ok"),
             ("config", "ok"),
             ("host.sock", "ok"),
+            ("ws.sock", "ok"),
             ("host.db", "ok"),
             ("host", "ok"),
             ("store", "ok"),
@@ -329,6 +330,20 @@ fn a_socket_others_can_open_fails_with_a_chmod() {
     report.healthy_but(&["host.sock"]);
     // Done as told, it passes.
     std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let report = home.doctor();
+    assert_eq!(report.reply["code"], json!(0), "{}", report.reply);
+    // The WebSocket protocol's socket the same way.
+    let ws_socket = home.home().join("ws.sock");
+    std::fs::set_permissions(&ws_socket, std::fs::Permissions::from_mode(0o666)).unwrap();
+    let report = home.doctor();
+    let check = report.check("ws.sock");
+    assert_eq!(check["verdict"], json!("fail"), "{check}");
+    assert_eq!(
+        check["fix"],
+        json!(format!("chmod 600 {}", ws_socket.display()))
+    );
+    report.healthy_but(&["ws.sock"]);
+    std::fs::set_permissions(&ws_socket, std::fs::Permissions::from_mode(0o600)).unwrap();
     let report = home.doctor();
     assert_eq!(report.reply["code"], json!(0), "{}", report.reply);
     home.shutdown();

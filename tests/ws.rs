@@ -680,3 +680,123 @@ async fn an_idle_peer_does_not_delay_shutdown() {
         .await
         .expect("shutdown waited for idle peers");
 }
+
+/// An upgrade over the host's Unix socket with `request`'s headers: the HTTP status of a
+/// refusal, or 101.
+async fn unix_upgrade_status(
+    socket: &std::path::Path,
+    request: tokio_tungstenite::tungstenite::handshake::client::Request,
+) -> u16 {
+    let stream = tokio::net::UnixStream::connect(socket).await.unwrap();
+    match tokio::time::timeout(WAIT, tokio_tungstenite::client_async(request, stream))
+        .await
+        .unwrap()
+    {
+        Ok((_ws, response)) => response.status().as_u16(),
+        Err(tokio_tungstenite::tungstenite::Error::Http(r)) => r.status().as_u16(),
+        Err(e) => panic!("expected an HTTP answer, got {e}"),
+    }
+}
+
+/// The same protocol over `ws.sock` (mode 0600): a grant names it, the token opens it, events
+/// and requests flow as over TCP; a wrong token, another path or a browser's Origin are
+/// refused; the file goes with the host.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_unix_socket_serves_the_same_protocol() {
+    use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+    let dir = tempfile::tempdir().unwrap();
+    let host = TestHost::start(dir.path()).await;
+    let session = host.session(dir.path()).await;
+    let data = host
+        .ok(
+            "subscriber.add",
+            json!({"type": "local", "session_id": session, "forward_deltas": true,
+                   "replay_mode": "none"}),
+        )
+        .await;
+    let socket = std::path::PathBuf::from(data["ws_socket"].as_str().unwrap());
+    assert_eq!(socket, dir.path().join("ws.sock"));
+    let meta = std::fs::metadata(&socket).unwrap();
+    assert!(meta.file_type().is_socket());
+    assert_eq!(meta.permissions().mode() & 0o777, 0o600);
+    let token = data["ws_token"].as_str().unwrap();
+
+    let (mut ws, resp) =
+        tokio::time::timeout(WAIT, client::connect_unix(&socket, token, hello(None)))
+            .await
+            .unwrap()
+            .unwrap();
+    assert_eq!(resp.subscriber_id, data["subscriber_id"].as_str().unwrap());
+    host.bus
+        .publish(&text_delta(&session, "u0", "over unix"))
+        .await
+        .unwrap();
+    let seq = host.bracket(&text_end(&session, "u0")).await;
+    let delta = next_push(&mut ws).await;
+    assert!(delta.is_delta);
+    assert!(
+        delta.event_json.contains("over unix"),
+        "{}",
+        delta.event_json
+    );
+    let bracket = next_push(&mut ws).await;
+    assert_eq!(
+        (bracket.sequence_id, item_of(&bracket.event_json)),
+        (seq, "u0".to_owned())
+    );
+    let got = ok(&mut ws, "session.get", json!({"session_id": session})).await;
+    assert_eq!(got["session_id"], session.as_str());
+    // The JSON codec too.
+    let (mut json_ws, _) = tokio::time::timeout(
+        WAIT,
+        client::connect_unix_with(&socket, token, hello(None), Codec::Json),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    assert_eq!(
+        ok(&mut json_ws, "session.get", json!({"session_id": session})).await,
+        got
+    );
+    json_ws.close().await;
+
+    // Refusals: a wrong token, another path, a browser's Origin.
+    match tokio::time::timeout(
+        WAIT,
+        client::connect_unix(&socket, "not-a-token", hello(None)),
+    )
+    .await
+    .unwrap()
+    {
+        Err(ClientError::Refused(status)) => assert_eq!(status.as_u16(), 401),
+        Ok(_) => panic!("connected with a wrong token"),
+        Err(e) => panic!("expected an HTTP refusal, got {e}"),
+    }
+    let with_token = |url: &str| {
+        let mut request = url.into_client_request().unwrap();
+        request.headers_mut().insert(
+            header::AUTHORIZATION,
+            HeaderValue::from_str(&format!("Bearer {token}")).unwrap(),
+        );
+        request
+    };
+    assert_eq!(
+        unix_upgrade_status(&socket, with_token("ws://localhost/other")).await,
+        404
+    );
+    let mut cross_site = with_token(client::UNIX_URL);
+    cross_site.headers_mut().insert(
+        header::ORIGIN,
+        HeaderValue::from_static("https://attacker.example"),
+    );
+    assert_eq!(unix_upgrade_status(&socket, cross_site).await, 403);
+    // Any Host is fine here (no address to rebind).
+    assert_eq!(
+        unix_upgrade_status(&socket, with_token("ws://anything.example/subscribe")).await,
+        101
+    );
+
+    ws.close().await;
+    host.stop().await;
+    assert!(!socket.exists(), "ws.sock outlived its host");
+}

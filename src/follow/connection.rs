@@ -91,42 +91,41 @@ async fn run(
             cursor,
             protocol_version: PROTOCOL_VERSION,
         };
-        let (reason, up_for) =
-            match client::connect(&grant.ws_endpoint, &grant.ws_token, hello).await {
-                Ok((ws, _)) => {
-                    if updates.send(Update::Connected).await.is_err() {
-                        return;
-                    }
-                    let up = Instant::now();
-                    let served = serve(
-                        ws,
-                        &ipc_path,
-                        &mut cursor,
-                        &updates,
-                        &mut requests,
-                        &mut reconnect,
-                    )
-                    .await;
-                    match served {
-                        Served::Closed => return,
-                        Served::Lost(reason) => (reason, Some(up.elapsed())),
-                    }
-                }
-                Err(ClientError::HelloRefused {
-                    code,
-                    name,
-                    message,
-                }) if name == "subscriber_not_found" => {
-                    let reply = Reply {
-                        code,
-                        message,
-                        data: json!({"error": name}),
-                    };
-                    let _gone = updates.send(Update::Fatal(reply)).await;
+        let (reason, up_for) = match client::connect_grant(&grant, hello).await {
+            Ok((ws, _)) => {
+                if updates.send(Update::Connected).await.is_err() {
                     return;
                 }
-                Err(e) => (e.to_string(), None),
-            };
+                let up = Instant::now();
+                let served = serve(
+                    ws,
+                    &ipc_path,
+                    &mut cursor,
+                    &updates,
+                    &mut requests,
+                    &mut reconnect,
+                )
+                .await;
+                match served {
+                    Served::Closed => return,
+                    Served::Lost(reason) => (reason, Some(up.elapsed())),
+                }
+            }
+            Err(ClientError::HelloRefused {
+                code,
+                name,
+                message,
+            }) if name == "subscriber_not_found" => {
+                let reply = Reply {
+                    code,
+                    message,
+                    data: json!({"error": name}),
+                };
+                let _gone = updates.send(Update::Fatal(reply)).await;
+                return;
+            }
+            Err(e) => (e.to_string(), None),
+        };
         let retry = reconnect.delay_after(up_for);
         if updates.send(Update::Lost { reason, retry }).await.is_err() {
             return;

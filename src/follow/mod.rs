@@ -178,13 +178,12 @@ async fn follow_once(
     out: &mut (dyn Write + Send),
     backoff: &mut Reconnect,
 ) -> Ended {
-    let (endpoint, token) = (grant.ws_endpoint.as_str(), grant.ws_token.as_str());
     let hello = pb::Hello {
         client_name: "agent-host follow".to_owned(),
         cursor: *cursor,
         protocol_version: PROTOCOL_VERSION,
     };
-    let mut ws: WsClient = match client::connect(endpoint, token, hello).await {
+    let mut ws: WsClient = match client::connect_grant(grant, hello).await {
         Ok((ws, _resp)) => ws,
         Err(ClientError::HelloRefused {
             code,

@@ -647,14 +647,14 @@ pub const COMMANDS: &[CommandSpec] = &[
         name: "subscriber.add",
         route: Route::Ipc,
         params: "{type: \"local\", session_id?: string, forward_deltas?: bool, replay_mode?: \"none\"|\"since_cursor\"|\"max_count\", max_count?: int, sessions?: [string], prompt?: bool, permissions?: bool, create_sessions?: bool, client?: string}",
-        summary: "create a durable subscriber and a WebSocket grant: {subscriber_id, ws_endpoint, ws_token, token_ttl_s}; client (1-32 of a-z 0-9 _ . -, e.g. web, follow) labels the prompts it sends (user.text from.client)",
+        summary: "create a durable subscriber and a WebSocket grant: {subscriber_id, ws_endpoint, ws_socket?, ws_token, token_ttl_s}; client (1-32 of a-z 0-9 _ . -, e.g. web, follow) labels the prompts it sends (user.text from.client)",
         wire: false,
     },
     CommandSpec {
         name: "subscriber.grant",
         route: Route::Ipc,
         params: "{subscriber_id: string}",
-        summary: "a fresh WebSocket grant for an existing subscriber (after a host restart or TTL; over the wire, a connection renews its own), valid 600 s: {subscriber_id, ws_endpoint, ws_token, token_ttl_s}",
+        summary: "a fresh WebSocket grant for an existing subscriber (after a host restart or TTL; over the wire, a connection renews its own), valid 600 s: {subscriber_id, ws_endpoint, ws_socket?, ws_token, token_ttl_s}",
         wire: true,
     },
     CommandSpec {

@@ -12,6 +12,10 @@ use super::states::{RunStatus, SessionState};
 pub struct Grant {
     pub subscriber_id: String,
     pub ws_endpoint: String,
+    /// The same protocol over the host's Unix socket (`ws.sock`, this user only), for clients
+    /// on this machine; absent from a host that has none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ws_socket: Option<String>,
     pub ws_token: String,
     pub token_ttl_s: u64,
 }

@@ -80,6 +80,8 @@ pub struct Subscribers {
     sessions: SessionManager,
     grants: Arc<GrantStore>,
     endpoint: String,
+    /// The Unix socket of the same protocol, when the host has one.
+    socket: Option<String>,
 }
 
 impl Subscribers {
@@ -96,7 +98,15 @@ impl Subscribers {
             sessions,
             grants,
             endpoint: format!("ws://127.0.0.1:{port}{PATH}"),
+            socket: None,
         }
+    }
+
+    /// Grants also name the host's Unix socket for the same protocol (`ws_socket`).
+    #[must_use]
+    pub fn with_socket(mut self, socket: &std::path::Path) -> Self {
+        self.socket = Some(socket.display().to_string());
+        self
     }
 
     /// A session a scoped subscriber created joins its stored scope, so its next connection
@@ -307,6 +317,7 @@ impl Subscribers {
         Ok(GrantReply {
             subscriber_id,
             ws_endpoint: self.endpoint.clone(),
+            ws_socket: self.socket.clone(),
             ws_token,
             token_ttl_s: ttl.as_secs(),
         })

@@ -6,7 +6,7 @@ use std::collections::VecDeque;
 
 use futures_util::{SinkExt, StreamExt};
 use prost::Message as _;
-use tokio::net::TcpStream;
+use tokio::net::{TcpStream, UnixStream};
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::http::{HeaderValue, StatusCode, header};
 use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
@@ -42,7 +42,39 @@ pub enum ClientError {
     RequestRefused(String),
 }
 
-type Stream = WebSocketStream<MaybeTlsStream<TcpStream>>;
+/// The connection under the WebSocket: TCP (the loopback server, a relay) or the host's
+/// Unix socket (`ws.sock`).
+#[expect(
+    clippy::large_enum_variant,
+    reason = "one per client connection, moved once (into the client)"
+)]
+enum Stream {
+    Tcp(WebSocketStream<MaybeTlsStream<TcpStream>>),
+    Unix(WebSocketStream<UnixStream>),
+}
+
+impl Stream {
+    async fn send(&mut self, message: Message) -> Result<(), WsError> {
+        match self {
+            Stream::Tcp(ws) => ws.send(message).await,
+            Stream::Unix(ws) => ws.send(message).await,
+        }
+    }
+
+    async fn next(&mut self) -> Option<Result<Message, WsError>> {
+        match self {
+            Stream::Tcp(ws) => ws.next().await,
+            Stream::Unix(ws) => ws.next().await,
+        }
+    }
+
+    async fn close(&mut self) -> Result<(), WsError> {
+        match self {
+            Stream::Tcp(ws) => ws.close(None).await,
+            Stream::Unix(ws) => ws.close(None).await,
+        }
+    }
+}
 
 /// What a client connection reads into at a time (tungstenite's default, 128 KiB, is zero-filled
 /// before every read and kept for the connection's life). Pushes and history pages can be
@@ -78,6 +110,18 @@ pub async fn connect(
     connect_with(endpoint, token, hello, Codec::Protobuf).await
 }
 
+/// [`connect`] with a grant: over the host's Unix socket when the grant names one (this
+/// machine's clients: no TCP on either side), else over its loopback endpoint.
+pub async fn connect_grant(
+    grant: &crate::protocol::replies::Grant,
+    hello: pb::Hello,
+) -> Result<(WsClient, pb::HelloResp), ClientError> {
+    match &grant.ws_socket {
+        Some(socket) => connect_unix(std::path::Path::new(socket), &grant.ws_token, hello).await,
+        None => connect(&grant.ws_endpoint, &grant.ws_token, hello).await,
+    }
+}
+
 /// [`connect`] in a codec: the JSON one is asked for with its subprotocol.
 pub async fn connect_with(
     endpoint: &str,
@@ -85,6 +129,51 @@ pub async fn connect_with(
     hello: pb::Hello,
     codec: Codec,
 ) -> Result<(WsClient, pb::HelloResp), ClientError> {
+    let request = upgrade_request(endpoint, token, codec)?;
+    let config = client_config(MAX_PUSH_BYTES);
+    let (ws, _response) = tokio_tungstenite::connect_async_with_config(request, Some(config), true)
+        .await
+        .map_err(refused)?;
+    greet(Stream::Tcp(ws), codec, hello).await
+}
+
+/// [`connect`] over the host's Unix socket (`ws_socket` of a grant): the same upgrade, token
+/// and protocol, without TCP.
+pub async fn connect_unix(
+    socket: &std::path::Path,
+    token: &str,
+    hello: pb::Hello,
+) -> Result<(WsClient, pb::HelloResp), ClientError> {
+    connect_unix_with(socket, token, hello, Codec::Protobuf).await
+}
+
+/// [`connect_unix`] in a codec.
+pub async fn connect_unix_with(
+    socket: &std::path::Path,
+    token: &str,
+    hello: pb::Hello,
+    codec: Codec,
+) -> Result<(WsClient, pb::HelloResp), ClientError> {
+    let request = upgrade_request(UNIX_URL, token, codec)?;
+    let stream = UnixStream::connect(socket)
+        .await
+        .map_err(|e| ClientError::Ws(WsError::Io(e)))?;
+    let config = client_config(MAX_PUSH_BYTES);
+    let (ws, _response) =
+        tokio_tungstenite::client_async_with_config(request, stream, Some(config))
+            .await
+            .map_err(refused)?;
+    greet(Stream::Unix(ws), codec, hello).await
+}
+
+/// The URL a client of the Unix socket upgrades with (its `Host` is not checked there).
+pub const UNIX_URL: &str = "ws://localhost/subscribe";
+
+fn upgrade_request(
+    endpoint: &str,
+    token: &str,
+    codec: Codec,
+) -> Result<tokio_tungstenite::tungstenite::handshake::client::Request, ClientError> {
     let mut request = endpoint
         .into_client_request()
         .map_err(|e| ClientError::Request(e.to_string()))?;
@@ -97,13 +186,22 @@ pub async fn connect_with(
             HeaderValue::from_static(wire::JSON_SUBPROTOCOL),
         );
     }
-    let config = client_config(MAX_PUSH_BYTES);
-    let (ws, _response) = tokio_tungstenite::connect_async_with_config(request, Some(config), true)
-        .await
-        .map_err(|e| match e {
-            WsError::Http(response) => ClientError::Refused(response.status()),
-            other => ClientError::Ws(other),
-        })?;
+    Ok(request)
+}
+
+fn refused(e: WsError) -> ClientError {
+    match e {
+        WsError::Http(response) => ClientError::Refused(response.status()),
+        other => ClientError::Ws(other),
+    }
+}
+
+/// Send `Hello` and wait for `HelloResp` (or the `ErrorResp` that refuses it).
+async fn greet(
+    ws: Stream,
+    codec: Codec,
+    hello: pb::Hello,
+) -> Result<(WsClient, pb::HelloResp), ClientError> {
     let mut client = WsClient {
         ws,
         codec,
@@ -243,7 +341,7 @@ impl WsClient {
 
     /// Close politely.
     pub async fn close(mut self) {
-        let _already_closed = self.ws.close(None).await;
+        let _already_closed = self.ws.close().await;
     }
 }
 

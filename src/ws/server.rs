@@ -34,6 +34,8 @@
 //! 1,000 idle subscribers in a real host process.
 
 use std::net::{Ipv4Addr, SocketAddr};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -136,31 +138,59 @@ fn header_str(req: &Request, name: header::HeaderName) -> Option<&str> {
     req.headers().get(name).and_then(|v| v.to_str().ok())
 }
 
+/// Where an upgrade request came in, which decides the Host and Origin rule.
+#[derive(Debug, Clone, Copy)]
+enum Door<'a> {
+    /// The TCP listener on this port: Host must name it, Origin (if any) be its own or allowed.
+    Tcp {
+        port: u16,
+        allowed_origins: &'a [String],
+    },
+    /// The Unix socket (mode 0600, the host's own user only): Host is not checked (there is
+    /// no address to rebind); a request with an `Origin` (a browser's, through some bridge)
+    /// is refused unless that origin is configured.
+    Unix { allowed_origins: &'a [String] },
+}
+
 /// Check path, Host, Origin and token, in that order.
 fn authorize(
     req: &Request,
     grants: &GrantStore,
-    port: u16,
-    allowed_origins: &[String],
+    door: Door<'_>,
 ) -> Result<Authorized, (StatusCode, String)> {
     if req.uri().path() != PATH {
         return Err((StatusCode::NOT_FOUND, format!("only {PATH} is served")));
     }
-    let site = Site {
-        port,
-        allowed_origins,
-    };
-    let host = header_str(req, header::HOST).unwrap_or_default();
-    if !site.host_ok(host) {
-        return Err((
-            StatusCode::FORBIDDEN,
-            "Host must be this server's loopback address".to_owned(),
-        ));
-    }
-    if let Some(origin) = header_str(req, header::ORIGIN)
-        && !site.origin_ok(origin)
-    {
-        return Err((StatusCode::FORBIDDEN, "Origin not allowed".to_owned()));
+    let origin = header_str(req, header::ORIGIN);
+    match door {
+        Door::Tcp {
+            port,
+            allowed_origins,
+        } => {
+            let site = Site {
+                port,
+                allowed_origins,
+            };
+            let host = header_str(req, header::HOST).unwrap_or_default();
+            if !site.host_ok(host) {
+                return Err((
+                    StatusCode::FORBIDDEN,
+                    "Host must be this server's loopback address".to_owned(),
+                ));
+            }
+            if let Some(origin) = origin
+                && !site.origin_ok(origin)
+            {
+                return Err((StatusCode::FORBIDDEN, "Origin not allowed".to_owned()));
+            }
+        }
+        Door::Unix { allowed_origins } => {
+            if let Some(origin) = origin
+                && !allowed_origins.iter().any(|o| o == origin)
+            {
+                return Err((StatusCode::FORBIDDEN, "Origin not allowed".to_owned()));
+            }
+        }
     }
     let bearer = header_str(req, header::AUTHORIZATION)
         .and_then(|v| v.strip_prefix("Bearer "))
@@ -225,10 +255,6 @@ enum ConnError {
     Io(#[from] std::io::Error),
 }
 
-#[expect(
-    clippy::result_large_err,
-    reason = "the handshake callback's signature is tungstenite's"
-)]
 async fn connection(
     mut stream: TcpStream,
     ctx: Arc<WsContext>,
@@ -251,12 +277,35 @@ async fn connection(
         return web_request(stream, &head, &site, deadline, &cancel).await;
     }
     let stream = web::Rewind::new(read, stream);
+    let door = Door::Tcp {
+        port: ctx.port,
+        allowed_origins: &ctx.allowed_origins,
+    };
+    upgrade_and_serve(stream, &ctx, door, deadline, cancel, handshake).await
+}
+
+/// The WebSocket upgrade (checked by [`authorize`] at `door`), then the connection's life in
+/// [`link::serve`].
+#[expect(
+    clippy::result_large_err,
+    reason = "the handshake callback's signature is tungstenite's"
+)]
+async fn upgrade_and_serve<S>(
+    stream: S,
+    ctx: &WsContext,
+    door: Door<'_>,
+    deadline: tokio::time::Instant,
+    cancel: CancellationToken,
+    handshake: tokio::sync::OwnedSemaphorePermit,
+) -> Result<(), ConnError>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
     let mut granted: Option<(String, Codec)> = None;
     let callback = |req: &Request, mut response: Response| match authorize(
         req,
         ctx.link.handler.subscribers().grants(),
-        ctx.port,
-        &ctx.allowed_origins,
+        door,
     ) {
         Ok(auth) => {
             if let Some(selected) = auth.select_subprotocol {
@@ -303,6 +352,101 @@ async fn connection(
     );
     tracing::Instrument::instrument(serving, span).await;
     Ok(())
+}
+
+/// Bind the Unix socket (`ws.sock`) with mode 0600. The caller holds the instance lock, so a
+/// leftover file is a dead host's and is removed first. [`UnixSocket`]'s drop removes it again.
+pub fn bind_unix(path: &Path) -> std::io::Result<UnixSocket> {
+    match std::fs::remove_file(path) {
+        Ok(()) => tracing::info!(path = %path.display(), "removed a stale socket file"),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    let listener = tokio::net::UnixListener::bind(path)?;
+    let socket = UnixSocket {
+        listener,
+        path: path.to_owned(),
+    };
+    // The home is 0700, so nobody else could reach the file in between; and every accepted
+    // peer's uid is checked anyway.
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+    Ok(socket)
+}
+
+/// The bound Unix socket; its file goes when this is dropped.
+pub struct UnixSocket {
+    listener: tokio::net::UnixListener,
+    path: PathBuf,
+}
+
+impl Drop for UnixSocket {
+    fn drop(&mut self) {
+        let _gone_already = std::fs::remove_file(&self.path);
+    }
+}
+
+/// Accept on the Unix socket until `cancel`: the same upgrade, token, protocol and limits as
+/// the TCP listener's `/subscribe`, for clients on this machine that would rather not use TCP
+/// (lower latency; the socket's mode and a peer-uid check instead of a port anyone local can
+/// dial). No web UI here: any other path is refused with 404 in the upgrade.
+pub async fn serve_unix(
+    socket: UnixSocket,
+    ctx: Arc<WsContext>,
+    cancel: CancellationToken,
+    tracker: TaskTracker,
+) {
+    let own_uid = nix_uid();
+    let handshakes = Arc::new(tokio::sync::Semaphore::new(MAX_HANDSHAKES));
+    loop {
+        let Ok(permit) = (tokio::select! {
+            () = cancel.cancelled() => break,
+            permit = handshakes.clone().acquire_owned() => permit,
+        }) else {
+            break;
+        };
+        let stream = tokio::select! {
+            () = cancel.cancelled() => break,
+            accepted = socket.listener.accept() => match accepted {
+                Ok((stream, _)) => stream,
+                Err(e) => {
+                    tracing::warn!(error = %e, "WebSocket (Unix) accept failed");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+        };
+        match stream.peer_cred() {
+            Ok(cred) if cred.uid() == own_uid => {}
+            Ok(cred) => {
+                tracing::warn!(
+                    uid = cred.uid(),
+                    "refused a Unix-socket peer of another user"
+                );
+                continue;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "refused a Unix-socket peer without credentials");
+                continue;
+            }
+        }
+        let ctx = ctx.clone();
+        let cancel = cancel.child_token();
+        tracker.spawn(async move {
+            let deadline = tokio::time::Instant::now() + HANDSHAKE_TIMEOUT;
+            let door = Door::Unix {
+                allowed_origins: &ctx.allowed_origins,
+            };
+            if let Err(e) = upgrade_and_serve(stream, &ctx, door, deadline, cancel, permit).await {
+                tracing::debug!(error = %e, "Unix-socket WebSocket connection ended with an error");
+            }
+        });
+    }
+    tracing::debug!("WebSocket (Unix) listener stopped");
+    drop(socket);
+}
+
+fn nix_uid() -> u32 {
+    nix::unistd::geteuid().as_raw()
 }
 
 /// Answer one web UI request and close. The caller's handshake permit is held until this
@@ -352,7 +496,11 @@ mod tests {
         let proto = format!("{SUBPROTOCOL}, {TOKEN_SUBPROTOCOL_PREFIX}{token}");
         let allowed = vec!["tauri://localhost".to_owned()];
         let check = |headers: &[(&str, &str)], path: &str| {
-            authorize(&request(headers, path), &grants, 4000, &allowed).map_err(|(s, _)| s.as_u16())
+            let door = Door::Tcp {
+                port: 4000,
+                allowed_origins: &allowed,
+            };
+            authorize(&request(headers, path), &grants, door).map_err(|(s, _)| s.as_u16())
         };
         let host = ("host", "127.0.0.1:4000");
         assert_eq!(
