@@ -27,6 +27,8 @@
 //! (`TOKIO_WORKER_THREADS`), an experiment knob; unset, the host runs as it ships.
 //! `AGENT_HOST_BENCH_HOST=<path>` runs another build of `agent-host` as side A (to compare two
 //! commits against the same daemon, alternating invocations).
+//! `AGENT_HOST_BENCH_TRANSPORT=unix` connects the host's followers over its Unix socket
+//! (`ws.sock`), the transport the daemon's clients use; unset, over TCP on 127.0.0.1.
 //!
 //! Everything runs in a loopback-only network namespace (as the tests do).
 //!
