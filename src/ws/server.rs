@@ -90,24 +90,9 @@ pub async fn serve(
     tracker: TaskTracker,
 ) {
     let handshakes = Arc::new(tokio::sync::Semaphore::new(MAX_HANDSHAKES));
-    loop {
-        let Ok(permit) = (tokio::select! {
-            () = cancel.cancelled() => break,
-            permit = handshakes.clone().acquire_owned() => permit,
-        }) else {
-            break;
-        };
-        let (stream, peer) = tokio::select! {
-            () = cancel.cancelled() => break,
-            accepted = listener.accept() => match accepted {
-                Ok(pair) => pair,
-                Err(e) => {
-                    tracing::warn!(error = %e, "WebSocket accept failed");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                    continue;
-                }
-            },
-        };
+    while let Some((permit, (stream, peer))) =
+        admit(&handshakes, &cancel, "WebSocket", || listener.accept()).await
+    {
         if !peer.ip().is_loopback() {
             // Cannot happen while bound to 127.0.0.1; refuse anyway rather than trust it.
             tracing::warn!(%peer, "refused a non-loopback peer");
@@ -122,6 +107,37 @@ pub async fn serve(
         });
     }
     tracing::debug!("WebSocket listener stopped");
+}
+
+/// The next connection of either listener, with one of `handshakes`' permits (a failed
+/// accept, e.g. out of file descriptors, backs off instead of spinning); `None` once `cancel`
+/// fires.
+async fn admit<T, F, Fut>(
+    handshakes: &Arc<tokio::sync::Semaphore>,
+    cancel: &CancellationToken,
+    listener_name: &str,
+    mut accept: F,
+) -> Option<(tokio::sync::OwnedSemaphorePermit, T)>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = std::io::Result<T>>,
+{
+    loop {
+        let permit = tokio::select! {
+            () = cancel.cancelled() => return None,
+            permit = handshakes.clone().acquire_owned() => permit.ok()?,
+        };
+        tokio::select! {
+            () = cancel.cancelled() => return None,
+            accepted = accept() => match accepted {
+                Ok(connection) => return Some((permit, connection)),
+                Err(e) => {
+                    tracing::warn!(error = %e, "{listener_name} accept failed");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            },
+        }
+    }
 }
 
 /// The outcome of checking an upgrade request.
@@ -395,26 +411,13 @@ pub async fn serve_unix(
     cancel: CancellationToken,
     tracker: TaskTracker,
 ) {
-    let own_uid = nix_uid();
+    let own_uid = nix::unistd::geteuid().as_raw();
     let handshakes = Arc::new(tokio::sync::Semaphore::new(MAX_HANDSHAKES));
-    loop {
-        let Ok(permit) = (tokio::select! {
-            () = cancel.cancelled() => break,
-            permit = handshakes.clone().acquire_owned() => permit,
-        }) else {
-            break;
-        };
-        let stream = tokio::select! {
-            () = cancel.cancelled() => break,
-            accepted = socket.listener.accept() => match accepted {
-                Ok((stream, _)) => stream,
-                Err(e) => {
-                    tracing::warn!(error = %e, "WebSocket (Unix) accept failed");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                    continue;
-                }
-            },
-        };
+    while let Some((permit, (stream, _))) = admit(&handshakes, &cancel, "WebSocket (Unix)", || {
+        socket.listener.accept()
+    })
+    .await
+    {
         match stream.peer_cred() {
             Ok(cred) if cred.uid() == own_uid => {}
             Ok(cred) => {
@@ -443,10 +446,6 @@ pub async fn serve_unix(
     }
     tracing::debug!("WebSocket (Unix) listener stopped");
     drop(socket);
-}
-
-fn nix_uid() -> u32 {
-    nix::unistd::geteuid().as_raw()
 }
 
 /// Answer one web UI request and close. The caller's handshake permit is held until this
