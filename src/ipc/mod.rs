@@ -124,10 +124,11 @@ pub async fn serve(
                 }
             },
         };
+        let peer = Peer::of(&stream);
         let dispatcher = dispatcher.clone();
         let handling = handling.clone();
         tracker.spawn(async move {
-            if let Err(e) = serve_limited(stream, &dispatcher, limits, &handling).await {
+            if let Err(e) = serve_limited(stream, &dispatcher, limits, &handling, peer).await {
                 tracing::debug!(error = %e, "IPC connection ended with an error");
             }
             drop(permit);
@@ -143,7 +144,47 @@ pub async fn serve_connection<S>(stream: S, dispatcher: &Handler, limits: Limits
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
-    serve_limited(stream, dispatcher, limits, &Semaphore::new(MAX_IN_FLIGHT)).await
+    let handling = Semaphore::new(MAX_IN_FLIGHT);
+    serve_limited(stream, dispatcher, limits, &handling, Peer::OwnUser).await
+}
+
+/// Who is at the other end of an accepted connection, by its credentials (`SO_PEERCRED`).
+/// The socket's mode (0600, in a 0700 home) keeps other users out; this is the check behind
+/// it, for a home or socket whose mode was loosened.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Peer {
+    OwnUser,
+    /// Another user (its effective uid), or `None`: credentials that could not be read.
+    Foreign(Option<u32>),
+}
+
+impl Peer {
+    fn of(stream: &Stream) -> Peer {
+        let own = nix::unistd::geteuid().as_raw();
+        match stream.peer_creds().map(|c| c.euid()) {
+            Ok(Some(uid)) if uid == own => Peer::OwnUser,
+            Ok(uid) => Peer::Foreign(uid),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot read an IPC peer's credentials");
+                Peer::Foreign(None)
+            }
+        }
+    }
+
+    /// The reply to a request from another user: it is read (so the client gets its answer,
+    /// not a broken pipe) and never handled.
+    fn refusal(self) -> Option<RequestError> {
+        let Peer::Foreign(uid) = self else {
+            return None;
+        };
+        let own = nix::unistd::geteuid().as_raw();
+        let who = uid.map_or_else(|| "unknown".to_owned(), |u| u.to_string());
+        tracing::warn!(peer_uid = %who, "refused an IPC request from another user");
+        Some(RequestError::new(
+            ErrorCode::PeerRefused,
+            format!("this host serves its own user (uid {own}) only; the peer's uid is {who}"),
+        ))
+    }
 }
 
 /// [`serve_connection`], taking a slot of `handling` only once the request line is read.
@@ -152,14 +193,16 @@ async fn serve_limited<S>(
     dispatcher: &Handler,
     limits: Limits,
     handling: &Semaphore,
+    peer: Peer,
 ) -> io::Result<()>
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
     let (read, mut write) = tokio::io::split(stream);
     let request = read_request(read, limits).await;
-    let reply = match request {
-        Ok(bytes) => match Command::parse_bytes(&bytes) {
+    let reply = match (request, peer.refusal()) {
+        (_, Some(refused)) => refused.into_reply(),
+        (Ok(bytes), None) => match Command::parse_bytes(&bytes) {
             Ok(command) => {
                 tracing::debug!(command = command.name(), "IPC request");
                 // Held while the command runs, not while a slow client reads the reply.
@@ -168,7 +211,7 @@ where
             }
             Err(e) => e.into_reply(),
         },
-        Err(e) => e.into_reply(),
+        (Err(e), None) => e.into_reply(),
     };
     let mut line = reply.to_line();
     line.push('\n');

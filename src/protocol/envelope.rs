@@ -29,6 +29,7 @@ pub enum ErrorCode {
     FrameTooLarge,
     HelloRequired,
     OutOfScope,
+    PeerRefused,
     AlreadyRunning,
     HostNotRunning,
     HostStartFailed,
@@ -81,6 +82,7 @@ impl ErrorCode {
         ErrorCode::FrameTooLarge,
         ErrorCode::HelloRequired,
         ErrorCode::OutOfScope,
+        ErrorCode::PeerRefused,
         ErrorCode::AlreadyRunning,
         ErrorCode::HostNotRunning,
         ErrorCode::HostStartFailed,
@@ -133,6 +135,7 @@ impl ErrorCode {
             ErrorCode::FrameTooLarge => 1013,
             ErrorCode::HelloRequired => 1014,
             ErrorCode::OutOfScope => 1015,
+            ErrorCode::PeerRefused => 1016,
             ErrorCode::AlreadyRunning => 2001,
             ErrorCode::HostNotRunning => 2002,
             ErrorCode::HostStartFailed => 2003,
@@ -186,6 +189,7 @@ impl ErrorCode {
             ErrorCode::FrameTooLarge => "frame_too_large",
             ErrorCode::HelloRequired => "hello_required",
             ErrorCode::OutOfScope => "out_of_scope",
+            ErrorCode::PeerRefused => "peer_refused",
             ErrorCode::AlreadyRunning => "already_running",
             ErrorCode::HostNotRunning => "host_not_running",
             ErrorCode::HostStartFailed => "host_start_failed",
@@ -248,6 +252,10 @@ impl ErrorCode {
             ErrorCode::HelloRequired => "the first frame of a connection must be `Hello`",
             ErrorCode::OutOfScope => {
                 "the connection's scope (the relay token's) does not allow this request or session"
+            }
+            ErrorCode::PeerRefused => {
+                "the IPC socket's peer runs as another user than the host: each user's host \
+                 serves that user only (the request was read and not handled)"
             }
             ErrorCode::AlreadyRunning => "a host already holds the lock; `data.pid` is its pid",
             ErrorCode::HostNotRunning => "the command needs a live host and none answers",

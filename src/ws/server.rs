@@ -162,18 +162,37 @@ enum Door<'a> {
         port: u16,
         allowed_origins: &'a [String],
     },
-    /// The Unix socket (mode 0600, the host's own user only): Host is not checked (there is
+    /// The Unix socket (mode 0600, the host's own user only): a peer of another user
+    /// (`foreign_peer`, its uid if known) is refused with 403; Host is not checked (there is
     /// no address to rebind); a request with an `Origin` (a browser's, through some bridge)
     /// is refused unless that origin is configured.
-    Unix { allowed_origins: &'a [String] },
+    Unix {
+        allowed_origins: &'a [String],
+        foreign_peer: Option<Option<u32>>,
+    },
 }
 
-/// Check path, Host, Origin and token, in that order.
+/// Check the peer's user (Unix socket), path, Host, Origin and token, in that order.
 fn authorize(
     req: &Request,
     grants: &GrantStore,
     door: Door<'_>,
 ) -> Result<Authorized, (StatusCode, String)> {
+    if let Door::Unix {
+        foreign_peer: Some(uid),
+        ..
+    } = door
+    {
+        let own = nix::unistd::geteuid().as_raw();
+        let who = uid.map_or_else(|| "unknown".to_owned(), |u| u.to_string());
+        return Err((
+            StatusCode::FORBIDDEN,
+            format!(
+                "peer_refused: this socket serves its own user (uid {own}) only; \
+                 the peer's uid is {who}"
+            ),
+        ));
+    }
     if req.uri().path() != PATH {
         return Err((StatusCode::NOT_FOUND, format!("only {PATH} is served")));
     }
@@ -200,7 +219,9 @@ fn authorize(
                 return Err((StatusCode::FORBIDDEN, "Origin not allowed".to_owned()));
             }
         }
-        Door::Unix { allowed_origins } => {
+        Door::Unix {
+            allowed_origins, ..
+        } => {
             if let Some(origin) = origin
                 && !allowed_origins.iter().any(|o| o == origin)
             {
@@ -418,26 +439,29 @@ pub async fn serve_unix(
     })
     .await
     {
-        match stream.peer_cred() {
-            Ok(cred) if cred.uid() == own_uid => {}
+        // Another user's peer gets its 403 through the handshake (bounded like any other),
+        // so it reads why instead of a reset.
+        let foreign_peer = match stream.peer_cred() {
+            Ok(cred) if cred.uid() == own_uid => None,
             Ok(cred) => {
                 tracing::warn!(
                     uid = cred.uid(),
                     "refused a Unix-socket peer of another user"
                 );
-                continue;
+                Some(Some(cred.uid()))
             }
             Err(e) => {
                 tracing::warn!(error = %e, "refused a Unix-socket peer without credentials");
-                continue;
+                Some(None)
             }
-        }
+        };
         let ctx = ctx.clone();
         let cancel = cancel.child_token();
         tracker.spawn(async move {
             let deadline = tokio::time::Instant::now() + HANDSHAKE_TIMEOUT;
             let door = Door::Unix {
                 allowed_origins: &ctx.allowed_origins,
+                foreign_peer,
             };
             if let Err(e) = upgrade_and_serve(stream, &ctx, door, deadline, cancel, permit).await {
                 tracing::debug!(error = %e, "Unix-socket WebSocket connection ended with an error");
@@ -590,5 +614,34 @@ mod tests {
             check(&[host, ("authorization", "Bearer wrong")], "/subscribe"),
             Err(401)
         );
+    }
+
+    #[test]
+    fn the_unix_door_refuses_another_users_peer_before_anything_else() {
+        let grants = GrantStore::new(Clock::system());
+        let token = grants.mint("sub").unwrap();
+        let bearer = format!("Bearer {token}");
+        let allowed: Vec<String> = Vec::new();
+        let check = |foreign_peer: Option<Option<u32>>, path: &str| {
+            let door = Door::Unix {
+                allowed_origins: &allowed,
+                foreign_peer,
+            };
+            authorize(&request(&[("authorization", &bearer)], path), &grants, door)
+                .map(|a| a.subscriber_id)
+                .map_err(|(s, reason)| (s.as_u16(), reason))
+        };
+        assert_eq!(check(None, "/subscribe"), Ok("sub".to_owned()));
+        for (peer, path) in [
+            (Some(Some(65534)), "/subscribe"),
+            (Some(None), "/subscribe"),
+            (Some(Some(65534)), "/other"),
+        ] {
+            let (status, reason) = check(peer, path).unwrap_err();
+            assert_eq!(status, 403, "{peer:?} {path}");
+            assert!(reason.starts_with("peer_refused: "), "{reason}");
+        }
+        let (_, reason) = check(Some(Some(65534)), "/subscribe").unwrap_err();
+        assert!(reason.ends_with("the peer's uid is 65534"), "{reason}");
     }
 }
