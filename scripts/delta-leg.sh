@@ -14,26 +14,43 @@
 # apart; `1 25 93 3` has them 3 ms apart, so that the host never goes idle between them).
 set -euo pipefail
 
-front=${1:-target/release/agent-host}
+front=$(realpath "${1:-target/release/agent-host}")
 secs=${2:-25}
 command -v perf >/dev/null || { echo "perf is not installed (Debian: linux-perf)" >&2; exit 2; }
+[ -x "$front" ] || { echo "no agent-host binary at $front" >&2; exit 2; }
 cd "$(dirname "$0")/.."
-bench=$(ls -t target/release/deps/codex_daemon-* 2>/dev/null | grep -v '\.d$' | head -1)
+bench=$(ls -t target/release/deps/codex_daemon-* 2>/dev/null | grep -v '\.d$' | head -1 || true)
 [ -n "$bench" ] || { echo "build the bench first: cargo bench --bench codex_daemon --no-run" >&2; exit 2; }
 work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
+runner=""
+trap '[ -z "$runner" ] || kill "$runner" 2>/dev/null || true; rm -rf "$work"' EXIT
 
 # shellcheck disable=SC2086
 AGENT_HOST_BENCH_HOST="$front" "$bench" ${ARGS:-1 6 93 30} --bench >"$work/bench.log" 2>&1 &
 runner=$!
+# `pid` descends from the bench (which re-runs itself in its own network namespace).
+from_bench() {
+    local pid=$1
+    while [ -n "$pid" ] && [ "$pid" -gt 1 ]; do
+        [ "$pid" = "$runner" ] && return 0
+        pid=$(awk '{print $4}' "/proc/$pid/stat" 2>/dev/null || true)
+    done
+    return 1
+}
+# The bench's host, once it has its Codex child; not any other host on this machine.
 host=""
+codex=""
 for _ in $(seq 600); do
-    host=$(pgrep -f '"command":"host.start"' | head -1 || true)
-    [ -n "$host" ] && [ -n "$(pgrep -P "$host" | head -1 || true)" ] && break
+    for pid in $(pgrep -f '"command":"host.start"' || true); do
+        if from_bench "$pid"; then
+            host=$pid
+            codex=$(pgrep -P "$host" | head -1 || true)
+        fi
+    done
+    [ -n "$codex" ] && break
     sleep 0.05
 done
-[ -n "$host" ] || { echo "the host did not start" >&2; exit 1; }
-codex=$(pgrep -P "$host" | head -1)
+[ -n "$codex" ] || { echo "the bench's host and its Codex did not start within 30 s" >&2; exit 1; }
 # Let Codex start its threads (its stdout writer among them) before attaching to them.
 sleep 2
 perf record -q -o "$work/perf.data" -e raw_syscalls:sys_enter -e raw_syscalls:sys_exit \

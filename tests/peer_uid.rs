@@ -138,7 +138,9 @@ fn another_users_peer_is_refused_on_both_sockets() {
     let ws_socket = subscriber["ws_socket"].as_str().unwrap().to_owned();
     assert_eq!(Path::new(&ws_socket), host.home.join("ws.sock"));
 
-    // Loosen what normally keeps another user out: the home (0700) and both sockets (0600).
+    // Loosen what normally keeps another user out: the home (0700) and both sockets (0600),
+    // and the temp directory above the home (whatever the umask made it).
+    chmod(host.home.parent().unwrap(), 0o755);
     chmod(&host.home, 0o755);
     chmod(&host.home.join("host.sock"), 0o666);
     chmod(&host.home.join("ws.sock"), 0o666);
@@ -162,6 +164,15 @@ fn another_users_peer_is_refused_on_both_sockets() {
         "{reply}"
     );
     assert!(!refused.status.success());
+    // Nor is a command that would change something: a grant of its own.
+    let grant = r#"{"type":"local","forward_deltas":true,"replay_mode":"none"}"#;
+    let added = reply_of(&run_as(
+        Some(NOBODY),
+        &cli,
+        &["subscriber.add", grant],
+        &host.home,
+    ));
+    assert_eq!(added["data"]["error"], json!("peer_refused"), "{added}");
     // The same copy, as the host's own user, through the same loosened socket.
     let own = reply_of(&run_as(None, &cli, &["host.status"], &host.home));
     assert_eq!(own["code"], json!(0), "{own}");
@@ -193,7 +204,8 @@ fn another_users_peer_is_refused_on_both_sockets() {
     );
     assert_eq!(upgrade(None), "101");
 
-    // Nothing the other user sent was taken: the host answers, and still has one subscriber.
+    // Nothing the other user sent was taken: the host answers, and it still has its one
+    // subscriber (no grant for the other user).
     let status = host.cli_ok("host.status", None);
     assert_eq!(status["running"], json!(true), "{status}");
     let subscribers = host.cli_ok("subscriber.list", None);

@@ -34,6 +34,8 @@ use crate::request::{Caller, Handler};
 pub const MAX_CONNECTIONS: usize = 1024;
 /// Requests being handled at once (read completely, waiting for their reply).
 pub const MAX_IN_FLIGHT: usize = 64;
+/// How long a peer of another user may take to send the request it is refused.
+const FOREIGN_PEER_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// Bounds on one request.
 #[derive(Debug, Clone, Copy)]
@@ -159,15 +161,34 @@ enum Peer {
 }
 
 impl Peer {
+    /// The peer's uid from `SO_PEERCRED`, read directly: a peer in a PID namespace this host
+    /// cannot see has pid 0 there (which `interprocess` takes for an error), and still a uid.
     fn of(stream: &Stream) -> Peer {
+        use std::os::fd::AsFd;
         let own = nix::unistd::geteuid().as_raw();
-        match stream.peer_creds().map(|c| c.euid()) {
-            Ok(Some(uid)) if uid == own => Peer::OwnUser,
-            Ok(uid) => Peer::Foreign(uid),
+        let Stream::UdSocket(socket) = stream;
+        match nix::sys::socket::getsockopt(
+            &socket.as_fd(),
+            nix::sys::socket::sockopt::PeerCredentials,
+        ) {
+            Ok(cred) if cred.uid() == own => Peer::OwnUser,
+            Ok(cred) => Peer::Foreign(Some(cred.uid())),
             Err(e) => {
-                tracing::warn!(error = %e, "cannot read an IPC peer's credentials");
+                tracing::debug!(error = %e, "cannot read an IPC peer's credentials");
                 Peer::Foreign(None)
             }
+        }
+    }
+
+    /// How long the request may take to arrive: another user's gets a second, so that it
+    /// cannot hold connection slots for the full read timeout.
+    fn limits(self, limits: Limits) -> Limits {
+        match self {
+            Peer::OwnUser => limits,
+            Peer::Foreign(_) => Limits {
+                read_timeout: limits.read_timeout.min(FOREIGN_PEER_TIMEOUT),
+                ..limits
+            },
         }
     }
 
@@ -199,7 +220,7 @@ where
     S: AsyncRead + AsyncWrite + Unpin,
 {
     let (read, mut write) = tokio::io::split(stream);
-    let request = read_request(read, limits).await;
+    let request = read_request(read, peer.limits(limits)).await;
     let reply = match (request, peer.refusal()) {
         (_, Some(refused)) => refused.into_reply(),
         (Ok(bytes), None) => match Command::parse_bytes(&bytes) {

@@ -56,6 +56,8 @@ use crate::web::{self, Site};
 
 /// How long a client has to finish the HTTP upgrade, and then to send `Hello`.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a Unix-socket peer of another user has to send the upgrade it is refused.
+const FOREIGN_PEER_TIMEOUT: Duration = Duration::from_secs(1);
 /// Connections that may be in the upgrade or `Hello` at once; more wait for a slot. Large, so
 /// that clients which open a connection and never finish the upgrade (each timed out after
 /// [`HANDSHAKE_TIMEOUT`]) cannot make a real client wait: a slot costs one socket and a small
@@ -458,7 +460,14 @@ pub async fn serve_unix(
         let ctx = ctx.clone();
         let cancel = cancel.child_token();
         tracker.spawn(async move {
-            let deadline = tokio::time::Instant::now() + HANDSHAKE_TIMEOUT;
+            // Another user's peer gets a second for its refusal, not a handshake's time:
+            // it cannot hold the handshake permits the host's own clients need.
+            let timeout = if foreign_peer.is_some() {
+                FOREIGN_PEER_TIMEOUT
+            } else {
+                HANDSHAKE_TIMEOUT
+            };
+            let deadline = tokio::time::Instant::now() + timeout;
             let door = Door::Unix {
                 allowed_origins: &ctx.allowed_origins,
                 foreign_peer,
