@@ -14,7 +14,8 @@
 //!   [`link`] — one wire connection (Hello, replay, events, acks, requests), whichever side
 //!   dialed.
 //! - [`ipc`] — the Unix-socket transport; [`ws`] — the loopback WebSocket transport, which
-//!   also serves [`web`] (the embedded web UI and its headers) on the same port;
+//!   also serves [`web`] (the embedded web UI and its headers) on the same port, and the same
+//!   protocol on a Unix socket; [`peer`] — which user a Unix-socket peer runs as;
 //!   [`relay`] — the outbound relay connection; [`seal`] — the Noise keys, handshakes and
 //!   sealed channels between the host and its remote bots, and their pairing.
 //! - [`relayd`] — the relay service itself (`agent-host-relay`): instances joined by NATS
@@ -55,6 +56,7 @@ pub mod limits;
 pub mod link;
 pub mod logging;
 pub mod open;
+pub mod peer;
 pub mod protocol;
 pub mod redact;
 pub mod relay;

@@ -12,6 +12,9 @@
     reason = "test code: a panic is the failure report (clippy's allow-*-in-tests does not reach helpers of an integration test)"
 )]
 
+#[path = "common/reap.rs"]
+mod reap;
+
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{ExitStatus, Stdio};
@@ -123,13 +126,7 @@ impl Home {
 impl Drop for Home {
     /// Never leak a daemon: a host still holding the lock is killed by the pid it wrote there.
     fn drop(&mut self) {
-        let lock = self.lock_path();
-        if matches!(lock_held(&lock), Ok(true))
-            && let Some(info) = read_lock_info(&lock)
-            && let Ok(raw) = i32::try_from(info.pid)
-        {
-            let _gone = kill(Pid::from_raw(raw), Signal::SIGKILL);
-        }
+        reap::kill_lock_holder(&self.lock_path());
     }
 }
 

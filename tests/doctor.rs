@@ -15,12 +15,14 @@
     reason = "test code: a panic is the failure report"
 )]
 
+#[path = "common/reap.rs"]
+mod reap;
+
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
-use agent_host::instance::{lock_held, read_lock_info};
 use agent_host::protocol::envelope::ErrorCode;
 use serde_json::{Value, json};
 
@@ -183,16 +185,7 @@ impl Home {
 
 impl Drop for Home {
     fn drop(&mut self) {
-        let lock = self.home().join("host.lock");
-        if matches!(lock_held(&lock), Ok(true))
-            && let Some(info) = read_lock_info(&lock)
-            && let Ok(raw) = i32::try_from(info.pid)
-        {
-            let _gone = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(raw),
-                nix::sys::signal::Signal::SIGKILL,
-            );
-        }
+        reap::kill_lock_holder(&self.home().join("host.lock"));
     }
 }
 

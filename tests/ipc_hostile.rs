@@ -11,15 +11,16 @@
     reason = "test code: a panic is the failure report (clippy's allow-*-in-tests does not reach helpers of an integration test)"
 )]
 
+#[path = "common/reap.rs"]
+mod reap;
+
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
 
-use agent_host::instance::{lock_held, read_lock_info};
+use agent_host::instance::read_lock_info;
 use agent_host::protocol::envelope::{ErrorCode, MAX_REQUEST_BYTES};
-use nix::sys::signal::{Signal, kill};
-use nix::unistd::Pid;
 use serde_json::{Value, json};
 use tempfile::TempDir;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
@@ -105,13 +106,7 @@ impl Host {
 
 impl Drop for Host {
     fn drop(&mut self) {
-        let lock = self.home.join("host.lock");
-        if matches!(lock_held(&lock), Ok(true))
-            && let Some(info) = read_lock_info(&lock)
-            && let Ok(raw) = i32::try_from(info.pid)
-        {
-            let _gone = kill(Pid::from_raw(raw), Signal::SIGKILL);
-        }
+        reap::kill_lock_holder(&self.home.join("host.lock"));
     }
 }
 

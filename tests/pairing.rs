@@ -24,7 +24,6 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 use agent_host::config::{Config, RelayConfig, RelayTiming};
-use agent_host::instance::{lock_held, read_lock_info};
 use agent_host::protocol::envelope::{ErrorCode, Reply};
 use agent_host::protocol::scope::Scope;
 use agent_host::seal::pairs::PairRegistry;
@@ -276,16 +275,7 @@ impl Home {
 
 impl Drop for Home {
     fn drop(&mut self) {
-        let lock = self.home.join("host.lock");
-        if matches!(lock_held(&lock), Ok(true))
-            && let Some(info) = read_lock_info(&lock)
-            && let Ok(raw) = i32::try_from(info.pid)
-        {
-            let _gone = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(raw),
-                nix::sys::signal::Signal::SIGKILL,
-            );
-        }
+        common::reap::kill_lock_holder(&self.home.join("host.lock"));
     }
 }
 

@@ -16,14 +16,14 @@
     reason = "test code: a panic is the failure report (clippy's allow-*-in-tests does not reach helpers of an integration test)"
 )]
 
+#[path = "common/reap.rs"]
+mod reap;
+
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
-use agent_host::instance::{lock_held, read_lock_info};
-use nix::sys::signal::{Signal, kill};
-use nix::unistd::Pid;
 use serde_json::{Value, json};
 
 const BIN: &str = env!("CARGO_BIN_EXE_agent-host");
@@ -83,13 +83,7 @@ impl Host {
 
 impl Drop for Host {
     fn drop(&mut self) {
-        let lock = self.home.join("host.lock");
-        if matches!(lock_held(&lock), Ok(true))
-            && let Some(info) = read_lock_info(&lock)
-            && let Ok(raw) = i32::try_from(info.pid)
-        {
-            let _gone = kill(Pid::from_raw(raw), Signal::SIGKILL);
-        }
+        reap::kill_lock_holder(&self.home.join("host.lock"));
     }
 }
 
@@ -198,7 +192,7 @@ fn another_users_peer_is_refused_on_both_sockets() {
     assert!(refused.starts_with("HTTP/1.1 403"), "{refused}");
     assert!(
         refused.contains(&format!(
-            "peer_refused: this socket serves its own user (uid 0) only; the peer's uid is {NOBODY}"
+            "peer_refused: this host serves its own user (uid 0) only; the peer's uid is {NOBODY}"
         )),
         "{refused}"
     );

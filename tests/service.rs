@@ -16,13 +16,15 @@
 #[path = "common/apt.rs"]
 mod apt;
 
+#[path = "common/reap.rs"]
+mod reap;
+
 use std::collections::BTreeMap;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
-use agent_host::instance::{lock_held, read_lock_info};
 use agent_host::protocol::envelope::ErrorCode;
 use serde_json::{Value, json};
 
@@ -422,14 +424,7 @@ fn a_host_already_running_is_left_running_and_the_service_only_enabled() {
     struct Stop(PathBuf);
     impl Drop for Stop {
         fn drop(&mut self) {
-            if matches!(lock_held(&self.0), Ok(true))
-                && let Some(info) = read_lock_info(&self.0)
-            {
-                let _gone = nix::sys::signal::kill(
-                    nix::unistd::Pid::from_raw(i32::try_from(info.pid).unwrap()),
-                    nix::sys::signal::Signal::SIGKILL,
-                );
-            }
+            reap::kill_lock_holder(&self.0);
         }
     }
     let _stop = Stop(lock.clone());

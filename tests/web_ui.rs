@@ -32,7 +32,6 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
-use agent_host::instance::{lock_held, read_lock_info};
 use agent_host::protocol::events::{
     BlockEnd, BlockStart, Event, EventBody, RunEnd, RunStart, RunState, SessionStateChange,
     ToolCallEnd, ToolCallStart, ToolExecEnd, ToolExecStart, Usage, UserText,
@@ -244,16 +243,7 @@ impl Host {
 
 impl Drop for Host {
     fn drop(&mut self) {
-        let lock = self.home.join("host.lock");
-        if matches!(lock_held(&lock), Ok(true))
-            && let Some(info) = read_lock_info(&lock)
-            && let Ok(raw) = i32::try_from(info.pid)
-        {
-            let _gone = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(raw),
-                nix::sys::signal::Signal::SIGKILL,
-            );
-        }
+        common::reap::kill_lock_holder(&self.home.join("host.lock"));
     }
 }
 

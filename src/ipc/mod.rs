@@ -27,6 +27,7 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::peer::{self, PeerUser};
 use crate::protocol::envelope::{Command, ErrorCode, MAX_REQUEST_BYTES, Reply, RequestError};
 use crate::request::{Caller, Handler};
 
@@ -34,8 +35,6 @@ use crate::request::{Caller, Handler};
 pub const MAX_CONNECTIONS: usize = 1024;
 /// Requests being handled at once (read completely, waiting for their reply).
 pub const MAX_IN_FLIGHT: usize = 64;
-/// How long a peer of another user may take to send the request it is refused.
-const FOREIGN_PEER_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// Bounds on one request.
 #[derive(Debug, Clone, Copy)]
@@ -126,7 +125,8 @@ pub async fn serve(
                 }
             },
         };
-        let peer = Peer::of(&stream);
+        let Stream::UdSocket(socket) = &stream;
+        let peer = PeerUser::of(socket);
         let dispatcher = dispatcher.clone();
         let handling = handling.clone();
         tracker.spawn(async move {
@@ -147,64 +147,18 @@ where
     S: AsyncRead + AsyncWrite + Unpin,
 {
     let handling = Semaphore::new(MAX_IN_FLIGHT);
-    serve_limited(stream, dispatcher, limits, &handling, Peer::OwnUser).await
+    serve_limited(stream, dispatcher, limits, &handling, PeerUser::Own).await
 }
 
-/// Who is at the other end of an accepted connection, by its credentials (`SO_PEERCRED`).
-/// The socket's mode (0600, in a 0700 home) keeps other users out; this is the check behind
-/// it, for a home or socket whose mode was loosened.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Peer {
-    OwnUser,
-    /// Another user (its effective uid), or `None`: credentials that could not be read.
-    Foreign(Option<u32>),
-}
-
-impl Peer {
-    /// The peer's uid from `SO_PEERCRED`, read directly: a peer in a PID namespace this host
-    /// cannot see has pid 0 there (which `interprocess` takes for an error), and still a uid.
-    fn of(stream: &Stream) -> Peer {
-        use std::os::fd::AsFd;
-        let own = nix::unistd::geteuid().as_raw();
-        let Stream::UdSocket(socket) = stream;
-        match nix::sys::socket::getsockopt(
-            &socket.as_fd(),
-            nix::sys::socket::sockopt::PeerCredentials,
-        ) {
-            Ok(cred) if cred.uid() == own => Peer::OwnUser,
-            Ok(cred) => Peer::Foreign(Some(cred.uid())),
-            Err(e) => {
-                tracing::debug!(error = %e, "cannot read an IPC peer's credentials");
-                Peer::Foreign(None)
-            }
+/// Another user's peer gets [`peer::OTHER_USER_TIMEOUT`] to send the request it is refused.
+fn limits_for(peer: PeerUser, limits: Limits) -> Limits {
+    if peer.is_other() {
+        Limits {
+            read_timeout: limits.read_timeout.min(peer::OTHER_USER_TIMEOUT),
+            ..limits
         }
-    }
-
-    /// How long the request may take to arrive: another user's gets a second, so that it
-    /// cannot hold connection slots for the full read timeout.
-    fn limits(self, limits: Limits) -> Limits {
-        match self {
-            Peer::OwnUser => limits,
-            Peer::Foreign(_) => Limits {
-                read_timeout: limits.read_timeout.min(FOREIGN_PEER_TIMEOUT),
-                ..limits
-            },
-        }
-    }
-
-    /// The reply to a request from another user: it is read (so the client gets its answer,
-    /// not a broken pipe) and never handled.
-    fn refusal(self) -> Option<RequestError> {
-        let Peer::Foreign(uid) = self else {
-            return None;
-        };
-        let own = nix::unistd::geteuid().as_raw();
-        let who = uid.map_or_else(|| "unknown".to_owned(), |u| u.to_string());
-        tracing::warn!(peer_uid = %who, "refused an IPC request from another user");
-        Some(RequestError::new(
-            ErrorCode::PeerRefused,
-            format!("this host serves its own user (uid {own}) only; the peer's uid is {who}"),
-        ))
+    } else {
+        limits
     }
 }
 
@@ -214,15 +168,17 @@ async fn serve_limited<S>(
     dispatcher: &Handler,
     limits: Limits,
     handling: &Semaphore,
-    peer: Peer,
+    peer: PeerUser,
 ) -> io::Result<()>
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
     let (read, mut write) = tokio::io::split(stream);
-    let request = read_request(read, peer.limits(limits)).await;
+    let request = read_request(read, limits_for(peer, limits)).await;
+    // Another user's request is read (so that it gets its answer, not a broken pipe) and
+    // never handled.
     let reply = match (request, peer.refusal()) {
-        (_, Some(refused)) => refused.into_reply(),
+        (_, Some(why)) => RequestError::new(ErrorCode::PeerRefused, why).into_reply(),
         (Ok(bytes), None) => match Command::parse_bytes(&bytes) {
             Ok(command) => {
                 tracing::debug!(command = command.name(), "IPC request");

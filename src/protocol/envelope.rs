@@ -254,8 +254,9 @@ impl ErrorCode {
                 "the connection's scope (the relay token's) does not allow this request or session"
             }
             ErrorCode::PeerRefused => {
-                "the IPC socket's peer runs as another user than the host: each user's host \
-                 serves that user only (the request was read and not handled)"
+                "the Unix socket's peer runs as another user than the host: each user's host \
+                 serves that user only (the request was read and not handled; `ws.sock` \
+                 answers 403 with a reason starting `peer_refused:`)"
             }
             ErrorCode::AlreadyRunning => "a host already holds the lock; `data.pid` is its pid",
             ErrorCode::HostNotRunning => "the command needs a live host and none answers",

@@ -49,6 +49,7 @@ use tokio_util::task::TaskTracker;
 
 use super::PATH;
 use crate::link::{self, Keepalive, Link, Peer};
+use crate::peer::{self, PeerUser};
 use crate::protocol::wire::{Codec, MAX_FRAME_BYTES, TOKEN_SUBPROTOCOL_PREFIX};
 use crate::request::Via;
 use crate::subscribers::GrantStore;
@@ -56,8 +57,6 @@ use crate::web::{self, Site};
 
 /// How long a client has to finish the HTTP upgrade, and then to send `Hello`.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-/// How long a Unix-socket peer of another user has to send the upgrade it is refused.
-const FOREIGN_PEER_TIMEOUT: Duration = Duration::from_secs(1);
 /// Connections that may be in the upgrade or `Hello` at once; more wait for a slot. Large, so
 /// that clients which open a connection and never finish the upgrade (each timed out after
 /// [`HANDSHAKE_TIMEOUT`]) cannot make a real client wait: a slot costs one socket and a small
@@ -164,13 +163,13 @@ enum Door<'a> {
         port: u16,
         allowed_origins: &'a [String],
     },
-    /// The Unix socket (mode 0600, the host's own user only): a peer of another user
-    /// (`foreign_peer`, its uid if known) is refused with 403; Host is not checked (there is
-    /// no address to rebind); a request with an `Origin` (a browser's, through some bridge)
-    /// is refused unless that origin is configured.
+    /// The Unix socket (mode 0600, the host's own user only): a `peer` of another user is
+    /// refused with 403; Host is not checked (there is no address to rebind); a request with
+    /// an `Origin` (a browser's, through some bridge) is refused unless that origin is
+    /// configured.
     Unix {
         allowed_origins: &'a [String],
-        foreign_peer: Option<Option<u32>>,
+        peer: PeerUser,
     },
 }
 
@@ -180,20 +179,10 @@ fn authorize(
     grants: &GrantStore,
     door: Door<'_>,
 ) -> Result<Authorized, (StatusCode, String)> {
-    if let Door::Unix {
-        foreign_peer: Some(uid),
-        ..
-    } = door
+    if let Door::Unix { peer, .. } = door
+        && let Some(why) = peer.refusal()
     {
-        let own = nix::unistd::geteuid().as_raw();
-        let who = uid.map_or_else(|| "unknown".to_owned(), |u| u.to_string());
-        return Err((
-            StatusCode::FORBIDDEN,
-            format!(
-                "peer_refused: this socket serves its own user (uid {own}) only; \
-                 the peer's uid is {who}"
-            ),
-        ));
+        return Err((StatusCode::FORBIDDEN, format!("peer_refused: {why}")));
     }
     if req.uri().path() != PATH {
         return Err((StatusCode::NOT_FOUND, format!("only {PATH} is served")));
@@ -434,43 +423,27 @@ pub async fn serve_unix(
     cancel: CancellationToken,
     tracker: TaskTracker,
 ) {
-    let own_uid = nix::unistd::geteuid().as_raw();
     let handshakes = Arc::new(tokio::sync::Semaphore::new(MAX_HANDSHAKES));
     while let Some((permit, (stream, _))) = admit(&handshakes, &cancel, "WebSocket (Unix)", || {
         socket.listener.accept()
     })
     .await
     {
-        // Another user's peer gets its 403 through the handshake (bounded like any other),
-        // so it reads why instead of a reset.
-        let foreign_peer = match stream.peer_cred() {
-            Ok(cred) if cred.uid() == own_uid => None,
-            Ok(cred) => {
-                tracing::warn!(
-                    uid = cred.uid(),
-                    "refused a Unix-socket peer of another user"
-                );
-                Some(Some(cred.uid()))
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "refused a Unix-socket peer without credentials");
-                Some(None)
-            }
-        };
+        // Another user's peer gets its 403 through the handshake, so it reads why instead of
+        // a reset, and a second for it, not a handshake's time.
+        let peer = PeerUser::of(&stream);
         let ctx = ctx.clone();
         let cancel = cancel.child_token();
         tracker.spawn(async move {
-            // Another user's peer gets a second for its refusal, not a handshake's time:
-            // it cannot hold the handshake permits the host's own clients need.
-            let timeout = if foreign_peer.is_some() {
-                FOREIGN_PEER_TIMEOUT
+            let timeout = if peer.is_other() {
+                peer::OTHER_USER_TIMEOUT
             } else {
                 HANDSHAKE_TIMEOUT
             };
             let deadline = tokio::time::Instant::now() + timeout;
             let door = Door::Unix {
                 allowed_origins: &ctx.allowed_origins,
-                foreign_peer,
+                peer,
             };
             if let Err(e) = upgrade_and_serve(stream, &ctx, door, deadline, cancel, permit).await {
                 tracing::debug!(error = %e, "Unix-socket WebSocket connection ended with an error");
@@ -631,26 +604,26 @@ mod tests {
         let token = grants.mint("sub").unwrap();
         let bearer = format!("Bearer {token}");
         let allowed: Vec<String> = Vec::new();
-        let check = |foreign_peer: Option<Option<u32>>, path: &str| {
+        let check = |peer: PeerUser, path: &str| {
             let door = Door::Unix {
                 allowed_origins: &allowed,
-                foreign_peer,
+                peer,
             };
             authorize(&request(&[("authorization", &bearer)], path), &grants, door)
                 .map(|a| a.subscriber_id)
                 .map_err(|(s, reason)| (s.as_u16(), reason))
         };
-        assert_eq!(check(None, "/subscribe"), Ok("sub".to_owned()));
+        assert_eq!(check(PeerUser::Own, "/subscribe"), Ok("sub".to_owned()));
         for (peer, path) in [
-            (Some(Some(65534)), "/subscribe"),
-            (Some(None), "/subscribe"),
-            (Some(Some(65534)), "/other"),
+            (PeerUser::Other(Some(65534)), "/subscribe"),
+            (PeerUser::Other(None), "/subscribe"),
+            (PeerUser::Other(Some(65534)), "/other"),
         ] {
             let (status, reason) = check(peer, path).unwrap_err();
             assert_eq!(status, 403, "{peer:?} {path}");
             assert!(reason.starts_with("peer_refused: "), "{reason}");
         }
-        let (_, reason) = check(Some(Some(65534)), "/subscribe").unwrap_err();
+        let (_, reason) = check(PeerUser::Other(Some(65534)), "/subscribe").unwrap_err();
         assert!(reason.ends_with("the peer's uid is 65534"), "{reason}");
     }
 }

@@ -8,6 +8,7 @@ pub mod apt;
 pub mod browser;
 pub mod mock_model;
 pub mod nats;
+pub mod reap;
 pub mod relay;
 pub mod world;
 
