@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The host's own leg of each streamed Codex delta, from a system-call trace: Codex's write of
 # the line to its stdout -> the host's read of it -> the host's first and tenth follower
-# `sendto`. No probes and no special build: it traces the host and its Codex child with
+# `sendto` or `sendmsg`. No probes and no special build: it traces the host and its Codex child with
 # `perf record -e raw_syscalls:*` during the `codex_daemon` bench (whose 10 followers are the
 # ten writes), and prints p10 / p50 / p90 / p99 in microseconds. Tracing every system call
 # slows the traced host (read the bench's own figures of such a run as traced, not as its
@@ -84,7 +84,10 @@ for i, e in enumerate(events):
             continue
         if first_syscall is None and f[3] == 'raw_syscalls:sys_enter':
             first_syscall = f[2]
-        if f[3] == 'raw_syscalls:sys_enter' and f[4].startswith('NR 44 '):
+        # A follower's frame: `sendto` (44) from its connection's task, `sendmsg` (46) from
+        # the hub's direct lane.
+        if f[3] == 'raw_syscalls:sys_enter' and (f[4].startswith('NR 44 ')
+                                                 or f[4].startswith('NR 46 ')):
             sends.append(f[2])
             if len(sends) == 10:
                 break
@@ -97,8 +100,8 @@ def pct(xs, p):
     xs = sorted(xs)
     return xs[min(len(xs) - 1, int(p * len(xs)))]
 print(f'{len(legs)} deltas traced (us)')
-names = ['Codex write -> host read', 'host read -> its next syscall', 'host read -> 1st sendto',
-         'host read -> 10th sendto', 'Codex write -> 10th sendto']
+names = ['Codex write -> host read', 'host read -> its next syscall', 'host read -> 1st send',
+         'host read -> 10th send', 'Codex write -> 10th send']
 for k, name in enumerate(names):
     xs = [leg[k] for leg in legs]
     print(f'  {name:30s} p10 {pct(xs, .1):5.0f}  p50 {pct(xs, .5):5.0f}  '

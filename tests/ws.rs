@@ -800,3 +800,184 @@ async fn the_unix_socket_serves_the_same_protocol() {
     host.stop().await;
     assert!(!socket.exists(), "ws.sock outlived its host");
 }
+
+/// One follower's stream, as (is it a delta, its item, a delta's text).
+type Stream = Vec<(bool, String, String)>;
+
+fn seen_of(push: &pb::EventPush) -> (bool, String, String) {
+    let v: Value = serde_json::from_str(&push.event_json).unwrap();
+    let text = if push.is_delta {
+        v["text"].as_str().unwrap_or_default().to_owned()
+    } else {
+        String::new()
+    };
+    (push.is_delta, item_of(&push.event_json), text)
+}
+
+/// Per item, the concatenation of its deltas, checking each lies between its start and end
+/// brackets, and the items' brackets in publishing order.
+fn texts_per_item(name: &str, stream: &Stream, items: &[String]) -> Vec<String> {
+    let brackets: Vec<&str> = stream
+        .iter()
+        .filter(|(delta, _, _)| !delta)
+        .map(|(_, item, _)| item.as_str())
+        .collect();
+    let want: Vec<&str> = items
+        .iter()
+        .flat_map(|i| [i.as_str(), i.as_str()])
+        .collect();
+    assert_eq!(brackets, want, "{name}: every bracket once, in order");
+    let mut texts = vec![String::new(); items.len()];
+    let mut open: Option<usize> = None;
+    for (delta, item, text) in stream {
+        let index = items.iter().position(|i| i == item).unwrap();
+        if *delta {
+            assert_eq!(
+                open,
+                Some(index),
+                "{name}: a delta of {item} outside its block"
+            );
+            texts[index].push_str(text);
+        } else {
+            open = match open {
+                Some(o) if o == index => None,
+                _ => Some(index),
+            };
+        }
+    }
+    texts
+}
+
+/// The direct lane: a delta that comes alone is written to idle followers' sockets by the
+/// bus's hub itself. Over TCP and `ws.sock`, in both codecs, each follower that reads gets
+/// every delta whole and in place (its text adds up to the block's, between the block's
+/// brackets). One follower does not read until the end: the hub's writes fill its socket
+/// and one is taken only in part, its tail left to the connection, which writes it before
+/// anything else — the follower still reads whole frames, every bracket once and in order,
+/// and of each block a prefix of its text (what did not fit was dropped, never torn).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lone_deltas_written_by_the_hub_arrive_whole_and_in_order() {
+    const ITEMS: usize = 8;
+    const PIECES: usize = 8;
+    let dir = tempfile::tempdir().unwrap();
+    let host = TestHost::start(dir.path()).await;
+    let session = host.session(dir.path()).await;
+    let (frames_before, tails_before) = agent_host::bus::direct::written();
+    let params = json!({"type": "local", "session_id": session, "forward_deltas": true,
+                        "replay_mode": "none"});
+    let mut readers = Vec::new();
+    let (probe_tx, mut probe) = tokio::sync::mpsc::unbounded_channel::<(bool, String)>();
+    for n in 0..8 {
+        let data = host.ok("subscriber.add", params.clone()).await;
+        let token = data["ws_token"].as_str().unwrap().to_owned();
+        let codec = if n % 2 == 0 {
+            Codec::Protobuf
+        } else {
+            Codec::Json
+        };
+        let connecting = async {
+            if n % 4 < 2 {
+                let endpoint = data["ws_endpoint"].as_str().unwrap();
+                client::connect_with(endpoint, &token, hello(None), codec).await
+            } else {
+                let socket = std::path::PathBuf::from(data["ws_socket"].as_str().unwrap());
+                client::connect_unix_with(&socket, &token, hello(None), codec).await
+            }
+        };
+        let mut ws = tokio::time::timeout(WAIT, connecting)
+            .await
+            .unwrap()
+            .unwrap()
+            .0;
+        let probe_tx = (n == 0).then(|| probe_tx.clone());
+        readers.push(tokio::spawn(async move {
+            let mut stream = Stream::new();
+            while stream.iter().filter(|(d, _, _)| !d).count() < 2 * ITEMS {
+                let push = next_push(&mut ws).await;
+                let seen = seen_of(&push);
+                if let Some(tx) = &probe_tx {
+                    tx.send((seen.0, seen.2.clone())).unwrap();
+                }
+                stream.push(seen);
+            }
+            (format!("follower {n} ({codec:?})"), stream)
+        }));
+    }
+    let data = host.ok("subscriber.add", params).await;
+    let socket = std::path::PathBuf::from(data["ws_socket"].as_str().unwrap());
+    let token = data["ws_token"].as_str().unwrap();
+    let (mut sleeper, _) =
+        tokio::time::timeout(WAIT, client::connect_unix(&socket, token, hello(None)))
+            .await
+            .unwrap()
+            .unwrap();
+
+    // Lockstep with the first follower, so that each delta finds the bus idle and comes
+    // alone.
+    let mut expect = async |delta: bool| {
+        let (got_delta, _) = tokio::time::timeout(WAIT, probe.recv())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(got_delta, delta);
+    };
+    let mut items = Vec::new();
+    let mut full = Vec::new();
+    for i in 0..ITEMS {
+        let item = format!("d{i}");
+        host.bracket(&text_start(&session, &item)).await;
+        expect(false).await;
+        let mut text = String::new();
+        for k in 0..PIECES {
+            // Over a Unix socket the kernel queues a write in pieces of ~36 KiB: a frame of
+            // two can be taken in part.
+            let piece = format!("[{i}.{k}]{}", "x".repeat(40_000));
+            host.bus
+                .publish(&text_delta(&session, &item, &piece))
+                .await
+                .unwrap();
+            expect(true).await;
+            text.push_str(&piece);
+        }
+        let end = agent_host::protocol::events::Event::new(
+            &session,
+            Some("r1".into()),
+            agent_host::protocol::events::EventBody::TextEnd(
+                agent_host::protocol::events::BlockEnd {
+                    truncated: None,
+                    item_id: Some(item.clone()),
+                    text: text.clone(),
+                    imported: false,
+                },
+            ),
+        );
+        host.bracket(&end).await;
+        expect(false).await;
+        items.push(item);
+        full.push(text);
+    }
+    for reader in readers {
+        let (name, stream) = tokio::time::timeout(WAIT, reader).await.unwrap().unwrap();
+        assert_eq!(texts_per_item(&name, &stream, &items), full, "{name}");
+    }
+    let mut stream = Stream::new();
+    while stream.iter().filter(|(d, _, _)| !d).count() < 2 * ITEMS {
+        stream.push(seen_of(&next_push(&mut sleeper).await));
+    }
+    let texts = texts_per_item("the follower that did not read", &stream, &items);
+    for (i, (got, whole)) in texts.iter().zip(&full).enumerate() {
+        assert!(whole.starts_with(got.as_str()), "item {i}: not a prefix");
+    }
+    assert!(
+        !texts[0].is_empty(),
+        "the first block's deltas went nowhere"
+    );
+    let (frames, tails) = agent_host::bus::direct::written();
+    assert!(
+        frames - frames_before >= (ITEMS * PIECES) as u64,
+        "the hub wrote {} frames itself",
+        frames - frames_before
+    );
+    assert!(tails > tails_before, "no frame was taken in part");
+    host.stop().await;
+}

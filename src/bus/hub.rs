@@ -31,6 +31,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use tokio::sync::{mpsc, oneshot};
 
 use super::blocks::{Appended, Applied, BlockOp, BlockUid, Blocks, Progress};
+use super::direct::{Direct, Sent};
 use super::{BusError, Delivery, Prepared};
 use crate::store::{SessionFilter, StoreResult};
 
@@ -63,6 +64,11 @@ pub(super) enum HubCmd {
         after: i64,
         reply: oneshot::Sender<CatchUp>,
     },
+    /// The subscription's connection lends its socket for the direct lane (`direct`).
+    Lend {
+        slot: SlotId,
+        direct: Arc<Direct>,
+    },
     IngestClosed,
 }
 
@@ -93,6 +99,10 @@ const CATCH_UP_MAX: usize = 4096;
 /// queue the publisher — to the readers; one that does not read still only loses its own
 /// deltas, as the hub never waits for a queue.
 const FAN_OUT_SLICE: usize = 64;
+/// At most this many followers of one delta are written by the hub itself (the direct
+/// lane); the others are queued, so one delta to many followers does not hold the hub for
+/// a write to each.
+const DIRECT_PER_EVENT: usize = 16;
 
 /// A new slot: its id and its dropped-delta counter, shared with the subscription.
 pub(super) struct Registered {
@@ -113,6 +123,8 @@ struct Slot {
     /// It went live at a `floor` the hub had not fanned out yet: it is sent the open blocks
     /// once the hub gets there.
     resync: bool,
+    /// Its connection's socket, lent for the direct lane.
+    direct: Option<Arc<Direct>>,
 }
 
 enum Offer {
@@ -121,6 +133,34 @@ enum Offer {
 }
 
 impl Slot {
+    /// Queue `item`; with a direct lane, disarmed in the same step, so the lane never
+    /// overtakes what is queued.
+    fn push(&self, item: QueueItem) -> Result<(), mpsc::error::TrySendError<QueueItem>> {
+        match &self.direct {
+            Some(direct) => direct.disarmed(|| self.tx.try_send(item)),
+            None => self.tx.try_send(item),
+        }
+    }
+
+    /// A delta: through the direct lane if `lane` allows one more write and the lane is
+    /// armed, else queued.
+    fn push_delta(
+        &self,
+        item: Arc<Delivery>,
+        lane: &mut usize,
+    ) -> Result<(), mpsc::error::TrySendError<QueueItem>> {
+        if *lane > 0
+            && let Some(direct) = &self.direct
+        {
+            let queue_empty = || self.tx.capacity() == self.tx.max_capacity();
+            if direct.send(&item, queue_empty) == Sent::Done {
+                *lane -= 1;
+                return Ok(());
+            }
+        }
+        self.push(QueueItem::Event(item))
+    }
+
     fn progress(&self, uid: BlockUid) -> Progress {
         match self.progress.binary_search_by_key(&uid, |(u, _)| *u) {
             Ok(i) => self.progress[i].1,
@@ -197,6 +237,7 @@ impl Slot {
         item: &Arc<Delivery>,
         appended: Appended,
         blocks: &mut Blocks,
+        lane: &mut usize,
     ) -> Offer {
         if !self.live
             || !self.forward_deltas
@@ -227,7 +268,7 @@ impl Slot {
                 }
             }
         };
-        match self.tx.try_send(QueueItem::Event(send)) {
+        match self.push_delta(send, lane) {
             Ok(()) => {
                 self.set_progress(appended.uid, Progress::Sent(appended.after));
                 Offer::Kept
@@ -254,7 +295,7 @@ impl Slot {
                 self.set_progress(uid, Progress::Muted);
                 continue;
             };
-            match self.tx.try_send(QueueItem::Event(delta)) {
+            match self.push(QueueItem::Event(delta)) {
                 Ok(()) => self.set_progress(uid, Progress::Sent(len)),
                 Err(mpsc::error::TrySendError::Closed(_)) => return Offer::Gone,
                 Err(mpsc::error::TrySendError::Full(_)) => {
@@ -265,7 +306,7 @@ impl Slot {
         Offer::Kept
     }
 
-    fn offer(&mut self, item: &Arc<Delivery>) -> Offer {
+    fn offer(&mut self, item: &Arc<Delivery>, lane: &mut usize) -> Offer {
         if !self.live || !self.filter.matches(&item.session_id) {
             return Offer::Kept;
         }
@@ -284,14 +325,19 @@ impl Slot {
             }
             if self.tx.capacity() <= 1 {
                 self.live = false;
-                return match self.tx.try_send(QueueItem::Lagged) {
+                return match self.push(QueueItem::Lagged) {
                     Err(mpsc::error::TrySendError::Closed(_)) => Offer::Gone,
                     _ => Offer::Kept,
                 };
             }
             self.floor = item.sequence_id;
         }
-        match self.tx.try_send(QueueItem::Event(item.clone())) {
+        let pushed = if item.is_delta {
+            self.push_delta(item.clone(), lane)
+        } else {
+            self.push(QueueItem::Event(item.clone()))
+        };
+        match pushed {
             Ok(()) => Offer::Kept,
             Err(mpsc::error::TrySendError::Closed(_)) => Offer::Gone,
             Err(mpsc::error::TrySendError::Full(_)) => {
@@ -350,9 +396,15 @@ pub(super) async fn run(mut rx: mpsc::Receiver<HubCmd>, last_seq: i64) {
                         dropped: dropped.clone(),
                         progress: Vec::new(),
                         resync: false,
+                        direct: None,
                     },
                 );
                 let _subscriber_gone = reply.send(Registered { id, dropped });
+            }
+            HubCmd::Lend { slot, direct } => {
+                if let Some(s) = hub.slots.get_mut(&slot) {
+                    s.direct = Some(direct);
+                }
             }
             HubCmd::CatchUp { slot, after, reply } => {
                 let answer = hub.catch_up(slot, after);
@@ -452,6 +504,9 @@ impl Hub {
             }
         };
         let mut gone = Vec::new();
+        // Only a delta that came alone (it found the host idle) takes the direct lane; a
+        // burst is left to the connections' tasks, which write many frames per `write`.
+        let alone = batch.len() == 1;
         for (n, p) in batch.into_iter().enumerate() {
             if n > 0 && n % FAN_OUT_SLICE == 0 {
                 // Let the tasks that drain the queues run (see `FAN_OUT_SLICE`).
@@ -491,10 +546,17 @@ impl Hub {
                 appended,
                 forgotten,
             } = self.blocks.apply(p.block, &item);
+            let mut lane = if alone && item.is_delta {
+                DIRECT_PER_EVENT
+            } else {
+                0
+            };
             for (id, slot) in &mut self.slots {
                 let offer = match appended {
-                    Some(appended) => slot.offer_block_delta(&item, appended, &mut self.blocks),
-                    None => slot.offer(&item),
+                    Some(appended) => {
+                        slot.offer_block_delta(&item, appended, &mut self.blocks, &mut lane)
+                    }
+                    None => slot.offer(&item, &mut lane),
                 };
                 if let Offer::Gone = offer {
                     gone.push(*id);
@@ -1176,6 +1238,7 @@ mod tests {
             dropped: Arc::new(AtomicU64::new(0)),
             progress: Vec::new(),
             resync: false,
+            direct: None,
         };
         (slot, rx)
     }
@@ -1189,6 +1252,55 @@ mod tests {
         (item, applied)
     }
 
+    /// The direct lane never overtakes the queue: queuing a bracket disarms it, so the next
+    /// lone delta is queued behind the bracket even once the connection has taken the bracket
+    /// off its queue and not yet written it. Armed again (all written), the next one goes
+    /// direct; the hub writes at most its budget of followers per delta.
+    #[test]
+    fn the_direct_lane_never_overtakes_the_queue() {
+        let (socket, mut peer) = std::os::unix::net::UnixStream::pair().unwrap();
+        let lane = Direct::over(&socket);
+        lane.route(crate::protocol::wire::Codec::Protobuf, Box::new(|_| true));
+        let (mut slot, mut rx) = slot(8);
+        slot.direct = Some(lane.clone());
+        let delta = Arc::new(prepared("text.delta", true).delivery);
+        let bracket = Arc::new(prepared("text.end", false).delivery);
+
+        lane.arm(|| rx.is_empty());
+        let mut budget = 1;
+        slot.push_delta(delta.clone(), &mut budget).unwrap();
+        assert_eq!(budget, 0, "an armed lane takes a lone delta");
+        assert!(rx.try_recv().is_err());
+        let mut none = 0;
+        lane.arm(|| rx.is_empty());
+        slot.push_delta(delta.clone(), &mut none).unwrap();
+        assert!(rx.try_recv().is_ok(), "past the budget it is queued");
+
+        lane.arm(|| rx.is_empty());
+        slot.push(QueueItem::Event(bracket)).unwrap();
+        assert!(matches!(rx.try_recv(), Ok(QueueItem::Event(b)) if !b.is_delta));
+        let mut budget = 1;
+        slot.push_delta(delta.clone(), &mut budget).unwrap();
+        assert_eq!(budget, 1, "the delta went ahead of the bracket");
+        assert!(matches!(rx.try_recv(), Ok(QueueItem::Event(d)) if d.is_delta));
+
+        lane.arm(|| rx.is_empty());
+        slot.push_delta(delta.clone(), &mut budget).unwrap();
+        assert_eq!(budget, 0);
+        // Two whole frames came through the socket.
+        use std::io::Read;
+        peer.set_nonblocking(true).unwrap();
+        let mut got = vec![0u8; 4096];
+        let n = peer.read(&mut got).unwrap();
+        let payload = delta.push_frame();
+        let head = if payload.len() < 126 { 2 } else { 4 };
+        let frame = head + payload.len();
+        assert_eq!(n, 2 * frame);
+        assert_eq!(got[0], 0x82);
+        assert_eq!(got[head..frame], payload[..]);
+        assert_eq!(got[frame + head..2 * frame], payload[..]);
+    }
+
     /// A subscriber whose queue is full costs the hub nothing per delta: no coalesced delta
     /// is built for it (however far behind it is on a big block), the drops are counted, and
     /// once it has room ONE delta carries everything it missed. Resync likewise.
@@ -1198,8 +1310,8 @@ mod tests {
         let (mut full, mut full_q) = slot(2);
         let (mut reader, mut reader_q) = slot(4096);
         let (open, _) = apply(&mut blocks, start("i"));
-        assert!(matches!(full.offer(&open), Offer::Kept));
-        assert!(matches!(reader.offer(&open), Offer::Kept));
+        assert!(matches!(full.offer(&open, &mut 0), Offer::Kept));
+        assert!(matches!(reader.offer(&open, &mut 0), Offer::Kept));
         // `full` has one slot left, the marker's: every delta from here is dropped for it.
         let piece_text = "p".repeat(1000);
         let mut whole = String::new();
@@ -1208,11 +1320,11 @@ mod tests {
             let (item, applied) = apply(&mut blocks, piece("i", &piece_text));
             let appended = applied.appended.unwrap();
             assert!(matches!(
-                full.offer_block_delta(&item, appended, &mut blocks),
+                full.offer_block_delta(&item, appended, &mut blocks, &mut 0),
                 Offer::Kept
             ));
             assert!(matches!(
-                reader.offer_block_delta(&item, appended, &mut blocks),
+                reader.offer_block_delta(&item, appended, &mut blocks, &mut 0),
                 Offer::Kept
             ));
             // The reader keeps up: its deltas go as they are.
@@ -1237,7 +1349,7 @@ mod tests {
         assert_eq!(&*first.kind, "text.start");
         whole.push_str("end");
         let (item, applied) = apply(&mut blocks, piece("i", "end"));
-        full.offer_block_delta(&item, applied.appended.unwrap(), &mut blocks);
+        full.offer_block_delta(&item, applied.appended.unwrap(), &mut blocks, &mut 0);
         assert_eq!(blocks.builds(), 1);
         let Ok(QueueItem::Event(caught_up)) = full_q.try_recv() else {
             panic!("no catch-up delta");

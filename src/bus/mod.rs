@@ -29,6 +29,11 @@
 //!   every follower. Any event already in ingest (of any session) sends it the long way, so a
 //!   session's delta never overtakes its own earlier events; so does a busy hub, so a burst of
 //!   deltas is still batched.
+//! - **A lone delta may skip the follower's task too** ([`direct`]). A loopback connection
+//!   lends the hub its socket; while the connection's task has nothing queued, buffered or
+//!   unflushed, the hub writes a delta that came alone (a batch of one) to it as one whole
+//!   WebSocket frame itself, for up to 16 followers per delta. Anything the hub queues for
+//!   the slot, and any write of the connection, closes the lane first, so it never overtakes.
 //! - **Built once.** The canonical JSON of an event is serialized once in `publish`, stored as
 //!   is, and shared by every subscriber as one `Arc<Delivery>`.
 //! - **Late joiners see the block so far.** The hub keeps, in memory only, the content so far
@@ -52,6 +57,7 @@
 
 mod blocks;
 mod cursors;
+pub mod direct;
 mod hub;
 pub mod subscription;
 
@@ -68,6 +74,7 @@ use crate::protocol::wire::{self, CmdId, pb};
 use crate::store::{SessionFilter, Store, StoreError, StoredEvent, now_ms};
 
 pub use blocks::MAX_BLOCK_BYTES;
+pub use direct::{Direct, DirectStream};
 pub use subscription::Subscription;
 
 /// The largest event the bus takes (its canonical JSON). Adapters cut larger tool output and

@@ -22,6 +22,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use tokio::sync::{mpsc, oneshot};
 
 use super::cursors::CursorCmd;
+use super::direct::Direct;
 use super::hub::{CatchUp, HubCmd, QueueItem, Registered, SlotId};
 use super::{BusError, Delivery, SubscribeOptions};
 use crate::store::{Page, SessionFilter, Store, StoreError};
@@ -60,6 +61,8 @@ pub struct Subscription {
     hub: mpsc::Sender<HubCmd>,
     cursors: mpsc::Sender<CursorCmd>,
     store: Store,
+    /// The connection's direct lane, lent to the hub (see [`Subscription::lend`]).
+    direct: Option<Arc<Direct>>,
 }
 
 impl Subscription {
@@ -91,6 +94,34 @@ impl Subscription {
             hub,
             cursors,
             store,
+            direct: None,
+        }
+    }
+
+    /// Lend the connection's socket to the hub for the direct lane (`bus::direct`): while
+    /// [`Subscription::arm_direct`] says this subscription is idle, the hub writes a lone
+    /// delta to the socket itself. `false` if the bus has stopped.
+    pub async fn lend(&mut self, direct: Arc<Direct>) -> bool {
+        let lent = self
+            .hub
+            .send(HubCmd::Lend {
+                slot: self.slot,
+                direct: direct.clone(),
+            })
+            .await;
+        self.direct = Some(direct);
+        lent.is_ok()
+    }
+
+    /// The connection has written and flushed everything it took from [`Subscription::recv`]:
+    /// if nothing else waits (live, nothing buffered or queued), the hub may write to its
+    /// socket directly until the next event is queued or the connection writes.
+    pub fn arm_direct(&self) {
+        if let Some(direct) = &self.direct
+            && matches!(self.mode, Mode::Live)
+            && self.buffer.is_empty()
+        {
+            direct.arm(|| self.rx.is_empty());
         }
     }
 

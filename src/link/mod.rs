@@ -23,6 +23,11 @@
 //! stops reading blocks that write; the task then takes nothing from its bus subscription,
 //! which the hub moves to catch-up from SQLite — memory stays bounded and nobody else waits.
 //! A write blocked for 60 s ends the connection.
+//!
+//! Direct lane: a loopback connection's stream is a [`crate::bus::DirectStream`], and its
+//! socket is lent to the hub (`bus::direct`). Each time round the loop, with everything taken
+//! written and flushed, the task arms the lane; the hub may then write a lone delta to the
+//! socket itself, and wakes the task if the socket took only part of it.
 
 use std::sync::Arc;
 use std::task::Poll;
@@ -38,7 +43,7 @@ use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use tokio_tungstenite::tungstenite::{Error as WsError, Message};
 use tokio_util::sync::CancellationToken;
 
-use crate::bus::Subscription;
+use crate::bus::{Direct, Subscription};
 use crate::protocol::envelope::{Command, ErrorCode, Reply};
 use crate::protocol::wire::{self, CmdId, Codec, Decoded, WireMessage, pb};
 use crate::request::errors::{subscriber_error, wire_code};
@@ -68,6 +73,9 @@ pub struct Peer {
     /// `None`: what the subscriber's stored scope allows (a loopback grant). The relay gives
     /// its token's.
     pub access: Option<Arc<Access>>,
+    /// The connection's socket, lent to the bus's direct lane (`bus::direct`): the loopback
+    /// server's connections, whose stream is a [`crate::bus::DirectStream`] over it.
+    pub lane: Option<Arc<Direct>>,
 }
 
 /// Pings and the dead-peer rule.
@@ -227,6 +235,7 @@ where
     S: AsyncRead + AsyncWrite + Unpin,
 {
     let codec = peer.codec;
+    let lane = peer.lane.clone();
     let (sink, mut inbound) = ws.split();
     let mut writer = Writer {
         sink,
@@ -305,6 +314,13 @@ where
     };
     drop(hello_permit);
     tracing::info!(client = %hello.client_name, "subscriber connected");
+    if let Some(lane) = &lane {
+        let access = caller.access.clone();
+        lane.route(codec, Box::new(move |session| access.has_session(session)));
+        if !sub.lend(lane.clone()).await {
+            return LinkEnd::Cancelled;
+        }
+    }
 
     // 3. Events out, frames in, pings.
     let mut last_heard = Instant::now();
@@ -316,6 +332,9 @@ where
     // Armed once for the connection's life, not once per event.
     let mut cancelled = std::pin::pin!(cancel.cancelled());
     let (end, close): (LinkEnd, Option<(CloseCode, &str)>) = loop {
+        // Everything taken is written and flushed: an idle connection lets the hub write a
+        // lone delta to it directly.
+        sub.arm_direct();
         tokio::select! {
             biased;
             () = &mut cancelled => break (LinkEnd::Cancelled, Some((CloseCode::Away, "host shutting down or subscriber removed"))),
@@ -379,6 +398,17 @@ where
                 Err(e) => {
                     tracing::error!(error = %e, "subscription failed");
                     break (LinkEnd::Cancelled, Some((CloseCode::Error, "internal: the subscription failed")));
+                }
+            },
+            () = async {
+                match &lane {
+                    Some(lane) => lane.woken().await,
+                    None => std::future::pending().await,
+                }
+            } => {
+                // The hub wrote part of a frame: the stream writes its tail first.
+                if !writer.write([]).await {
+                    break (LinkEnd::WriteFailed, None);
                 }
             },
             _ = async {

@@ -282,6 +282,7 @@ pub async fn run(task: ChannelTask) {
         },
         codec: Codec::Protobuf,
         access: Some(Access::new(bot.scope.clone())),
+        lane: None,
     };
     let serving = link::serve(
         link_ws,

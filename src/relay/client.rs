@@ -177,6 +177,7 @@ async fn run(
                             via: Via::Relay,
                             codec: Codec::Protobuf,
                             access: Some(access.clone()),
+                            lane: None,
                         },
                         Some(keepalive),
                         conn_cancel.clone(),

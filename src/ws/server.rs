@@ -48,6 +48,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::PATH;
+use crate::bus::{Direct, DirectStream};
 use crate::link::{self, Keepalive, Link, Peer};
 use crate::peer::{self, PeerUser};
 use crate::protocol::wire::{Codec, MAX_FRAME_BYTES, TOKEN_SUBPROTOCOL_PREFIX};
@@ -304,12 +305,13 @@ async fn connection(
         };
         return web_request(stream, &head, &site, deadline, &cancel).await;
     }
-    let stream = web::Rewind::new(read, stream);
+    let lane = Direct::over(&stream);
+    let stream = DirectStream::new(web::Rewind::new(read, stream), lane.clone());
     let door = Door::Tcp {
         port: ctx.port,
         allowed_origins: &ctx.allowed_origins,
     };
-    upgrade_and_serve(stream, &ctx, door, deadline, cancel, handshake).await
+    upgrade_and_serve(stream, lane, &ctx, door, deadline, cancel, handshake).await
 }
 
 /// The WebSocket upgrade (checked by [`authorize`] at `door`), then the connection's life in
@@ -320,6 +322,7 @@ async fn connection(
 )]
 async fn upgrade_and_serve<S>(
     stream: S,
+    lane: Arc<Direct>,
     ctx: &WsContext,
     door: Door<'_>,
     deadline: tokio::time::Instant,
@@ -368,6 +371,7 @@ where
         },
         codec,
         access: None,
+        lane: Some(lane),
     };
     let serving = link::serve(
         ws,
@@ -445,7 +449,11 @@ pub async fn serve_unix(
                 allowed_origins: &ctx.allowed_origins,
                 peer,
             };
-            if let Err(e) = upgrade_and_serve(stream, &ctx, door, deadline, cancel, permit).await {
+            let lane = Direct::over(&stream);
+            let stream = DirectStream::new(stream, lane.clone());
+            if let Err(e) =
+                upgrade_and_serve(stream, lane, &ctx, door, deadline, cancel, permit).await
+            {
                 tracing::debug!(error = %e, "Unix-socket WebSocket connection ended with an error");
             }
         });
