@@ -848,8 +848,8 @@ fn texts_per_item(name: &str, stream: &Stream, items: &[String]) -> Vec<String> 
     texts
 }
 
-/// The direct lane: a delta that comes alone is written to idle followers' sockets by the
-/// bus's hub itself. Over TCP and `ws.sock`, in both codecs, each follower that reads gets
+/// The direct lane: a delta that comes alone, to a hub idle for a millisecond, is written to
+/// idle followers' sockets by the bus's hub itself. Over TCP and `ws.sock`, in both codecs, each follower that reads gets
 /// every delta whole and in place (its text adds up to the block's, between the block's
 /// brackets). One follower does not read until the end: the hub's writes fill its socket
 /// and one is taken only in part, its tail left to the connection, which writes it before
@@ -932,6 +932,9 @@ async fn lone_deltas_written_by_the_hub_arrive_whole_and_in_order() {
             // Over a Unix socket the kernel queues a write in pieces of ~36 KiB: a frame of
             // two can be taken in part.
             let piece = format!("[{i}.{k}]{}", "x".repeat(40_000));
+            // The pace of an agent's stream, not a wait for anything: the hub takes the lane
+            // for a delta that finds it idle for a millisecond or more.
+            tokio::time::sleep(Duration::from_millis(2)).await;
             host.bus
                 .publish(&text_delta(&session, &item, &piece))
                 .await

@@ -20,8 +20,9 @@
 //! - A socket with no room at all (`EAGAIN`) or in error: the hub queues the delta the normal
 //!   way instead, and the task meets the error itself.
 //!
-//! Only the hub's single-event batches use the lane (a delta that found the host idle); a
-//! burst keeps going through the queues, whose writers batch many frames per `write`.
+//! Only the hub's single-event batches after a millisecond or more without a fan-out use the
+//! lane (a delta that found the host idle); a stream of deltas keeps going through the queues,
+//! whose writers are awake then, run on every worker and batch many frames per `write`.
 
 use std::io;
 use std::os::fd::{AsRawFd, RawFd};

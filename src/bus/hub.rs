@@ -27,6 +27,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 use tokio::sync::{mpsc, oneshot};
 
@@ -103,6 +104,9 @@ const FAN_OUT_SLICE: usize = 64;
 /// lane); the others are queued, so one delta to many followers does not hold the hub for
 /// a write to each.
 const DIRECT_PER_EVENT: usize = 16;
+/// The hub writes a lone delta itself only after this long without a fan-out (see
+/// `fan_out`).
+const LANE_AFTER_IDLE: Duration = Duration::from_millis(1);
 
 /// A new slot: its id and its dropped-delta counter, shared with the subscription.
 pub(super) struct Registered {
@@ -359,6 +363,8 @@ struct Hub {
     evicted_upto: i64,
     /// The open blocks and their content so far.
     blocks: Blocks,
+    /// When the last fan-out ended: the direct lane is for a delta that finds the hub idle.
+    last_fan_out: Option<Instant>,
 }
 
 pub(super) async fn run(mut rx: mpsc::Receiver<HubCmd>, last_seq: i64) {
@@ -371,6 +377,7 @@ pub(super) async fn run(mut rx: mpsc::Receiver<HubCmd>, last_seq: i64) {
         // Brackets from before this start are only in SQLite.
         evicted_upto: last_seq,
         blocks: Blocks::default(),
+        last_fan_out: None,
     };
     while let Some(cmd) = rx.recv().await {
         match cmd {
@@ -504,9 +511,13 @@ impl Hub {
             }
         };
         let mut gone = Vec::new();
-        // Only a delta that came alone (it found the host idle) takes the direct lane; a
-        // burst is left to the connections' tasks, which write many frames per `write`.
-        let alone = batch.len() == 1;
+        // Only a delta that came alone to an idle hub takes the direct lane: a stream of
+        // deltas (even one at a time) is left to the connections' tasks, which are awake then
+        // and write many frames per `write`, on both workers.
+        let alone = batch.len() == 1
+            && self
+                .last_fan_out
+                .is_none_or(|at| at.elapsed() >= LANE_AFTER_IDLE);
         for (n, p) in batch.into_iter().enumerate() {
             if n > 0 && n % FAN_OUT_SLICE == 0 {
                 // Let the tasks that drain the queues run (see `FAN_OUT_SLICE`).
@@ -585,6 +596,7 @@ impl Hub {
         // Subscriptions dropped while not live (or filtered away) are never offered anything:
         // drop their slots here so fan-out does not keep walking them.
         self.slots.retain(|_, s| !s.tx.is_closed());
+        self.last_fan_out = Some(Instant::now());
     }
 }
 

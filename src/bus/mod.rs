@@ -31,8 +31,9 @@
 //!   deltas is still batched.
 //! - **A lone delta may skip the follower's task too** ([`direct`]). A loopback connection
 //!   lends the hub its socket; while the connection's task has nothing queued, buffered or
-//!   unflushed, the hub writes a delta that came alone (a batch of one) to it as one whole
-//!   WebSocket frame itself, for up to 16 followers per delta. Anything the hub queues for
+//!   unflushed, the hub writes a delta that came alone (a batch of one, after 1 ms or more
+//!   without a fan-out) to it as one whole WebSocket frame itself, for up to 16 followers per
+//!   delta. Anything the hub queues for
 //!   the slot, and any write of the connection, closes the lane first, so it never overtakes.
 //! - **Built once.** The canonical JSON of an event is serialized once in `publish`, stored as
 //!   is, and shared by every subscriber as one `Arc<Delivery>`.
