@@ -94,8 +94,10 @@ impl std::fmt::Debug for Direct {
 /// What the hub's attempt came to.
 #[derive(Debug, PartialEq, Eq)]
 pub(super) enum Sent {
-    /// The frame went (whole, or its tail is pending), or the connection may not see it.
+    /// The frame went (whole, or its tail is pending).
     Done,
+    /// The connection may not see this session's events: nothing to write or queue.
+    Filtered,
     /// Not armed, no room, or an error: queue it.
     Queue,
 }
@@ -142,6 +144,20 @@ impl Direct {
         }
     }
 
+    /// The connection is busy with something that may write (an inbound request, a close):
+    /// the hub queues until the connection arms the lane again.
+    pub fn disarm(&self) {
+        self.lock().armed = false;
+    }
+
+    /// The connection is ending: the hub writes nothing more to it (a tail already left is
+    /// still written by the stream, before its close frame).
+    pub fn close(&self) {
+        let mut st = self.lock();
+        st.armed = false;
+        st.fd = None;
+    }
+
     /// The hub queues something for this slot (`queue` runs under the lock, the lane
     /// disarmed): the lane must not overtake it.
     pub(super) fn disarmed<T>(&self, queue: impl FnOnce() -> T) -> T {
@@ -163,7 +179,7 @@ impl Direct {
             None => return Sent::Queue,
         };
         if !allowed {
-            return Sent::Done;
+            return Sent::Filtered;
         }
         let Some(fd) = st.fd else {
             st.armed = false;
@@ -451,7 +467,10 @@ mod tests {
             assert_eq!(lane.send(&delta("queued", "s"), || true), Sent::Queue);
             lane.arm(|| true);
             assert_eq!(lane.send(&delta("a", "s"), || true), Sent::Done);
-            assert_eq!(lane.send(&delta("hidden", "other"), || true), Sent::Done);
+            assert_eq!(
+                lane.send(&delta("hidden", "other"), || true),
+                Sent::Filtered
+            );
             assert_eq!(lane.send(&delta("b", "s"), || true), Sent::Done);
             // Something queued ahead disarms it.
             assert_eq!(lane.send(&delta("c", "s"), || false), Sent::Queue);
@@ -490,7 +509,7 @@ mod tests {
             let text = format!("{i}-{big}");
             match lane.send(&delta(&text, "s"), || true) {
                 Sent::Done => sent.push(text),
-                Sent::Queue => break,
+                Sent::Queue | Sent::Filtered => break,
             }
             if !lane.lock().pending.is_empty() {
                 partial = true;

@@ -157,9 +157,13 @@ impl Slot {
             && let Some(direct) = &self.direct
         {
             let queue_empty = || self.tx.capacity() == self.tx.max_capacity();
-            if direct.send(&item, queue_empty) == Sent::Done {
-                *lane -= 1;
-                return Ok(());
+            match direct.send(&item, queue_empty) {
+                Sent::Done => {
+                    *lane -= 1;
+                    return Ok(());
+                }
+                Sent::Filtered => return Ok(()),
+                Sent::Queue => {}
             }
         }
         self.push(QueueItem::Event(item))
@@ -408,6 +412,9 @@ pub(super) async fn run(mut rx: mpsc::Receiver<HubCmd>, last_seq: i64) {
                 );
                 let _subscriber_gone = reply.send(Registered { id, dropped });
             }
+            // Safe to lend at any time only because a subscription is not live before its
+            // first `CatchUp`, which it sends after `Lend` on this same queue: nothing is
+            // queued to the slot unlocked while its connection could arm the lane.
             HubCmd::Lend { slot, direct } => {
                 if let Some(s) = hub.slots.get_mut(&slot) {
                     s.direct = Some(direct);

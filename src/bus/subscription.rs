@@ -100,7 +100,8 @@ impl Subscription {
 
     /// Lend the connection's socket to the hub for the direct lane (`bus::direct`): while
     /// [`Subscription::arm_direct`] says this subscription is idle, the hub writes a lone
-    /// delta to the socket itself. `false` if the bus has stopped.
+    /// delta to the socket itself. Call it before the first `recv` (see the hub's `Lend`).
+    /// `false` if the bus has stopped.
     pub async fn lend(&mut self, direct: Arc<Direct>) -> bool {
         let lent = self
             .hub

@@ -27,7 +27,8 @@
 //! Direct lane: a loopback connection's stream is a [`crate::bus::DirectStream`], and its
 //! socket is lent to the hub (`bus::direct`). Each time round the loop, with everything taken
 //! written and flushed, the task arms the lane; the hub may then write a lone delta to the
-//! socket itself, and wakes the task if the socket took only part of it.
+//! socket itself, and wakes the task if the socket took only part of it. An inbound frame
+//! disarms it until its reply is written; the lane is closed when the loop ends.
 
 use std::sync::Arc;
 use std::task::Poll;
@@ -343,6 +344,11 @@ where
                 match frame {
                     None | Some(Ok(Message::Close(_))) => break (LinkEnd::PeerClosed, None),
                     Some(Ok(message)) => {
+                        // A reply comes before any delta published while it is worked out,
+                        // as through the queue: no lane until it is written.
+                        if let Some(lane) = &lane {
+                            lane.disarm();
+                        }
                         let Some(decoded) = decode_in(codec, &message) else {
                             continue;
                         };
@@ -428,6 +434,11 @@ where
             },
         }
     };
+    // Nothing more from the hub once the loop has ended (a peer's close, an error, a
+    // cancellation), before any close frame.
+    if let Some(lane) = &lane {
+        lane.close();
+    }
     if let Some((code, reason)) = close {
         writer.close(code, reason).await;
     }
