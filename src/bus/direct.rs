@@ -29,7 +29,7 @@ use std::os::fd::{AsRawFd, RawFd};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, ready};
 
 use bytes::{Buf, Bytes, BytesMut};
 use nix::errno::Errno;
@@ -269,9 +269,7 @@ impl<S> DirectStream<S> {
 
 impl<S> Drop for DirectStream<S> {
     fn drop(&mut self) {
-        let mut st = self.lane.lock();
-        st.armed = false;
-        st.fd = None;
+        self.lane.close();
     }
 }
 
@@ -310,11 +308,8 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for DirectStream<S> {
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
-        match this.settle(cx) {
-            Poll::Ready(Ok(())) => Pin::new(&mut this.inner).poll_write(cx, buf),
-            Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
-            Poll::Pending => Poll::Pending,
-        }
+        ready!(this.settle(cx))?;
+        Pin::new(&mut this.inner).poll_write(cx, buf)
     }
 
     fn poll_write_vectored(
@@ -323,11 +318,8 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for DirectStream<S> {
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
-        match this.settle(cx) {
-            Poll::Ready(Ok(())) => Pin::new(&mut this.inner).poll_write_vectored(cx, bufs),
-            Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
-            Poll::Pending => Poll::Pending,
-        }
+        ready!(this.settle(cx))?;
+        Pin::new(&mut this.inner).poll_write_vectored(cx, bufs)
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -336,30 +328,17 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for DirectStream<S> {
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         let this = self.get_mut();
-        match this.settle(cx) {
-            Poll::Ready(Ok(())) => {}
-            other => return other,
-        }
-        match Pin::new(&mut this.inner).poll_flush(cx) {
-            Poll::Ready(Ok(())) => {
-                // Flushed through: tungstenite holds nothing half-written now.
-                this.lane.lock().dirty = false;
-                Poll::Ready(Ok(()))
-            }
-            other => other,
-        }
+        ready!(this.settle(cx))?;
+        ready!(Pin::new(&mut this.inner).poll_flush(cx))?;
+        // Flushed through: tungstenite holds nothing half-written now.
+        this.lane.lock().dirty = false;
+        Poll::Ready(Ok(()))
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         let this = self.get_mut();
-        match this.settle(cx) {
-            Poll::Ready(Ok(())) => {}
-            other => return other,
-        }
-        {
-            let mut st = this.lane.lock();
-            st.fd = None;
-        }
+        ready!(this.settle(cx))?;
+        this.lane.close();
         Pin::new(&mut this.inner).poll_shutdown(cx)
     }
 }
