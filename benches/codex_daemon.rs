@@ -27,8 +27,10 @@
 //! (`TOKIO_WORKER_THREADS`), an experiment knob; unset, the host runs as it ships.
 //! `AGENT_HOST_BENCH_HOST=<path>` runs another build of `agent-host` as side A (to compare two
 //! commits against the same daemon, alternating invocations).
-//! `AGENT_HOST_BENCH_TRANSPORT=unix` connects the host's followers over its Unix socket
-//! (`ws.sock`), the transport the daemon's clients use; unset, over TCP on 127.0.0.1.
+//! The host's followers connect over its Unix socket (`ws.sock`), the transport the daemon's
+//! clients use over theirs, so that both sides are compared on the same transport;
+//! `AGENT_HOST_BENCH_TRANSPORT=tcp` connects them over TCP on 127.0.0.1 instead (the default
+//! before 2026-12-07).
 //!
 //! Everything runs in a loopback-only network namespace (as the tests do).
 //!
@@ -270,10 +272,10 @@ impl Host {
     }
 }
 
-/// `AGENT_HOST_BENCH_TRANSPORT=unix`: the host's followers connect over its Unix socket
-/// (`ws.sock`), as the daemon's clients do over theirs; else over TCP on 127.0.0.1.
+/// The host's followers connect over its Unix socket (`ws.sock`), as the daemon's clients do
+/// over theirs; `AGENT_HOST_BENCH_TRANSPORT=tcp`: over TCP on 127.0.0.1.
 fn unix_followers() -> bool {
-    std::env::var("AGENT_HOST_BENCH_TRANSPORT").is_ok_and(|t| t == "unix")
+    std::env::var("AGENT_HOST_BENCH_TRANSPORT").map_or(true, |t| t != "tcp")
 }
 
 /// What the followers saw of one turn, once each of them saw its end.
@@ -672,8 +674,14 @@ async fn run(host: &mut Host, daemon: &mut Daemon, params: Params) -> anyhow::Re
     } = params;
     println!(
         "{} against the mock model: {rounds} rounds x {turns} turns x {chunks} chunks \
-         ({delay_ms} ms apart) x {FOLLOWERS} followers, host (A) and daemon (B) alternating",
-        String::from_utf8_lossy(&version.stdout).trim()
+         ({delay_ms} ms apart) x {FOLLOWERS} followers, host (A) and daemon (B) alternating; \
+         the host's followers over {}, the daemon's over its Unix socket",
+        String::from_utf8_lossy(&version.stdout).trim(),
+        if unix_followers() {
+            "its Unix socket (ws.sock)"
+        } else {
+            "TCP on 127.0.0.1 (AGENT_HOST_BENCH_TRANSPORT=tcp)"
+        }
     );
     if let Ok(n) = std::env::var("AGENT_HOST_BENCH_WORKERS") {
         println!("the host's runtime runs {n} worker thread(s) (AGENT_HOST_BENCH_WORKERS)");

@@ -19,6 +19,9 @@ secs=${2:-25}
 command -v perf >/dev/null || { echo "perf is not installed (Debian: linux-perf)" >&2; exit 2; }
 [ -x "$front" ] || { echo "no agent-host binary at $front" >&2; exit 2; }
 cd "$(dirname "$0")/.."
+# Followers over TCP, whose frames are `sendto`/`sendmsg` calls the trace picks out (the bench
+# compares over the Unix socket unless told otherwise).
+export AGENT_HOST_BENCH_TRANSPORT=${AGENT_HOST_BENCH_TRANSPORT:-tcp}
 bench=$(ls -t target/release/deps/codex_daemon-* 2>/dev/null | grep -v '\.d$' | head -1 || true)
 [ -n "$bench" ] || { echo "build the bench first: cargo bench --bench codex_daemon --no-run" >&2; exit 2; }
 work=$(mktemp -d)
