@@ -727,6 +727,15 @@ async fn the_unix_socket_serves_the_same_protocol() {
             .unwrap()
             .unwrap();
     assert_eq!(resp.subscriber_id, data["subscriber_id"].as_str().unwrap());
+    // A bracket first: once it is here the subscription is live. (Until its first catch-up,
+    // just after `HelloResp`, a block opened and closed meanwhile would reach it as its end
+    // alone, with the whole text: deltas are droppable, brackets never are.)
+    let first = host.bracket(&text_end(&session, "u-first")).await;
+    let push = next_push(&mut ws).await;
+    assert_eq!(
+        (push.sequence_id, item_of(&push.event_json)),
+        (first, "u-first".to_owned())
+    );
     host.bus
         .publish(&text_delta(&session, "u0", "over unix"))
         .await
@@ -849,12 +858,14 @@ fn texts_per_item(name: &str, stream: &Stream, items: &[String]) -> Vec<String> 
 }
 
 /// The direct lane: a delta that comes alone, to a hub idle for a millisecond, is written to
-/// idle followers' sockets by the bus's hub itself. Over TCP and `ws.sock`, in both codecs, each follower that reads gets
-/// every delta whole and in place (its text adds up to the block's, between the block's
-/// brackets). One follower does not read until the end: the hub's writes fill its socket
-/// and one is taken only in part, its tail left to the connection, which writes it before
-/// anything else — the follower still reads whole frames, every bracket once and in order,
-/// and of each block a prefix of its text (what did not fit was dropped, never torn).
+/// idle followers' sockets by the bus's hub itself. Over TCP and `ws.sock`, in both codecs,
+/// each follower that reads gets every delta whole and in place (its text adds up to the
+/// block's, between the block's brackets). Four followers, joining one every other item, do
+/// not read until the end: the writes fill their sockets and (for at least one of them: a
+/// follower's task that has not yet re-armed its lane takes the delta itself) the hub's
+/// write is taken only in part, its tail left to the connection, which writes it before
+/// anything else — each still reads whole frames, every bracket once and in order, and of
+/// each block a prefix of its text (what did not fit was dropped, never torn).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lone_deltas_written_by_the_hub_arrive_whole_and_in_order() {
     const ITEMS: usize = 8;
@@ -903,14 +914,10 @@ async fn lone_deltas_written_by_the_hub_arrive_whole_and_in_order() {
             (format!("follower {n} ({codec:?})"), stream)
         }));
     }
-    let data = host.ok("subscriber.add", params).await;
-    let socket = std::path::PathBuf::from(data["ws_socket"].as_str().unwrap());
-    let token = data["ws_token"].as_str().unwrap();
-    let (mut sleeper, _) =
-        tokio::time::timeout(WAIT, client::connect_unix(&socket, token, hello(None)))
-            .await
-            .unwrap()
-            .unwrap();
+    // Followers that do not read until the end, one joining before every other item: each
+    // fills its socket within the item it joins at, and at least one of them must have its
+    // lane armed when that happens for the hub to be the one whose write is taken in part.
+    let mut sleepers = Vec::new();
 
     // Lockstep with the first follower, so that each delta finds the bus idle and comes
     // alone.
@@ -924,6 +931,17 @@ async fn lone_deltas_written_by_the_hub_arrive_whole_and_in_order() {
     let mut items = Vec::new();
     let mut full = Vec::new();
     for i in 0..ITEMS {
+        if i % 2 == 0 {
+            let data = host.ok("subscriber.add", params.clone()).await;
+            let socket = std::path::PathBuf::from(data["ws_socket"].as_str().unwrap());
+            let token = data["ws_token"].as_str().unwrap();
+            let (sleeper, _) =
+                tokio::time::timeout(WAIT, client::connect_unix(&socket, token, hello(None)))
+                    .await
+                    .unwrap()
+                    .unwrap();
+            sleepers.push((i, sleeper));
+        }
         let item = format!("d{i}");
         host.bracket(&text_start(&session, &item)).await;
         expect(false).await;
@@ -963,18 +981,26 @@ async fn lone_deltas_written_by_the_hub_arrive_whole_and_in_order() {
         let (name, stream) = tokio::time::timeout(WAIT, reader).await.unwrap().unwrap();
         assert_eq!(texts_per_item(&name, &stream, &items), full, "{name}");
     }
-    let mut stream = Stream::new();
-    while stream.iter().filter(|(d, _, _)| !d).count() < 2 * ITEMS {
-        stream.push(seen_of(&next_push(&mut sleeper).await));
+    for (first, mut sleeper) in sleepers {
+        let name = format!("the follower that did not read, from item {first}");
+        let mut stream = Stream::new();
+        while stream.iter().filter(|(d, _, _)| !d).count() < 2 * (ITEMS - first) {
+            stream.push(seen_of(&next_push(&mut sleeper).await));
+        }
+        // From the item it joined at on: every bracket, and of each block a prefix.
+        let texts = texts_per_item(&name, &stream, &items[first..]);
+        for (i, (got, whole)) in texts.iter().zip(&full[first..]).enumerate() {
+            let i = first + i;
+            assert!(
+                whole.starts_with(got.as_str()),
+                "{name}: item {i}: not a prefix"
+            );
+        }
+        assert!(
+            !texts[0].is_empty(),
+            "{name}: the deltas of its first block went nowhere"
+        );
     }
-    let texts = texts_per_item("the follower that did not read", &stream, &items);
-    for (i, (got, whole)) in texts.iter().zip(&full).enumerate() {
-        assert!(whole.starts_with(got.as_str()), "item {i}: not a prefix");
-    }
-    assert!(
-        !texts[0].is_empty(),
-        "the first block's deltas went nowhere"
-    );
     let (frames, tails) = agent_host::bus::direct::written();
     assert!(
         frames - frames_before >= (ITEMS * PIECES) as u64,

@@ -290,15 +290,26 @@ where
                 forward_deltas: opened.forward_deltas,
                 session_id: opened.session_id.unwrap_or_default(),
             };
-            let frame = wire::encode_as(codec, CmdId::HelloResp, hello_id, &resp);
-            if !writer.write([to_ws(frame)]).await {
-                return LinkEnd::WriteFailed;
-            }
             let caller = Caller {
                 via: peer.via,
                 access: peer.access.unwrap_or_else(|| Access::new(opened.scope)),
             };
-            (opened.subscription, caller)
+            let mut sub = opened.subscription;
+            // The socket is lent before the peer hears it is subscribed, so that nothing of the
+            // lane's set-up stands between its `HelloResp` and its first catch-up (which makes
+            // the subscription live).
+            if let Some(lane) = &lane {
+                let access = caller.access.clone();
+                lane.route(codec, Box::new(move |session| access.has_session(session)));
+                if !sub.lend(lane.clone()).await {
+                    return LinkEnd::Cancelled;
+                }
+            }
+            let frame = wire::encode_as(codec, CmdId::HelloResp, hello_id, &resp);
+            if !writer.write([to_ws(frame)]).await {
+                return LinkEnd::WriteFailed;
+            }
+            (sub, caller)
         }
         Err(e) => {
             let refused = subscriber_error(e);
@@ -315,13 +326,6 @@ where
     };
     drop(hello_permit);
     tracing::info!(client = %hello.client_name, "subscriber connected");
-    if let Some(lane) = &lane {
-        let access = caller.access.clone();
-        lane.route(codec, Box::new(move |session| access.has_session(session)));
-        if !sub.lend(lane.clone()).await {
-            return LinkEnd::Cancelled;
-        }
-    }
 
     // 3. Events out, frames in, pings.
     let mut last_heard = Instant::now();
