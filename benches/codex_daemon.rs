@@ -4,8 +4,8 @@
 //!
 //! - **host** (A): a real `agent-host` process (`host.start {"foreground":true}`, temp home)
 //!   running the pinned Codex (the native binary behind the npm launcher); one session; 10
-//!   WebSocket followers on 127.0.0.1 (`subscriber.add`, deltas forwarded); prompts go in by
-//!   `session.send` over IPC.
+//!   WebSocket followers over the host's Unix socket, or TCP on 127.0.0.1 (see below;
+//!   `subscriber.add`, deltas forwarded); prompts go in by `session.send` over IPC.
 //! - **daemon** (B): `codex app-server daemon start` (its own CODEX_HOME, same config and
 //!   mock); a driver connection starts the thread and runs a first turn (a thread cannot be
 //!   followed before), then 10 follower connections subscribe with `thread/resume
@@ -273,9 +273,15 @@ impl Host {
 }
 
 /// The host's followers connect over its Unix socket (`ws.sock`), as the daemon's clients do
-/// over theirs; `AGENT_HOST_BENCH_TRANSPORT=tcp`: over TCP on 127.0.0.1.
+/// over theirs; `AGENT_HOST_BENCH_TRANSPORT=tcp`: over TCP on 127.0.0.1. Any other value is
+/// a mistake worth stopping on, not a silent default.
 fn unix_followers() -> bool {
-    std::env::var("AGENT_HOST_BENCH_TRANSPORT").map_or(true, |t| t != "tcp")
+    match std::env::var("AGENT_HOST_BENCH_TRANSPORT") {
+        Err(_) => true,
+        Ok(t) if t.trim().eq_ignore_ascii_case("unix") => true,
+        Ok(t) if t.trim().eq_ignore_ascii_case("tcp") => false,
+        Ok(t) => panic!("AGENT_HOST_BENCH_TRANSPORT={t:?}: expected `unix` or `tcp`"),
+    }
 }
 
 /// What the followers saw of one turn, once each of them saw its end.
