@@ -99,12 +99,12 @@ for k, e in enumerate(ev):
         fd_of[k] = entering.pop(e[2], None)
 
 def sent_fd(e):
-    """The descriptor of a follower frame's write (more than an eventfd's 8 bytes), or None."""
+    """The socket of a follower frame's write, or None. Both servers write sockets with
+    `sendto` (a task) or `sendmsg` (the host's hub); a plain `write` is a file (a log), and
+    an 8-byte `sendto` is not a frame."""
     if e[3] == 'sys_enter_sendmsg':
         return arg(e, 'fd')
     if e[3] == 'sys_enter_sendto' and arg(e, 'len') > 8:
-        return arg(e, 'fd')
-    if e[3] == 'sys_enter_write' and arg(e, 'fd') > 2 and arg(e, 'count') > 8:
         return arg(e, 'fd')
     return None
 
