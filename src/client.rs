@@ -446,21 +446,26 @@ pub async fn run_foreground(
 }
 
 /// Resolves on SIGINT or SIGTERM. SIGHUP is ignored: a closed terminal must not stop the host.
-async fn shutdown_signal() {
+/// The handlers are installed when this is called, before the host starts: a signal during
+/// start-up stops it once it is up, cleanly, rather than killing it half-started.
+fn shutdown_signal() -> impl Future<Output = ()> + Send + 'static {
     use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut term), Ok(mut int), Ok(mut hup)) = (
+    let handlers = (
         signal(SignalKind::terminate()),
         signal(SignalKind::interrupt()),
         signal(SignalKind::hangup()),
-    ) else {
-        tracing::error!("cannot install signal handlers; stop the host with host.shutdown");
-        return std::future::pending().await;
-    };
-    loop {
-        tokio::select! {
-            _ = term.recv() => return,
-            _ = int.recv() => return,
-            _ = hup.recv() => tracing::info!("SIGHUP ignored"),
+    );
+    async move {
+        let (Ok(mut term), Ok(mut int), Ok(mut hup)) = handlers else {
+            tracing::error!("cannot install signal handlers; stop the host with host.shutdown");
+            return std::future::pending().await;
+        };
+        loop {
+            tokio::select! {
+                _ = term.recv() => return,
+                _ = int.recv() => return,
+                _ = hup.recv() => tracing::info!("SIGHUP ignored"),
+            }
         }
     }
 }

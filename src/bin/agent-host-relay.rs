@@ -95,17 +95,28 @@ fn fail(message: &str) -> ExitCode {
     ExitCode::FAILURE
 }
 
-/// SIGTERM or SIGINT, whichever comes first.
-async fn stop_signal() {
+/// SIGTERM or SIGINT, whichever comes first. The handlers are installed when this is called,
+/// not when the future is first polled.
+fn stop_signal() -> impl Future<Output = ()> + Send + 'static {
     use tokio::signal::unix::{SignalKind, signal};
-    let Ok(mut term) = signal(SignalKind::terminate()) else {
-        // Without a SIGTERM handler only Ctrl-C stops it cleanly (SIGTERM still kills it).
-        let _interrupted = tokio::signal::ctrl_c().await;
-        return;
-    };
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = tokio::signal::ctrl_c() => {}
+    let handlers = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    );
+    async move {
+        match handlers {
+            (Ok(mut term), Ok(mut int)) => {
+                tokio::select! {
+                    _ = term.recv() => {}
+                    _ = int.recv() => {}
+                }
+            }
+            // Whichever could be installed (the other keeps its default action).
+            (Ok(mut one), Err(_)) | (Err(_), Ok(mut one)) => {
+                let _signalled = one.recv().await;
+            }
+            (Err(_), Err(_)) => std::future::pending().await,
+        }
     }
 }
 

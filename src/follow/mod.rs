@@ -100,6 +100,8 @@ pub async fn run(
     let subscriber_id = grant.subscriber_id.clone();
     let mut renderer = Renderer::default();
     let mut cursor: Option<i64> = None;
+    // Installed before anything of the stream is printed; not earlier, so a Ctrl-C while the
+    // host has not answered `subscriber.add` still ends the command at once.
     let stop = stop_signal();
     tokio::pin!(stop);
     let mut backoff = Reconnect::default();
@@ -255,20 +257,30 @@ async fn follow_once(
     }
 }
 
-/// Resolves on Ctrl-C or SIGTERM.
-async fn stop_signal() {
+/// Resolves on Ctrl-C or SIGTERM. The handlers are installed when this is called, not when
+/// the future is first polled: a Ctrl-C that comes at once (before the first event printed,
+/// or right after it) stops `follow` cleanly instead of killing it with its subscriber left
+/// behind.
+fn stop_signal() -> impl Future<Output = ()> + Send + 'static {
     use tokio::signal::unix::{SignalKind, signal};
-    match (
+    let handlers = (
         signal(SignalKind::interrupt()),
         signal(SignalKind::terminate()),
-    ) {
-        (Ok(mut int), Ok(mut term)) => {
-            tokio::select! {
-                _ = int.recv() => {}
-                _ = term.recv() => {}
+    );
+    async move {
+        match handlers {
+            (Ok(mut int), Ok(mut term)) => {
+                tokio::select! {
+                    _ = int.recv() => {}
+                    _ = term.recv() => {}
+                }
             }
+            // Whichever could be installed (the other keeps its default action).
+            (Ok(mut one), Err(_)) | (Err(_), Ok(mut one)) => {
+                let _signalled = one.recv().await;
+            }
+            (Err(_), Err(_)) => std::future::pending().await,
         }
-        _ => std::future::pending().await,
     }
 }
 
