@@ -1,6 +1,6 @@
 //! A real host (`agent_host::run`, IPC and all) that publishes brackets as fast as it can into
 //! one session and prints `ack <sequence_id> <item>` for each bracket whose commit the bus
-//! acknowledged. `tests/crash.rs` kills it with SIGKILL mid-stream and checks that every
+//! acknowledged. `tests/suite/crash.rs` kills it with SIGKILL mid-stream and checks that every
 //! acknowledged bracket is in SQLite exactly once.
 //!
 //! Usage: `crash_publisher <home-dir>`

@@ -3,7 +3,7 @@
 # in fuzz/corpus/TARGET. Needs a nightly toolchain; installs cargo-fuzz when missing.
 #   scripts/fuzz.sh envelope 10
 #   scripts/fuzz.sh all 10
-# Crashes land in fuzz/artifacts/TARGET/; `cargo test --test fuzz_corpus` replays the corpus.
+# Crashes land in fuzz/artifacts/TARGET/; `cargo test --test suite fuzz_corpus::` replays the corpus.
 # Extra libFuzzer flags go in FUZZ_FLAGS, e.g. FUZZ_FLAGS="-jobs=2".
 set -euo pipefail
 

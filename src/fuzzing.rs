@@ -1,4 +1,4 @@
-//! Entry points for the `cargo fuzz` targets in `fuzz/` and for `tests/fuzz_corpus.rs`, which
+//! Entry points for the `cargo fuzz` targets in `fuzz/` and for `tests/suite/fuzz_corpus.rs`, which
 //! replays the committed corpus under a stable `cargo test`. Not an API: hidden from the docs,
 //! free to change with the targets.
 //!

@@ -84,7 +84,7 @@ pub const CLAUDE_AGENT_ACP: &str = "@agentclientprotocol/claude-agent-acp";
 /// What an agent carries beyond what `initialize` can declare: a model choice, a standing
 /// prompt and permission modes only show in a session answer, or not at all (a standing prompt
 /// has no ACP field). Known for the agents a test with the real CLI shows
-/// (`tests/acp.rs`); nothing for the others.
+/// (`tests/suite/acp.rs`); nothing for the others.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Carriers {
     /// The model is chosen per session (`configOptions` of category `model`) and changed live.
@@ -141,7 +141,7 @@ impl AgentCaps {
     }
 
     /// What this agent carries beyond `initialize` ([`Carriers`]), by its declared name.
-    /// claude-agent-acp (0.49.0, read in its source and shown by `tests/acp.rs`) declares none
+    /// claude-agent-acp (0.49.0, read in its source and shown by `tests/suite/acp.rs`) declares none
     /// of it: it offers its models and modes in each session answer and takes a standing
     /// prompt in `_meta.systemPrompt`; `bypassPermissions` only where its Claude Code may
     /// bypass (not as root without `IS_SANDBOX`), which the open checks.

@@ -81,7 +81,7 @@ pub fn thread_start_params(cwd: &str, options: &SessionOptions) -> Value {
 ///   and Codex tells the model of the switch);
 /// - `system_prompt` → `developerInstructions`: a developer message the model sees once, ahead
 ///   of the conversation, in every request of the thread. Only `thread/start` sets it: at a
-///   resume or a fork Codex keeps the thread's own and takes no other (tests/codex_host.rs,
+///   resume or a fork Codex keeps the thread's own and takes no other (tests/suite/codex_host.rs,
 ///   `codex_resume_applies_a_new_model_and_mcp_servers_but_keeps_the_threads_prompt`);
 /// - `mcp_servers` → the `config` override `mcp_servers.<name>` (stdio `command`, `args`,
 ///   `env`; streamable HTTP `url`, `http_headers`), taken at a resume and a fork too. Codex
@@ -252,7 +252,7 @@ pub fn answer_keeps_for_session(answer: &Value) -> bool {
 /// app-server takes for that kind of request. `acceptForSession` and `decline` are always
 /// among them: Codex 0.171 takes both though its escalation requests leave them out of the
 /// list, and `acceptForSession` is the one that makes the same command stop asking in the
-/// session (`tests/permission_rules.rs`; an exec-policy amendment did not, for an escalated
+/// session (`tests/suite/permission_rules.rs`; an exec-policy amendment did not, for an escalated
 /// compound command).
 fn offered_decisions(method: &str, params: &Value) -> Vec<Value> {
     let mut offered = match params.get("availableDecisions").and_then(Value::as_array) {
@@ -346,7 +346,7 @@ pub fn approval_options(method: &str, params: &Value) -> Vec<PermissionOption> {
                     let prefix = prefix.join(" ");
                     // Allows this call; Codex saves the amendment in its exec policy, but the
                     // real CLI asked again for the same command after it, so it is no rule
-                    // the session can promise (`tests/permission_rules.rs`).
+                    // the session can promise (`tests/suite/permission_rules.rs`).
                     PermissionOption::new(
                         &id,
                         &format!(

@@ -61,6 +61,17 @@ fn npm_install(root: &Path) {
     assert!(status.success(), "npm install in agents/ failed");
 }
 
+/// The harness's own name of the running test, as `--exact` matches it: its path within the
+/// test binary (`module::test_name` in the suite). The harness names each test's thread so; a
+/// test that re-runs itself in a child process (e.g. in a namespace) passes this name.
+pub fn full_test_name(test_name: &str) -> String {
+    std::thread::current()
+        .name()
+        .filter(|name| *name == test_name || name.ends_with(&format!("::{test_name}")))
+        .unwrap_or(test_name)
+        .to_owned()
+}
+
 /// Set in a test process that runs inside its own network namespace.
 pub const NETNS_MARKER: &str = "AGENT_HOST_TEST_NETNS";
 
@@ -81,6 +92,7 @@ pub fn in_loopback_only_netns(test_name: &str) -> bool {
         assert_eq!(interfaces, ["lo"], "not isolated");
         return true;
     }
+    let test_name = full_test_name(test_name);
     let exe = std::env::current_exe().unwrap();
     let root = nix::unistd::geteuid().is_root();
     let unshare_flags = if root { "-n" } else { "-rn" };
@@ -92,7 +104,7 @@ pub fn in_loopback_only_netns(test_name: &str) -> bool {
             "ip link set lo up && exec \"$0\" \"$@\"",
         ])
         .arg(&exe)
-        .args([test_name, "--exact", "--nocapture", "--test-threads=1"])
+        .args([&test_name, "--exact", "--nocapture", "--test-threads=1"])
         .env(NETNS_MARKER, "1")
         .status()
         .expect("unshare (util-linux) runs the real CLIs in a loopback-only namespace");

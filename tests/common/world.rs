@@ -99,7 +99,7 @@ impl World {
                 // The mock provider's key goes in `[agents.codex] env`: this world's host
                 // shares the test process's environment, which must not carry it. (A host
                 // also passes a key Codex's config.toml names from its own environment:
-                // tests/codex_provider.rs.)
+                // tests/suite/codex_provider.rs.)
                 codex_env(&home, &self.mock)
                     .into_iter()
                     .partition(|(k, _)| k != "MOCK_API_KEY")

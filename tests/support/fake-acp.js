@@ -1,5 +1,5 @@
 #!/usr/bin/env node
-// A scripted ACP v1 agent for fault tests (tests/acp_faults.rs): not a real agent, but the
+// A scripted ACP v1 agent for fault tests (tests/suite/acp_faults.rs): not a real agent, but the
 // protocol cases real ones show and the tests need on demand. FAKE_ACP_MODE:
 // - "load-only": `loadSession` only (no resume, no fork); history is kept in
 //   $HOME/fake-acp/<id>.json; a load replays it, part of it after the load answer (as Gemini does).

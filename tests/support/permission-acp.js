@@ -1,5 +1,5 @@
 #!/usr/bin/env node
-// A scripted ACP v1 agent that asks for permission (tests/session_states.rs): not a real agent,
+// A scripted ACP v1 agent that asks for permission (tests/suite/session_states.rs): not a real agent,
 // but the one exchange the session-state tests need on demand.
 // - `session/new` answers a new session id.
 // - a prompt "ASK <n>" sends <n> `session/request_permission` requests (tool calls `call-1`..),

@@ -1,5 +1,5 @@
 #!/usr/bin/env node
-// A scripted ACP v1 agent for the crash torture (tests/torture.rs): every prompt streams many
+// A scripted ACP v1 agent for the crash torture (tests/suite/torture.rs): every prompt streams many
 // blocks as fast as the host takes them — text messages, thoughts and tool calls, each a few
 // brackets — then ends the turn. It keeps no state on disk: `session/resume` (the only way it
 // offers to continue a session) answers at once, so a host restarted after SIGKILL resumes the

@@ -1,5 +1,5 @@
 // The web UI in a real browser (Debian's chromium driven by playwright-core), against a real
-// host running the real `claude` on the project's mock model. Run by tests/web_ui.rs, which
+// host running the real `claude` on the project's mock model. Run by tests/suite/web_ui.rs, which
 // sets up the host and passes (env): AH_BIN, AH_HOME, AH_WORKDIR, AH_BIG_SESSION,
 // AH_BIG_COUNT, AH_SHOTS, AH_RESULTS, AH_CHROMIUM, AH_CHROMIUM_ARGS. Each step prints `ok …`;
 // the first failure throws (exit 1). The results file gets every grant token seen (the Rust
@@ -7,7 +7,7 @@
 
 import { chromium } from "playwright-core";
 import { execFileSync } from "node:child_process";
-import { writeFileSync, mkdirSync } from "node:fs";
+import { writeFileSync, mkdirSync, readdirSync, readFileSync } from "node:fs";
 import http from "node:http";
 import path from "node:path";
 
@@ -191,6 +191,52 @@ a.on("console", (m) => {
 });
 a.on("pageerror", (e) => consoleErrors.push(String(e)));
 
+/** What a failure report shows: the session the scenario drives (once created). */
+const failing = { session: null };
+/** On a failure, what the store, the page and the host's log say, so that a failure seen once
+ * (e.g. on a loaded CI machine) can be read from its output alone. */
+async function failureReport() {
+  const lines = ["---- failure report ----"];
+  const guard = async (what, f) => {
+    try {
+      await f();
+    } catch (e) {
+      lines.push(`(${what}: ${String(e.message || e).split("\n")[0]})`);
+    }
+  };
+  if (failing.session) {
+    await guard("session.get", async () => {
+      const s = ahJson("session.get", { session_id: failing.session });
+      lines.push(`session ${failing.session}: state ${s.state}, queue ${JSON.stringify((s.queue || []).map((q) => q.text))}`);
+    });
+    await guard("session.history", async () => {
+      const { events } = historySeqs(failing.session);
+      lines.push(`its last ${Math.min(events.length, 40)} of ${events.length} stored brackets:`);
+      for (const e of events.slice(-40)) lines.push(`  ${e.sequence_id} ${e.kind} ${JSON.stringify(e.event).slice(0, 160)}`);
+    });
+  }
+  await guard("page A", async () => {
+    const shown = await a.evaluate(() => ({
+      conn: document.getElementById("conn")?.dataset.state,
+      state: document.getElementById("session-state")?.textContent,
+      prompt: document.getElementById("prompt")?.value,
+      composer: document.getElementById("composer-status")?.textContent,
+      transcript: (document.getElementById("transcript")?.innerText || "").slice(-1500),
+    }));
+    lines.push(`page A: connection ${shown.conn}, state ${JSON.stringify(shown.state)}, prompt box ${JSON.stringify(shown.prompt)}, composer status ${JSON.stringify(shown.composer)}`);
+    lines.push(`page A's transcript, its end:\n${shown.transcript}`);
+  });
+  await guard("host log", async () => {
+    const dir = path.join(need("AH_HOME"), "logs");
+    for (const f of readdirSync(dir).sort()) {
+      const text = readFileSync(path.join(dir, f), "utf8").split("\n");
+      lines.push(`${f}, its last ${Math.min(text.length, 60)} lines:`);
+      lines.push(...text.slice(-60).map((l) => `  ${l.slice(0, 300)}`));
+    }
+  });
+  console.error(lines.join("\n"));
+}
+
 try {
   // ---- 1. open, list, create, prompt: streamed token by token, then markdown ----------
   const firstLink = openUrl();
@@ -218,6 +264,7 @@ try {
   await a.click("#new-create");
   await a.waitForFunction(() => document.getElementById("session-title").textContent === "browser test");
   const session = await a.evaluate(() => window.agentHost.current);
+  failing.session = session;
   check(session && session !== "", "no session opened after create");
   await a.waitForSelector(`.session-row[data-session-id="${session}"]`);
   ok("a session is created from the page");
@@ -629,6 +676,9 @@ try {
   await tokensOf(b);
   check(consoleErrors.length === 0, `errors in the page's console: ${consoleErrors.join(" | ")}`);
   ok("no errors in the page's console");
+} catch (e) {
+  await failureReport();
+  throw e;
 } finally {
   writeFileSync(RESULTS, JSON.stringify({ tokens: [...tokens], figures }, null, 2));
   await browser.close();

@@ -32,7 +32,7 @@ pub const ACP_CAPABILITIES: Capabilities = Capabilities {
     // ACP has no input into a running prompt. A second `session/prompt` while one runs is
     // agent-specific: the pinned claude-agent-acp answers the first `end_turn` at once and
     // streams the rest of the turn, the answer to the new text included, as the second
-    // prompt's: a queued prompt that ends the running one early, not a steer (tests/steer.rs,
+    // prompt's: a queued prompt that ends the running one early, not a steer (tests/suite/steer.rs,
     // `acp_a_second_prompt_mid_turn_ends_the_first_prompt`).
     steer: false,
     fork: Support::Negotiated,

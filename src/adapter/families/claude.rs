@@ -33,14 +33,14 @@ static DESCRIPTOR: Descriptor = Descriptor {
         // turn's next model request when there is one (after a tool call), else run as a turn
         // of its own afterwards, with its own `result`. Which one depends on what the model
         // does next, unknown when the steer is asked for, so the host does not claim it:
-        // the session queues the prompt (tests/steer.rs,
+        // the session queues the prompt (tests/suite/steer.rs,
         // `claude_takes_a_message_mid_turn_only_at_a_tool_boundary`).
         steer: false,
         fork: Support::Native,
         usage: true,
         process: ProcessModel::Persistent,
         binding: true,
-        // Each as tests/claude_host.rs shows the real CLI doing it against the mock: the model
+        // Each as tests/suite/claude_host.rs shows the real CLI doing it against the mock: the model
         // named in every request (`--model`), changed live between turns (the `set_model`
         // control request), the standing prompt in each request's `system`
         // (`--append-system-prompt`), stdio, HTTP and SSE MCP servers whose tools the model

@@ -30,14 +30,14 @@ static DESCRIPTOR: Descriptor = Descriptor {
         permissions: true,
         cancel: true,
         // `turn/steer` into the running turn: the model's next request in that turn carries the
-        // text, and the turn ends once (tests/steer.rs,
+        // text, and the turn ends once (tests/suite/steer.rs,
         // `codex_a_steer_reaches_the_running_turn`).
         steer: true,
         fork: Support::Native,
         usage: true,
         process: ProcessModel::Persistent,
         binding: true,
-        // Each as the real app-server showed it against the mock (tests/codex_host.rs, the
+        // Each as the real app-server showed it against the mock (tests/suite/codex_host.rs, the
         // `codex_driver_*` tests and `codex_session_options_reach_the_model`,
         // `codex_set_model_between_turns`, `codex_image_attachment_reaches_the_model`):
         // `model` and the standing prompt (developer instructions) on

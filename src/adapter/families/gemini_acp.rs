@@ -25,7 +25,7 @@ static DESCRIPTOR: Descriptor = Descriptor {
     // found for this project.") and leaves the session empty for good — its file is
     // `chats/session-<minute>-<id8>.jsonl`, and the loading process first starts a record of
     // the session in the file of the current minute, which in that minute is the session's own
-    // file, and appends a new header to it (`tests/conformance.rs`,
+    // file, and appends a new header to it (`tests/suite/conformance.rs`,
     // `gemini_acp_load_within_the_sessions_minute_is_refused`). A host restart or an agent
     // crash in a session's first minute would then wipe its conversation; instead the host
     // starts a fresh session, with a `resume_unsupported` warning, and leaves Gemini's file of
