@@ -546,21 +546,27 @@ pub fn spawn(spec: &SpawnSpec) -> Result<Spawned, AdapterError> {
     })
 }
 
-/// Linux: the child gets SIGKILL when the host dies, even by SIGKILL. The signal is tied to the
-/// thread that forks, so `spawn` must run on a runtime worker (long-lived), never inside
-/// `spawn_blocking` (whose threads exit when idle).
+/// Linux: the child gets SIGKILL when the host dies, even by SIGKILL; and SIGINT at its default
+/// action, whatever the host inherited. The death signal is tied to the thread that forks, so
+/// `spawn` must run on a runtime worker (long-lived), never inside `spawn_blocking` (whose
+/// threads exit when idle).
 #[cfg(target_os = "linux")]
 #[allow(
     unsafe_code,
-    reason = "pre_exec is unsafe by signature; the closure only calls prctl, which is async-signal-safe"
+    reason = "pre_exec is unsafe by signature; the closure only calls prctl and signal, which are async-signal-safe"
 )]
 fn set_parent_death_signal(cmd: &mut Command) {
-    // SAFETY: runs in the forked child before exec; prctl(PR_SET_PDEATHSIG) allocates nothing
-    // and takes no locks.
+    // SAFETY: runs in the forked child before exec; prctl(PR_SET_PDEATHSIG) and
+    // signal(SIG_DFL) allocate nothing and take no locks.
     let parent = nix::unistd::getpid();
     unsafe {
         cmd.pre_exec(move || {
             nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(std::io::Error::from)?;
+            // An interrupt is SIGINT to the group (Ctrl-C): a host that inherited SIGINT ignored
+            // (a background job of a non-interactive shell) must not pass that on, or the agent
+            // cannot even trap it. The standard library resets only SIGPIPE and the mask.
+            nix::sys::signal::signal(Signal::SIGINT, nix::sys::signal::SigHandler::SigDfl)
+                .map_err(std::io::Error::from)?;
             // The host died between fork and prctl: the signal will never come, so do not run.
             if nix::unistd::getppid() != parent {
                 return Err(std::io::Error::other(
@@ -712,6 +718,56 @@ pub(crate) mod tests {
         );
         assert!(out.contains("AGENTHOST_SESSION_ID=sess-1"));
         assert!(out.contains("AGENTHOST_HOME=/\n"));
+    }
+
+    /// Whether signal `signal` is in the `SigIgn` mask of `/proc/<pid>/status` text.
+    fn ignores(status: &str, signal: Signal) -> bool {
+        let mask = status
+            .lines()
+            .find_map(|l| l.strip_prefix("SigIgn:"))
+            .and_then(|m| u64::from_str_radix(m.trim(), 16).ok())
+            .unwrap();
+        mask & (1 << (signal as i32 - 1)) != 0
+    }
+
+    /// A host started as a background job of a non-interactive shell inherits SIGINT ignored;
+    /// its agents must not, or an interrupt (SIGINT to the group) cannot reach them at all.
+    /// The test runs itself again with SIGINT ignored, and there checks what a spawned agent
+    /// gets.
+    #[test]
+    fn an_agent_gets_sigint_at_its_default_even_when_the_host_ignores_it() {
+        const MARKER: &str = "AGENT_HOST_TEST_SIGINT_IGNORED";
+        if std::env::var_os(MARKER).is_none() {
+            let name = std::thread::current().name().unwrap().to_owned();
+            let status = std::process::Command::new("/bin/sh")
+                .args(["-c", "trap '' INT; exec \"$0\" \"$@\""])
+                .arg(std::env::current_exe().unwrap())
+                .args([&name, "--exact", "--test-threads=1"])
+                .env(MARKER, "1")
+                .status()
+                .unwrap();
+            assert!(status.success(), "{name} failed with SIGINT ignored");
+            return;
+        }
+        let own = std::fs::read_to_string("/proc/self/status").unwrap();
+        assert!(
+            ignores(&own, Signal::SIGINT),
+            "the set-up did not ignore SIGINT"
+        );
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let out = runtime.block_on(async {
+            let mut child = spawn(&spec("cat /proc/self/status")).unwrap();
+            let mut out = String::new();
+            tokio::io::AsyncReadExt::read_to_string(child.stdout.as_mut().unwrap(), &mut out)
+                .await
+                .unwrap();
+            assert!(child.wait().await.unwrap().success());
+            out
+        });
+        assert!(!ignores(&out, Signal::SIGINT), "the agent ignores SIGINT");
     }
 
     #[tokio::test]
