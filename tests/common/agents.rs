@@ -8,33 +8,7 @@ use std::process::Command;
 /// The pinned claude CLI, installed if missing (a lock keeps parallel tests from installing
 /// twice).
 pub fn ensure_claude() -> PathBuf {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("agents");
-    let bin = root.join("node_modules/.bin/claude");
-    let lock = File::create(root.join(".install.lock")).unwrap();
-    let _held = nix::fcntl::Flock::lock(lock, nix::fcntl::FlockArg::LockExclusive).unwrap();
-    // Reinstall when the pinned version changed or the platform binary is missing.
-    let installed =
-        std::fs::read_to_string(root.join("node_modules/@anthropic-ai/claude-code/package.json"))
-            .ok()
-            .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
-            .and_then(|v| v["version"].as_str().map(str::to_owned));
-    let pinned = std::fs::read_to_string(root.join("package.json"))
-        .ok()
-        .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
-        .and_then(|v| {
-            v["dependencies"]["@anthropic-ai/claude-code"]
-                .as_str()
-                .map(str::to_owned)
-        });
-    let works = Command::new(&bin)
-        .arg("--version")
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !bin.exists() || installed != pinned || !works {
-        npm_install(&root);
-    }
-    assert!(bin.exists(), "{} missing after npm install", bin.display());
-    bin
+    ensure_npm_agent("claude", "@anthropic-ai/claude-code")
 }
 
 /// The pinned `claude-agent-acp` (an ACP agent over Claude Code), installed if missing.
@@ -158,6 +132,11 @@ pub fn ensure_codex() -> PathBuf {
 
 /// `agents/node_modules/.bin/<bin>` of npm package `package`, installed from the lock when it is
 /// missing, not the pinned version, or does not run `--version` (under the install lock).
+///
+/// A CLI that ran `--version` at its pinned version leaves a stamp (`node_modules/.verified/
+/// <bin>`: the version and its installed `package.json`'s mtime), so later calls — many tests
+/// call this, and a test re-run in a namespace calls it again — skip the run: `gemini
+/// --version` alone takes ~3 s. A reinstall rewrites that `package.json` and so voids the stamp.
 fn ensure_npm_agent(bin: &str, package: &str) -> PathBuf {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("agents");
     let path = root.join("node_modules/.bin").join(bin);
@@ -168,24 +147,41 @@ fn ensure_npm_agent(bin: &str, package: &str) -> PathBuf {
             .ok()
             .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
     };
-    let installed = json(root.join("node_modules").join(package).join("package.json"))
-        .and_then(|v| v["version"].as_str().map(str::to_owned));
+    let manifest = root.join("node_modules").join(package).join("package.json");
     let pinned = json(root.join("package.json"))
         .and_then(|v| v["dependencies"][package].as_str().map(str::to_owned));
+    let stamp_path = root.join("node_modules/.verified").join(bin);
+    let stamp = || {
+        let modified = std::fs::metadata(&manifest)
+            .and_then(|m| m.modified())
+            .ok()?;
+        let since = modified.duration_since(std::time::UNIX_EPOCH).ok()?;
+        let installed = json(manifest.clone())?["version"].as_str()?.to_owned();
+        (Some(&installed) == pinned.as_ref()).then(|| format!("{installed} {}", since.as_nanos()))
+    };
+    if path.exists()
+        && stamp().is_some_and(|s| std::fs::read_to_string(&stamp_path).ok() == Some(s))
+    {
+        return path;
+    }
     let works = |path: &Path| {
         Command::new(path)
             .arg("--version")
             .output()
             .is_ok_and(|o| o.status.success())
     };
-    if !path.exists() || installed != pinned || !works(&path) {
+    if !path.exists() || stamp().is_none() || !works(&path) {
         npm_install(&root);
+        assert!(
+            works(&path),
+            "{} does not run after npm install",
+            path.display()
+        );
     }
-    assert!(
-        works(&path),
-        "{} does not run after npm install",
-        path.display()
-    );
+    if let Some(s) = stamp() {
+        std::fs::create_dir_all(stamp_path.parent().unwrap()).unwrap();
+        std::fs::write(&stamp_path, s).unwrap();
+    }
     path
 }
 

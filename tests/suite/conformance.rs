@@ -1388,6 +1388,7 @@ fn conform(entry: fn() -> Entry, test: &str) {
         let mut ctx = Ctx::start(e).await;
         let mut results = BTreeMap::new();
         for (name, case) in CASES {
+            let began = std::time::Instant::now();
             let quirk = ctx
                 .entry
                 .cannot_meet
@@ -1414,7 +1415,11 @@ fn conform(entry: fn() -> Entry, test: &str) {
                     ),
                 },
             };
-            eprintln!("conformance {} {name}: {outcome:?}", ctx.entry.name);
+            eprintln!(
+                "conformance {} {name} ({:.1} s): {outcome:?}",
+                ctx.entry.name,
+                began.elapsed().as_secs_f64()
+            );
             results.insert((*name).to_owned(), outcome);
         }
         let failed: Vec<String> = results
