@@ -178,10 +178,11 @@ fn ensure_npm_agent(bin: &str, package: &str) -> PathBuf {
             path.display()
         );
     }
-    if let Some(s) = stamp() {
-        std::fs::create_dir_all(stamp_path.parent().unwrap()).unwrap();
-        std::fs::write(&stamp_path, s).unwrap();
-    }
+    let verified = stamp().unwrap_or_else(|| {
+        panic!("{package} in agents/node_modules is not the pinned {pinned:?} after npm install")
+    });
+    std::fs::create_dir_all(stamp_path.parent().unwrap()).unwrap();
+    std::fs::write(&stamp_path, verified).unwrap();
     path
 }
 
